@@ -1,0 +1,1 @@
+"""psctl's parameter-server engine: protocol, transports, roles, coordinator and recorder."""

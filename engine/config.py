@@ -1,0 +1,137 @@
+"""The run configuration: frozen, validated, and stored whole with every run.
+
+A ``RunConfig`` is built once by the launcher from (lowest to highest precedence) the defaults
+below, a TOML file (``--config``), and command-line flags, then serialised to JSON and handed to
+every process of the run. Nothing downstream re-reads flags or the environment.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.errors import ConfigError
+
+SyncModel = Literal["bsp", "asp"]
+SYNC_MODELS: tuple[str, ...] = ("bsp", "asp")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClusterConfig(_Frozen):
+    workers: int = Field(4, ge=1, le=256, description="worker processes")
+    servers: int = Field(2, ge=1, le=64, description="shard server processes")
+    host: str = Field("127.0.0.1", description="address every process binds and connects on")
+    connect_timeout_s: float = Field(60.0, gt=0, description="how long a process waits for a peer")
+    request_timeout_s: float = Field(300.0, gt=0, description="longest wait for one push or pull")
+    max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
+
+
+class SyncConfig(_Frozen):
+    model: SyncModel = Field("bsp", description="consistency model")
+
+
+class DataConfig(_Frozen):
+    dataset: str = Field("mnist", description="mnist, fashion-mnist or digits (offline)")
+    data_dir: str | None = Field(None, description="folder holding the data set's files")
+    train_limit: int | None = Field(None, ge=1, description="use only the first N training samples")
+
+
+class ModelConfig(_Frozen):
+    hidden: tuple[int, ...] = Field((512, 512, 512), description="hidden layer widths of the MLP")
+
+
+class OptimizerConfig(_Frozen):
+    name: Literal["sgd"] = "sgd"
+    lr: float = Field(0.1, gt=0, description="server learning rate")
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class TrainConfig(_Frozen):
+    epochs: int = Field(10, ge=1)
+    batch_size: int = Field(64, ge=1, le=65536)
+    seed: int = 0
+    overlap: bool = Field(
+        False, description="prefetch the next pull during compute (asp only; adds staleness 1)"
+    )
+    torch_threads: int = Field(1, ge=1, description="intra-op threads per worker")
+
+
+class StopConfig(_Frozen):
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+    max_seconds: float | None = Field(None, gt=0)
+
+
+class EvalConfig(_Frozen):
+    interval_s: float = Field(10.0, gt=0, description="evaluate at least this often (seconds)")
+
+
+class RunConfig(_Frozen):
+    name: str | None = None
+    cluster: ClusterConfig = ClusterConfig()
+    sync: SyncConfig = SyncConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    train: TrainConfig = TrainConfig()
+    stop: StopConfig = StopConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RunConfig:
+        if self.train.overlap and self.sync.model == "bsp":
+            raise ValueError("train.overlap needs a non-blocking model such as asp; bsp must wait")
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    """Merge ``overrides`` (dotted keys such as ``"cluster.workers"``) over file values."""
+    merged = _deep_copy(file_values)
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        section = merged
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            section = section.setdefault(part, {})
+        section[leaf] = value
+    return parse_config(merged)
+
+
+def parse_config(values: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "config"
+        lines.append(f"{where}: {error['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _deep_copy(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in values.items()}

@@ -1,0 +1,558 @@
+"""Read-only queries over the experiments database, for the CLI, live progress and dashboard.
+
+Every function takes an engine (normally ``open_engine(path, readonly=True)``) and returns frozen
+dataclasses whose ``to_dict()`` is JSON-serialisable. The stored status ``running`` is reported
+as ``crashed`` once the run's heartbeat is older than ``crash_after_s``: a coordinator that died
+without a word cannot write that itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    Select,
+    and_,
+    func,
+    not_,
+    or_,
+    select,
+)
+
+from engine.db.schema import STORED_STATUSES, evaluations, events, iterations, runs
+from engine.db.schema import translate_errors as _translate_errors
+from engine.errors import AmbiguousRun, RunNotFound, StoreError
+
+CRASH_AFTER_S = 15.0
+PROGRESS_WINDOW_S = 5.0
+RECENT_EVENTS = 20
+_MAX_CANDIDATES = 10
+
+STATUSES = (*STORED_STATUSES, "crashed")
+
+
+class _Dictable:
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dicts, lists and numbers, ready for ``json.dumps``."""
+        return dataclasses.asdict(cast(Any, self))
+
+
+@dataclass(frozen=True)
+class RunSummary(_Dictable):
+    id: str
+    name: str
+    status: str  # effective: one of STATUSES
+    started_at: float
+    ended_at: float | None
+    duration_s: float  # to ended_at; to now while running; to the last heartbeat if crashed
+    heartbeat_at: float
+    sync: str
+    workers: int
+    servers: int
+    dataset: str
+    iterations: int
+    best_accuracy: float | None
+    final_accuracy: float | None
+
+
+@dataclass(frozen=True)
+class WorkerStats(_Dictable):
+    worker: int
+    iterations: int
+    samples: int
+    first_started_at: float
+    last_ended_at: float
+    wall_s: float  # last_ended_at - first_started_at
+    compute_s_total: float
+    compute_s_mean: float
+    push_s_total: float
+    push_s_mean: float
+    pull_s_total: float
+    pull_s_mean: float
+    wait_s_total: float
+    wait_s_mean: float
+    idle_fraction: float | None  # wait_s_total / wall_s; None when wall_s is 0
+    staleness_mean: float
+    staleness_max: int
+    iteration_s_mean: float  # mean of ended_at - started_at
+    samples_per_s: float | None  # samples / wall_s; None when wall_s is 0
+    bytes_sent: int
+    bytes_received: int
+
+
+@dataclass(frozen=True)
+class RunTotals(_Dictable):
+    iterations: int
+    samples: int
+    wall_s: float  # last iteration end - first iteration start, over all workers
+    samples_per_s: float | None
+    compute_s: float
+    push_s: float
+    pull_s: float
+    wait_s: float
+    bytes_sent: int
+    bytes_received: int
+
+
+@dataclass(frozen=True)
+class EvaluationPoint(_Dictable):
+    at: float
+    elapsed_s: float
+    step: int
+    epoch: float
+    accuracy: float
+    loss: float
+
+
+@dataclass(frozen=True)
+class EventEntry(_Dictable):
+    at: float
+    kind: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunDetail(_Dictable):
+    summary: RunSummary
+    reason: str | None
+    config: dict[str, Any]
+    workers: tuple[WorkerStats, ...]
+    totals: RunTotals
+    evaluations: tuple[EvaluationPoint, ...]
+    event_counts: dict[str, int]
+    recent_events: tuple[EventEntry, ...]  # the last RECENT_EVENTS, oldest first
+
+
+@dataclass(frozen=True)
+class WorkerProgress(_Dictable):
+    worker: int
+    iteration: int  # the highest recorded
+    epoch: int
+    staleness: int
+    loss: float | None
+    ended_at: float
+    iterations_per_s: float  # over the last window_s before the reference time
+
+
+@dataclass(frozen=True)
+class Progress(_Dictable):
+    run_id: str
+    name: str
+    status: str
+    now: float
+    started_at: float
+    ended_at: float | None
+    heartbeat_at: float
+    total_iterations: int
+    iterations_per_s: float
+    workers: tuple[WorkerProgress, ...]
+    latest_evaluation: EvaluationPoint | None
+    best_accuracy: float | None
+
+
+# -- status --------------------------------------------------------------------------------------
+
+
+def effective_status(stored: str, heartbeat_at: float, now: float, crash_after_s: float) -> str:
+    if stored == "running" and now - heartbeat_at > crash_after_s:
+        return "crashed"
+    return stored
+
+
+def _status_filter(status: str, now: float, crash_after_s: float) -> ColumnElement[bool]:
+    stale = runs.c.heartbeat_at < now - crash_after_s
+    if status == "crashed":
+        return and_(runs.c.status == "running", stale)
+    if status == "running":
+        return and_(runs.c.status == "running", not_(stale))
+    if status in STORED_STATUSES:
+        return runs.c.status == status
+    raise StoreError(f"unknown run status {status!r}; expected one of {', '.join(STATUSES)}")
+
+
+# -- summaries -----------------------------------------------------------------------------------
+
+
+def _summary_select() -> Select[Any]:
+    ev = evaluations.c
+    best = select(func.max(ev.accuracy)).where(ev.run_id == runs.c.id).scalar_subquery()
+    final = (
+        select(ev.accuracy)
+        .where(ev.run_id == runs.c.id)
+        .order_by(ev.at.desc(), ev.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    return select(runs, best.label("best_accuracy"), final.label("final_accuracy"))
+
+
+def _summary(row: Row[Any], now: float, crash_after_s: float) -> RunSummary:
+    m = row._mapping
+    status = effective_status(m["status"], m["heartbeat_at"], now, crash_after_s)
+    return RunSummary(
+        id=m["id"],
+        name=m["name"],
+        status=status,
+        started_at=m["started_at"],
+        ended_at=m["ended_at"],
+        duration_s=_duration(status, m["started_at"], m["ended_at"], m["heartbeat_at"], now),
+        heartbeat_at=m["heartbeat_at"],
+        sync=m["sync"],
+        workers=m["workers"],
+        servers=m["servers"],
+        dataset=m["dataset"],
+        iterations=m["iteration_count"],
+        best_accuracy=m["best_accuracy"],
+        final_accuracy=m["final_accuracy"],
+    )
+
+
+def _duration(
+    status: str, started_at: float, ended_at: float | None, heartbeat_at: float, now: float
+) -> float:
+    if ended_at is not None:
+        end = ended_at
+    elif status == "crashed":
+        end = heartbeat_at
+    else:
+        end = now
+    return max(0.0, end - started_at)
+
+
+@contextmanager
+def _reading(engine: Engine, action: str) -> Iterator[Connection]:
+    # One connection, one read transaction: every query of a call sees the same snapshot.
+    with _translate_errors(action), engine.connect() as conn:
+        yield conn
+
+
+def list_runs(
+    engine: Engine,
+    *,
+    status: str | None = None,
+    limit: int | None = None,
+    now: float | None = None,
+    crash_after_s: float = CRASH_AFTER_S,
+) -> list[RunSummary]:
+    """Recorded runs, newest first, optionally only those whose effective status is ``status``."""
+    now = time.time() if now is None else now
+    stmt = _summary_select().order_by(runs.c.started_at.desc(), runs.c.id.desc())
+    if status is not None:
+        stmt = stmt.where(_status_filter(status, now, crash_after_s))
+    if limit is not None:
+        stmt = stmt.limit(max(0, limit))
+    with _reading(engine, "listing runs") as conn:
+        return [_summary(row, now, crash_after_s) for row in conn.execute(stmt)]
+
+
+# -- resolving selectors -------------------------------------------------------------------------
+
+_LAST = re.compile(r"@last(?:~(\d+))?")
+
+
+def resolve_run(engine: Engine, selector: str) -> str:
+    """The run id named by a full id, a unique id prefix, an exact name, ``@last`` or ``@last~N``.
+
+    A prefix and a name are matched together, so a selector that is one run's name and another's
+    id prefix is reported as ambiguous rather than silently picking one.
+    """
+    sel = selector.strip()
+    if not sel:
+        raise RunNotFound("an empty run selector matches no run; give an id, a name or @last")
+    with _reading(engine, f"resolving run {sel!r}") as conn:
+        if sel.startswith("@"):
+            return _resolve_last(conn, sel)
+        if conn.execute(select(runs.c.id).where(runs.c.id == sel)).first() is not None:
+            return sel
+        return _resolve_prefix_or_name(conn, sel)
+
+
+def _resolve_last(conn: Connection, sel: str) -> str:
+    match = _LAST.fullmatch(sel)
+    if match is None:
+        raise RunNotFound(f"unknown run selector {sel!r}; use @last or @last~N")
+    back = int(match.group(1) or 0)
+    stmt = select(runs.c.id).order_by(runs.c.started_at.desc(), runs.c.id.desc())
+    run_id = conn.execute(stmt.offset(back).limit(1)).scalar()
+    if run_id is None:
+        count = conn.execute(select(func.count()).select_from(runs)).scalar_one()
+        raise RunNotFound(f"no run matches {sel!r}: {count} run(s) recorded")
+    return str(run_id)
+
+
+def _resolve_prefix_or_name(conn: Connection, sel: str) -> str:
+    stmt = (
+        select(runs.c.id, runs.c.name, runs.c.started_at)
+        .where(or_(runs.c.name == sel, runs.c.id.startswith(sel.lower(), autoescape=True)))
+        .order_by(runs.c.started_at.desc())
+        .limit(_MAX_CANDIDATES + 1)
+    )
+    found = conn.execute(stmt).all()
+    if not found:
+        raise RunNotFound(
+            f"no run matches {sel!r} (not a run id, id prefix or name); "
+            "`psctl runs ls` lists the recorded runs"
+        )
+    if len(found) == 1:
+        return str(found[0].id)
+    raise AmbiguousRun(_ambiguity_message(sel, found))
+
+
+def _ambiguity_message(sel: str, found: Sequence[Any]) -> str:
+    shown = found[:_MAX_CANDIDATES]
+    lines = [f"  {r.id}  {r.name}  started {_iso(r.started_at)}" for r in shown]
+    more = "  ... and more\n" if len(found) > _MAX_CANDIDATES else ""
+    return (
+        f"{sel!r} matches more than one run:\n"
+        + "\n".join(lines)
+        + "\n"
+        + more
+        + "give more characters of the id to pick one"
+    )
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+# -- detail --------------------------------------------------------------------------------------
+
+
+def run_detail(
+    engine: Engine,
+    run_id: str,
+    *,
+    now: float | None = None,
+    crash_after_s: float = CRASH_AFTER_S,
+) -> RunDetail:
+    """Everything about one run; per-worker statistics are aggregated by SQLite in one pass."""
+    now = time.time() if now is None else now
+    with _reading(engine, f"reading run {run_id}") as conn:
+        row = _fetch_run(conn, run_id)
+        workers = tuple(_worker_stats(r) for r in conn.execute(_worker_stats_select(run_id)))
+        counts = conn.execute(_event_counts_select(run_id)).all()
+        return RunDetail(
+            summary=_summary(row, now, crash_after_s),
+            reason=row.reason,
+            config=_parse_json(row.config_json),
+            workers=workers,
+            totals=_totals(workers),
+            evaluations=tuple(_evaluation_points(conn, run_id)),
+            event_counts={str(kind): int(n) for kind, n in counts},
+            recent_events=tuple(_recent_events(conn, run_id)),
+        )
+
+
+def _fetch_run(conn: Connection, run_id: str) -> Row[Any]:
+    row = conn.execute(_summary_select().where(runs.c.id == run_id)).first()
+    if row is None:
+        raise RunNotFound(f"no run with id {run_id!r}")
+    return row
+
+
+def _worker_stats_select(run_id: str) -> Select[Any]:
+    it = iterations.c
+    return (
+        select(
+            it.worker,
+            func.count().label("iterations"),
+            func.sum(it.samples).label("samples"),
+            func.min(it.started_at).label("first_started_at"),
+            func.max(it.ended_at).label("last_ended_at"),
+            func.sum(it.compute_s).label("compute_s_total"),
+            func.avg(it.compute_s).label("compute_s_mean"),
+            func.sum(it.push_s).label("push_s_total"),
+            func.avg(it.push_s).label("push_s_mean"),
+            func.sum(it.pull_s).label("pull_s_total"),
+            func.avg(it.pull_s).label("pull_s_mean"),
+            func.sum(it.wait_s).label("wait_s_total"),
+            func.avg(it.wait_s).label("wait_s_mean"),
+            func.avg(it.staleness).label("staleness_mean"),
+            func.max(it.staleness).label("staleness_max"),
+            func.avg(it.ended_at - it.started_at).label("iteration_s_mean"),
+            func.sum(it.bytes_sent).label("bytes_sent"),
+            func.sum(it.bytes_received).label("bytes_received"),
+        )
+        .where(it.run_id == run_id)
+        .group_by(it.worker)
+        .order_by(it.worker)
+    )
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _worker_stats(row: Row[Any]) -> WorkerStats:
+    m = dict(row._mapping)
+    wall = max(0.0, m["last_ended_at"] - m["first_started_at"])
+    return WorkerStats(
+        **m,
+        wall_s=wall,
+        idle_fraction=_ratio(m["wait_s_total"], wall),
+        samples_per_s=_ratio(m["samples"], wall),
+    )
+
+
+def _totals(workers: Sequence[WorkerStats]) -> RunTotals:
+    wall = 0.0
+    if workers:
+        wall = max(w.last_ended_at for w in workers) - min(w.first_started_at for w in workers)
+    samples = sum(w.samples for w in workers)
+    return RunTotals(
+        iterations=sum(w.iterations for w in workers),
+        samples=samples,
+        wall_s=max(0.0, wall),
+        samples_per_s=_ratio(samples, wall),
+        compute_s=sum(w.compute_s_total for w in workers),
+        push_s=sum(w.push_s_total for w in workers),
+        pull_s=sum(w.pull_s_total for w in workers),
+        wait_s=sum(w.wait_s_total for w in workers),
+        bytes_sent=sum(w.bytes_sent for w in workers),
+        bytes_received=sum(w.bytes_received for w in workers),
+    )
+
+
+def _evaluation_points(conn: Connection, run_id: str) -> Iterator[EvaluationPoint]:
+    ev = evaluations.c
+    stmt = (
+        select(ev.at, ev.elapsed_s, ev.step, ev.epoch, ev.accuracy, ev.loss)
+        .where(ev.run_id == run_id)
+        .order_by(ev.at, ev.id)
+    )
+    for row in conn.execute(stmt):
+        yield EvaluationPoint(**row._mapping)
+
+
+def _event_counts_select(run_id: str) -> Select[Any]:
+    ec = events.c
+    return (
+        select(ec.kind, func.count()).where(ec.run_id == run_id).group_by(ec.kind).order_by(ec.kind)
+    )
+
+
+def _recent_events(conn: Connection, run_id: str) -> list[EventEntry]:
+    ec = events.c
+    stmt = (
+        select(ec.at, ec.kind, ec.detail)
+        .where(ec.run_id == run_id)
+        .order_by(ec.at.desc(), ec.id.desc())
+        .limit(RECENT_EVENTS)
+    )
+    rows = conn.execute(stmt).all()
+    return [EventEntry(at=r.at, kind=r.kind, detail=_parse_json(r.detail)) for r in reversed(rows)]
+
+
+def _parse_json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise StoreError(f"corrupt JSON in the experiments database: {exc}") from exc
+    return value if isinstance(value, dict) else {"value": value}
+
+
+# -- live progress -------------------------------------------------------------------------------
+
+
+def progress(
+    engine: Engine,
+    run_id: str,
+    *,
+    now: float | None = None,
+    window_s: float = PROGRESS_WINDOW_S,
+    crash_after_s: float = CRASH_AFTER_S,
+) -> Progress:
+    """A cheap snapshot for a display polled a few times a second.
+
+    Every query is an index lookup or a range bounded by the last ``window_s`` seconds, so the
+    cost does not grow with the length of the run. Rates are measured up to now while the run is
+    live, and up to its end (or last heartbeat) once it is not.
+    """
+    now = time.time() if now is None else now
+    with _reading(engine, f"reading progress of run {run_id}") as conn:
+        summary = _summary(_fetch_run(conn, run_id), now, crash_after_s)
+        ref = _reference_time(summary, now)
+        rates = _recent_counts(conn, run_id, ref, window_s)
+        workers = tuple(
+            _worker_progress(conn, run_id, w, rates.get(w, 0) / window_s)
+            for w in _distinct_workers(conn, run_id)
+        )
+        return Progress(
+            run_id=summary.id,
+            name=summary.name,
+            status=summary.status,
+            now=now,
+            started_at=summary.started_at,
+            ended_at=summary.ended_at,
+            heartbeat_at=summary.heartbeat_at,
+            total_iterations=summary.iterations,
+            iterations_per_s=sum(w.iterations_per_s for w in workers),
+            workers=workers,
+            latest_evaluation=_latest_evaluation(conn, run_id),
+            best_accuracy=summary.best_accuracy,
+        )
+
+
+def _reference_time(summary: RunSummary, now: float) -> float:
+    if summary.status == "running":
+        return now
+    return summary.ended_at if summary.ended_at is not None else summary.heartbeat_at
+
+
+def _recent_counts(conn: Connection, run_id: str, ref: float, window_s: float) -> dict[int, int]:
+    it = iterations.c
+    stmt = (
+        select(it.worker, func.count())
+        .where(it.run_id == run_id, it.ended_at > ref - window_s, it.ended_at <= ref)
+        .group_by(it.worker)
+    )
+    return {int(w): int(n) for w, n in conn.execute(stmt)}
+
+
+def _distinct_workers(conn: Connection, run_id: str) -> list[int]:
+    # A skip scan over the primary key: one O(log n) MIN per worker instead of reading every row.
+    it = iterations.c
+    found: list[int] = []
+    last = -1
+    while True:
+        stmt = select(func.min(it.worker)).where(it.run_id == run_id, it.worker > last)
+        nxt = conn.execute(stmt).scalar()
+        if nxt is None:
+            return found
+        found.append(int(nxt))
+        last = int(nxt)
+
+
+def _worker_progress(conn: Connection, run_id: str, worker: int, rate: float) -> WorkerProgress:
+    it = iterations.c
+    stmt = (
+        select(it.iteration, it.epoch, it.staleness, it.loss, it.ended_at)
+        .where(it.run_id == run_id, it.worker == worker)
+        .order_by(it.iteration.desc())
+        .limit(1)
+    )
+    row = conn.execute(stmt).one()
+    return WorkerProgress(worker=worker, **row._mapping, iterations_per_s=rate)
+
+
+def _latest_evaluation(conn: Connection, run_id: str) -> EvaluationPoint | None:
+    ev = evaluations.c
+    stmt = (
+        select(ev.at, ev.elapsed_s, ev.step, ev.epoch, ev.accuracy, ev.loss)
+        .where(ev.run_id == run_id)
+        .order_by(ev.at.desc(), ev.id.desc())
+        .limit(1)
+    )
+    row = conn.execute(stmt).first()
+    return None if row is None else EvaluationPoint(**row._mapping)

@@ -1,0 +1,256 @@
+"""The experiments database: tables, and how to open it.
+
+SQLite in WAL mode so that the recorder (the only writer) and any number of readers (CLI,
+dashboard, live progress display) work on the same file at once without blocking each other.
+Every foreign error raised while opening or using the database is translated into
+:class:`~engine.errors.StoreError` by :func:`translate_errors`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import (
+    REAL,
+    CheckConstraint,
+    Column,
+    Connection,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import QueuePool
+
+from engine.errors import StoreError
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+DB_ENV_VAR = "PSCTL_DB"
+
+STORED_STATUSES = ("running", "finished", "failed", "interrupted")
+
+metadata = MetaData()
+
+
+def _run_fk() -> ForeignKey:
+    return ForeignKey("runs.id", ondelete="CASCADE")
+
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("reason", Text),
+    Column("started_at", REAL, nullable=False),
+    Column("ended_at", REAL),
+    Column("heartbeat_at", REAL, nullable=False),
+    Column("config_json", Text, nullable=False),
+    Column("sync", Text, nullable=False),
+    Column("workers", Integer, nullable=False),
+    Column("servers", Integer, nullable=False),
+    Column("dataset", Text, nullable=False),
+    # Maintained by the recorder in the same transaction as the rows it counts, so listing many
+    # runs never has to count millions of iteration rows.
+    Column("iteration_count", Integer, nullable=False, server_default="0"),
+    CheckConstraint(
+        "status IN ('running', 'finished', 'failed', 'interrupted')", name="ck_runs_status"
+    ),
+    Index("ix_runs_started_at", "started_at"),
+    Index("ix_runs_name", "name"),
+)
+
+# WITHOUT ROWID clusters the rows by (run, worker, iteration): per-worker aggregates over one run
+# read a contiguous range instead of hopping through the table.
+iterations = Table(
+    "iterations",
+    metadata,
+    Column("run_id", Text, _run_fk(), primary_key=True),
+    Column("worker", Integer, primary_key=True),
+    Column("iteration", Integer, primary_key=True),
+    Column("epoch", Integer, nullable=False),
+    Column("started_at", REAL, nullable=False),
+    Column("ended_at", REAL, nullable=False),
+    Column("compute_s", REAL, nullable=False),
+    Column("push_s", REAL, nullable=False),
+    Column("pull_s", REAL, nullable=False),
+    Column("wait_s", REAL, nullable=False),
+    Column("staleness", Integer, nullable=False),
+    Column("loss", REAL),
+    Column("samples", Integer, nullable=False),
+    Column("bytes_sent", Integer, nullable=False),
+    Column("bytes_received", Integer, nullable=False),
+    # The live progress display counts the iterations of the last few seconds.
+    Index("ix_iterations_run_ended", "run_id", "ended_at"),
+    sqlite_with_rowid=False,
+)
+
+evaluations = Table(
+    "evaluations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Text, _run_fk(), nullable=False),
+    Column("at", REAL, nullable=False),
+    Column("elapsed_s", REAL, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("epoch", REAL, nullable=False),
+    Column("accuracy", REAL, nullable=False),
+    Column("loss", REAL, nullable=False),
+    Index("ix_evaluations_run_at", "run_id", "at"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Text, _run_fk(), nullable=False),
+    Column("at", REAL, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Index("ix_events_run_at", "run_id", "at"),
+    Index("ix_events_run_kind", "run_id", "kind"),
+)
+
+tags = Table(
+    "tags",
+    metadata,
+    Column("run_id", Text, _run_fk(), primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+
+@contextmanager
+def translate_errors(action: str) -> Iterator[None]:
+    """Re-raise SQLAlchemy and sqlite3 errors as StoreError, naming what was being done."""
+    try:
+        yield
+    except (SQLAlchemyError, sqlite3.Error) as exc:
+        cause = getattr(exc, "orig", None) or exc
+        raise StoreError(f"{action} failed: {cause}") from exc
+
+
+def missing_database_message(path: Path) -> str:
+    return (
+        f"No runs have been recorded yet: there is no experiments database at {path}. "
+        f"Launch a run first, or point psctl at another database with --db PATH or the "
+        f"{DB_ENV_VAR} environment variable."
+    )
+
+
+def open_engine(path: Path, *, readonly: bool = False) -> Engine:
+    """Open (and, unless readonly, create) the experiments database at ``path``.
+
+    A readonly engine opens the file with ``mode=ro`` so the CLI and dashboard can never write.
+    A writable engine is meant for the recorder only: its transactions take the write lock at
+    BEGIN (``BEGIN IMMEDIATE``) so a busy database waits for the busy timeout instead of failing
+    on a lock upgrade.
+    """
+    path = Path(path).expanduser()
+    if readonly and not path.is_file():
+        raise StoreError(missing_database_message(path))
+    if not readonly:
+        with translate_errors(f"creating the directory of {path}"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        "sqlite+pysqlite://",
+        creator=lambda: _connect(path, readonly=readonly),
+        poolclass=QueuePool,
+    )
+    _install_hooks(engine, readonly=readonly)
+    try:
+        with translate_errors(f"opening the experiments database {path}"):
+            _prepare(engine, path, readonly=readonly)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    uri = f"file:{quote(str(path.resolve()))}" + ("?mode=ro" if readonly else "")
+    # The pool hands connections to whichever thread asks; each is used by one thread at a time.
+    return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+
+
+def _install_hooks(engine: Engine, *, readonly: bool) -> None:
+    begin_sql = "BEGIN" if readonly else "BEGIN IMMEDIATE"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        # pysqlite's own implicit transactions are bypassed; SQLAlchemy's begin emits BEGIN.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        if not readonly:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql(begin_sql)
+
+
+def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
+    with engine.begin() as conn:
+        if not readonly:
+            metadata.create_all(conn)
+        version = _stored_version(conn, path)
+        if version is None and not readonly:
+            conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+            version = SCHEMA_VERSION
+    _check_version(version, path)
+
+
+def _stored_version(conn: Connection, path: Path) -> int | None:
+    has_meta = conn.exec_driver_sql(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+    ).first()
+    if has_meta is None:
+        return None
+    value = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")).scalar()
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise StoreError(f"{path} has a corrupt schema_version {value!r}") from None
+
+
+def _check_version(version: int | None, path: Path) -> None:
+    if version is None:
+        raise StoreError(f"{path} is not a psctl experiments database (it has no schema version)")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} was written by a newer psctl (schema version {version}; this psctl reads up "
+            f"to {SCHEMA_VERSION}). Upgrade psctl, or point it at another database with --db "
+            f"PATH or {DB_ENV_VAR}."
+        )
+    if version < SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} has schema version {version}, older than {SCHEMA_VERSION}, and no migration "
+            f"exists for it. Point psctl at a new database with --db PATH or {DB_ENV_VAR}."
+        )

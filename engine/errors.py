@@ -1,0 +1,108 @@
+"""The one exception tree of psctl.
+
+Every error psctl raises on purpose is a :class:`PsctlError`. Foreign exceptions (websockets,
+SQLAlchemy, OS errors, torch) are translated into one of these at the module that talks to the
+foreign library, so callers only ever need to catch this tree. Each class carries a message meant
+for a person: what went wrong and, where possible, what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class PsctlError(Exception):
+    """Base of every error psctl raises deliberately."""
+
+
+# -- configuration and launch -------------------------------------------------------------------
+
+
+class ConfigError(PsctlError):
+    """A configuration value, file or option combination is invalid."""
+
+
+class LaunchError(PsctlError):
+    """A run could not be started, or one of its processes failed to come up."""
+
+
+class RunFailed(PsctlError):
+    """A run ended in failure; the message names the process and the reason."""
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+class DataError(PsctlError):
+    """A data set could not be found, fetched, verified or parsed."""
+
+
+class DatasetNotFound(DataError):
+    """No local copy of the data set exists and it could not be downloaded."""
+
+
+class ChecksumMismatch(DataError):
+    """A data file exists but its checksum differs from the published one."""
+
+
+class DatasetFormatError(DataError):
+    """A data file is not in the format its name promises (e.g. a corrupt IDX file)."""
+
+
+# -- wire protocol ------------------------------------------------------------------------------
+
+
+class ProtocolError(PsctlError):
+    """A message violates the wire protocol; the peer gets this text as the error reason."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame exceeds the configured size limit."""
+
+
+class BadPayload(ProtocolError):
+    """A frame's payload disagrees with its header (dtype, shape, key range, finiteness)."""
+
+
+# -- transport and cluster ----------------------------------------------------------------------
+
+
+class TransportError(PsctlError):
+    """A connection could not be made, or broke."""
+
+
+class ConnectFailed(TransportError):
+    """No connection could be made to the named address."""
+
+
+class ConnectionClosed(TransportError):
+    """The peer closed the connection (the reason, when known, is in the message)."""
+
+
+class AuthenticationError(TransportError):
+    """The peer refused our join token, or we refused theirs."""
+
+
+class RequestTimeout(PsctlError, TimeoutError):
+    """A wait ran past its timeout."""
+
+
+class RemoteError(PsctlError):
+    """A peer answered a request with an error reply."""
+
+
+class ShuttingDown(PsctlError):
+    """The cluster is stopping; the request was not served."""
+
+
+# -- storage ------------------------------------------------------------------------------------
+
+
+class StoreError(PsctlError):
+    """The experiments database could not be opened, read or written."""
+
+
+class RunNotFound(StoreError):
+    """No run matches the given id, prefix or name."""
+
+
+class AmbiguousRun(RunNotFound):
+    """A run id prefix or name matches more than one run; the message lists the candidates."""

@@ -1,0 +1,443 @@
+"""The recorder: the only code that writes the experiments database.
+
+Callers (the coordinator's event loop, mostly) must never wait on SQLite, so every ``record_*``
+call only puts its rows on a queue. One background thread owns the only writing connection: it
+batches rows into executemany inserts, commits at least every ``flush_interval_s`` (or once
+``_MAX_PENDING`` rows are waiting), and keeps ``runs.heartbeat_at`` fresh so that readers can tell
+a live run from one whose process died.
+
+A failure in the writer thread is kept and raised as :class:`StoreError` from the next call to
+any method, so lost rows never go unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, insert, update
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from engine.db.schema import evaluations, events, iterations, open_engine, runs, translate_errors
+from engine.errors import StoreError
+from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+
+log = logging.getLogger(__name__)
+
+_MAX_PENDING = 1000
+
+
+def _compile_iteration_insert() -> tuple[str, tuple[str, ...]]:
+    # The Core statement is compiled once and executed with plain tuples: SQLAlchemy's per-row
+    # parameter processing cost ~5 us a row, three times what SQLite itself needs for the insert.
+    compiled = sqlite_insert(iterations).on_conflict_do_nothing().compile(dialect=sqlite.dialect())
+    names = tuple(compiled.positiontup or ())
+    if names[:1] != ("run_id",) or set(names[1:]) != set(IterationRecord.model_fields):
+        raise RuntimeError(f"iterations columns {names} do not match IterationRecord")
+    return str(compiled), names[1:]
+
+
+_INSERT_ITERATIONS_SQL, _ITERATION_FIELDS = _compile_iteration_insert()
+_iteration_values = attrgetter(*_ITERATION_FIELDS)
+DUPLICATE_EVENT = "duplicate_iterations"
+_ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED)
+
+
+# -- messages from callers to the writer thread ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _StartRun:
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Iterations:
+    run_id: str
+    rows: tuple[IterationRecord, ...]
+
+
+@dataclass(frozen=True)
+class _Row:
+    table: str  # "evaluations" or "events"
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Finish:
+    run_id: str
+    status: str
+    reason: str | None
+    ended_at: float
+
+
+@dataclass(frozen=True)
+class _Flush:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class _Close:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_Message = _StartRun | _Iterations | _Row | _Finish | _Flush | _Close
+
+
+class Recorder:
+    """Writes one run at a time to the database at ``db_path`` from a background thread."""
+
+    def __init__(
+        self,
+        db_path: Path,
+        *,
+        flush_interval_s: float = 0.2,
+        heartbeat_interval_s: float = 1.0,
+    ) -> None:
+        self._db_path = Path(db_path)
+        self._engine = open_engine(self._db_path)
+        self._queue: queue.Queue[_Message] = queue.Queue()
+        self._lock = threading.Lock()
+        self._run_id: str | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self._error_reported = False
+        self._writer = _Writer(
+            self._engine, self._queue, self._set_error, flush_interval_s, heartbeat_interval_s
+        )
+        self._thread = threading.Thread(target=self._writer.run, name="psctl-recorder", daemon=True)
+        self._thread.start()
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        run_id: str,
+        name: str,
+        config: dict[str, Any],
+        *,
+        sync: str,
+        workers: int,
+        servers: int,
+        dataset: str,
+        started_at: float | None = None,
+    ) -> None:
+        """Insert the run row and wait until it is committed, so readers can find it at once."""
+        now = time.time()
+        values = {
+            "id": run_id,
+            "name": name,
+            "status": RunStatus.RUNNING.value,
+            "started_at": now if started_at is None else started_at,
+            "heartbeat_at": now,
+            "config_json": _config_json(config),
+            "sync": sync,
+            "workers": workers,
+            "servers": servers,
+            "dataset": dataset,
+        }
+        with self._lock:
+            self._check_usable()
+            if self._run_id is not None:
+                raise StoreError(f"run {self._run_id} is still open; finish it before starting")
+            self._queue.put(_StartRun(values))
+            self._run_id = run_id
+        try:
+            self.flush()
+        except StoreError:
+            with self._lock:
+                self._run_id = None
+            raise
+
+    def record_iterations(self, rows: Sequence[IterationRecord]) -> None:
+        """Queue iteration rows; never blocks on the database."""
+        if rows:
+            self._queue.put(_Iterations(self._open_run(), tuple(rows)))
+        else:
+            self._open_run()
+
+    def record_evaluation(self, row: EvaluationRecord) -> None:
+        values = {"run_id": self._open_run(), **row.model_dump()}
+        self._queue.put(_Row("evaluations", values))
+
+    def record_event(self, row: EventRecord) -> None:
+        # Serialised here, not in the writer, so an unserialisable detail fails its caller only.
+        detail = json.dumps(row.detail, default=str)
+        values = {"run_id": self._open_run(), "at": row.at, "kind": row.kind, "detail": detail}
+        self._queue.put(_Row("events", values))
+
+    def finish(
+        self, status: RunStatus, reason: str | None = None, *, timeout: float = 10.0
+    ) -> None:
+        """Write everything pending, then the run's final status; returns once committed."""
+        if status not in _ENDED:
+            raise ValueError(f"a run finishes as one of {[s.value for s in _ENDED]}, not {status}")
+        with self._lock:
+            run_id = self._require_run()
+            self._queue.put(_Finish(run_id, status.value, reason, time.time()))
+            self._run_id = None
+        self.flush(timeout)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Block until everything recorded so far is committed."""
+        with self._lock:
+            self._check_usable()
+            message = _Flush()
+            self._queue.put(message)
+        self._wait(message.done, timeout, "flushing")
+        self._raise_if_failed()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is pending and stop the writer. Idempotent.
+
+        A writer error already raised to a caller is not raised again here, so ``close`` in a
+        ``finally`` does not mask the first report.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._run_id is not None:
+                log.warning(
+                    "recorder closed with run %s still open; it will read as crashed", self._run_id
+                )
+            message = _Close()
+            self._queue.put(message)
+        try:
+            self._wait(message.done, timeout, "closing")
+            self._thread.join(timeout)
+        finally:
+            self._engine.dispose()
+        if self._error is not None and not self._error_reported:
+            self._raise_if_failed()
+
+    @staticmethod
+    def mark_ended(db_path: Path, run_id: str, status: RunStatus, reason: str | None) -> bool:
+        """Set a run's final status if it is still ``running``; whether it changed.
+
+        For the launcher, when the coordinator (and so its recorder) died before finishing. The
+        run's end is taken to be now, when the death was noticed.
+        """
+        if status not in _ENDED:
+            raise ValueError(f"a run ends as one of {[s.value for s in _ENDED]}, not {status}")
+        if not Path(db_path).is_file():
+            return False
+        engine = open_engine(Path(db_path))
+        stmt = (
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING.value)
+            .values(status=status.value, reason=reason, ended_at=time.time())
+        )
+        try:
+            with translate_errors(f"marking run {run_id} {status.value}"), engine.begin() as conn:
+                return conn.execute(stmt).rowcount == 1
+        finally:
+            engine.dispose()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _set_error(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = exc
+
+    def _raise_if_failed(self) -> None:
+        error = self._error
+        if error is not None:
+            self._error_reported = True
+            cause = getattr(error, "orig", None) or error  # the sqlite3 message, not SQLAlchemy's
+            raise StoreError(f"the recorder could not write {self._db_path}: {cause}") from error
+
+    def _check_usable(self) -> None:
+        self._raise_if_failed()
+        if self._closed:
+            raise StoreError("the recorder is closed")
+
+    def _require_run(self) -> str:
+        self._check_usable()
+        if self._run_id is None:
+            raise StoreError("no run is open: call start_run first")
+        return self._run_id
+
+    def _open_run(self) -> str:
+        with self._lock:
+            return self._require_run()
+
+    def _wait(self, done: threading.Event, timeout: float, action: str) -> None:
+        if not done.wait(timeout):
+            self._raise_if_failed()
+            raise StoreError(f"the recorder timed out after {timeout:g} s {action} {self._db_path}")
+
+
+def _config_json(config: dict[str, Any]) -> str:
+    try:
+        return json.dumps(config, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"the run configuration cannot be stored as JSON: {exc}") from exc
+
+
+class _Writer:
+    """The writer thread's state; touched only by that thread."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        messages: queue.Queue[_Message],
+        on_error: Callable[[BaseException], None],
+        flush_interval_s: float,
+        heartbeat_interval_s: float,
+    ) -> None:
+        self._engine = engine
+        self._messages = messages
+        self._on_error = on_error
+        self._flush_interval_s = flush_interval_s
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._iterations: dict[str, list[tuple[Any, ...]]] = {}
+        self._rows: dict[str, list[dict[str, Any]]] = {"evaluations": [], "events": []}
+        self._run_id: str | None = None
+        self._last_commit = time.monotonic()
+        self._last_heartbeat = time.monotonic()
+        self._failed = False
+
+    def run(self) -> None:
+        conn: Connection | None = None
+        try:
+            conn = self._engine.connect()
+        except Exception as exc:
+            self._fail(exc)
+        while True:
+            message = self._next_message()
+            if not self._failed and conn is not None:
+                try:
+                    self._handle(conn, message)
+                except Exception as exc:
+                    self._fail(exc)
+            if isinstance(message, _Flush | _Close):
+                message.done.set()
+            if isinstance(message, _Close):
+                break
+        if conn is not None:
+            conn.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        # Keep draining the queue so nobody waits forever; the error surfaces at the next call.
+        log.error("recorder writer failed: %s", exc)
+        self._failed = True
+        self._run_id = None  # no more heartbeats: a failed recorder must read as crashed
+        self._iterations.clear()
+        for pending in self._rows.values():
+            pending.clear()
+        self._on_error(exc)
+
+    def _next_message(self) -> _Message | None:
+        timeout = self._seconds_to_next_write()
+        try:
+            if timeout <= 0:
+                return self._messages.get_nowait()
+            return self._messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _seconds_to_next_write(self) -> float:
+        now = time.monotonic()
+        deadlines = []
+        if self._pending():
+            deadlines.append(self._last_commit + self._flush_interval_s)
+        if self._run_id is not None:
+            deadlines.append(self._last_heartbeat + self._heartbeat_interval_s)
+        return min(deadlines) - now if deadlines else 3600.0
+
+    def _pending(self) -> int:
+        pending_iterations = sum(len(p) for p in self._iterations.values())
+        return pending_iterations + sum(len(p) for p in self._rows.values())
+
+    def _handle(self, conn: Connection, message: _Message | None) -> None:
+        match message:
+            case _Iterations(run_id=run_id, rows=rows):
+                pending = self._iterations.setdefault(run_id, [])
+                pending.extend((run_id, *_iteration_values(r)) for r in rows)
+            case _Row(table=table, values=values):
+                self._rows[table].append(values)
+            case _StartRun() | _Finish() | _Flush() | _Close():
+                self._write(conn, message)
+                return
+        if self._due():
+            self._write(conn, None)
+
+    def _due(self) -> bool:
+        now = time.monotonic()
+        if self._pending() >= _MAX_PENDING:
+            return True
+        if self._pending() and now - self._last_commit >= self._flush_interval_s:
+            return True
+        return self._run_id is not None and now - self._last_heartbeat >= self._heartbeat_interval_s
+
+    def _write(
+        self, conn: Connection, control: _StartRun | _Finish | _Flush | _Close | None
+    ) -> None:
+        """One transaction: pending rows first, then the control message, then the heartbeat."""
+        with conn.begin():
+            self._write_pending(conn)
+            if isinstance(control, _StartRun):
+                conn.execute(insert(runs).values(control.values))
+                self._run_id = control.values["id"]
+            elif isinstance(control, _Finish):
+                self._write_finish(conn, control)
+            if self._run_id is not None:
+                now = time.time()
+                conn.execute(update(runs).where(runs.c.id == self._run_id).values(heartbeat_at=now))
+        self._last_commit = self._last_heartbeat = time.monotonic()
+
+    def _write_pending(self, conn: Connection) -> None:
+        for run_id, rows in self._iterations.items():
+            self._write_iterations(conn, run_id, rows)
+        self._iterations = {}
+        for name, table in (("evaluations", evaluations), ("events", events)):
+            if self._rows[name]:
+                conn.execute(insert(table), self._rows[name])
+                self._rows[name] = []
+
+    def _write_iterations(self, conn: Connection, run_id: str, rows: list[tuple[Any, ...]]) -> None:
+        # A worker that retries a report must not kill the writer: duplicates are skipped, counted.
+        inserted = conn.exec_driver_sql(_INSERT_ITERATIONS_SQL, rows).rowcount
+        if inserted < len(rows):
+            self._record_duplicates(conn, run_id, len(rows) - inserted)
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(iteration_count=runs.c.iteration_count + inserted)
+        )
+
+    def _record_duplicates(self, conn: Connection, run_id: str, count: int) -> None:
+        log.warning("run %s: ignored %d duplicate iteration row(s)", run_id, count)
+        detail = json.dumps({"count": count})
+        values = {"run_id": run_id, "at": time.time(), "kind": DUPLICATE_EVENT, "detail": detail}
+        conn.execute(insert(events).values(values))
+
+    def _write_finish(self, conn: Connection, message: _Finish) -> None:
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == message.run_id)
+            .values(
+                status=message.status,
+                reason=message.reason,
+                ended_at=message.ended_at,
+                heartbeat_at=message.ended_at,
+            )
+        )
+        self._run_id = None

@@ -1,0 +1,75 @@
+"""What the processes of a run report, validated at the coordinator and written by the recorder.
+
+These are the only shapes that travel from workers and the evaluator to the database. They are
+pydantic models so that a report arriving over the network is checked field by field before it
+can reach SQLite.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    # Never written by the recorder: readers derive it from a stale heartbeat on a running run.
+    CRASHED = "crashed"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class IterationRecord(_Record):
+    """One worker iteration. compute_s + push_s + pull_s + wait_s accounts for its wall time.
+
+    Each duration is the time the worker's training loop was *blocked* in that phase, so
+    communication that overlaps computation is not counted twice.
+    """
+
+    worker: int = Field(ge=0)
+    iteration: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    started_at: float
+    ended_at: float
+    compute_s: float = Field(ge=0)
+    push_s: float = Field(ge=0)
+    pull_s: float = Field(ge=0)
+    wait_s: float = Field(ge=0)
+    staleness: int = Field(ge=0)
+    loss: float | None
+    samples: int = Field(ge=0)
+    bytes_sent: int = Field(ge=0)
+    bytes_received: int = Field(ge=0)
+
+    @field_validator("loss")
+    @classmethod
+    def _finite_loss(cls, value: float | None) -> float | None:
+        # NaN cannot be stored faithfully in JSON or compared in SQL; a diverged loss is None.
+        return value if value is None or math.isfinite(value) else None
+
+
+class EvaluationRecord(_Record):
+    """Test-set accuracy and loss of the model held by the servers at one moment."""
+
+    at: float
+    elapsed_s: float = Field(ge=0)
+    step: int = Field(ge=0)
+    accuracy: float = Field(ge=0, le=1)
+    loss: float
+    epoch: float = Field(ge=0)
+
+
+class EventRecord(_Record):
+    """Something that happened: a process started or exited, an error, a barrier."""
+
+    at: float
+    kind: str = Field(min_length=1, max_length=64)
+    detail: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,90 @@
+"""Entry point of every role process: ``python -m engine.roles ROLE [options]``.
+
+The launcher starts these, but each can be started by hand or by a cluster scheduler on another
+machine: everything a role needs is its arguments plus ``PSCTL_TOKEN`` in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from engine.errors import PsctlError
+from engine.roles.lifecycle import die_with_parent, join_token, setup_logging
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine.roles")
+    roles = parser.add_subparsers(dest="role", required=True)
+    coordinator = roles.add_parser("coordinator", help="admit roles, record the run")
+    coordinator.add_argument("--config", type=Path, required=True, help="resolved config JSON")
+    coordinator.add_argument("--run-id", required=True)
+    coordinator.add_argument("--name", required=True)
+    coordinator.add_argument("--db", type=Path, required=True)
+    coordinator.add_argument("--host", default="127.0.0.1")
+    coordinator.add_argument("--port", type=int, default=0)
+    for role in ("server", "worker", "evaluator"):
+        sub = roles.add_parser(role)
+        sub.add_argument("--coordinator", required=True, help="ws://host:port of the coordinator")
+        sub.add_argument("--rank", type=int, default=0)
+        sub.add_argument("--host", default="127.0.0.1", help="address a server listens on")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    die_with_parent()
+    setup_logging(args.role, getattr(args, "rank", 0))
+    token = join_token()
+    try:
+        return _run(args, token)
+    except PsctlError as exc:
+        print(f"psctl {args.role} {getattr(args, 'rank', 0)}: {exc}", file=sys.stderr)
+        return 1
+    except Exception:  # the launcher shows this log's tail when a role dies
+        traceback.print_exc()
+        return 1
+
+
+def _run(args: argparse.Namespace, token: str) -> int:
+    from engine.transport import WebSocketTransport
+
+    if args.role == "coordinator":
+        return _coordinator(args, token)
+    transport = WebSocketTransport()
+    if args.role == "server":
+        from engine.roles.server import run_server
+
+        asyncio.run(run_server(transport, args.coordinator, args.rank, token=token,
+                               host=args.host))
+    elif args.role == "worker":
+        from engine.worker import run_worker
+
+        run_worker(transport, args.coordinator, args.rank, token=token)
+    else:
+        from engine.evaluator import run_evaluator
+
+        run_evaluator(transport, args.coordinator, token=token)
+    return 0
+
+
+def _coordinator(args: argparse.Namespace, token: str) -> int:
+    from engine.config import RunConfig
+    from engine.roles.coordinator import EXIT_CODES, announce_on_stdout, coordinate
+    from engine.transport import WebSocketTransport
+
+    config = RunConfig.model_validate_json(args.config.read_text())
+    transport = WebSocketTransport(max_frame_bytes=config.cluster.max_frame_bytes)
+    status = asyncio.run(coordinate(config, run_id=args.run_id, name=args.name, token=token,
+                                    db=args.db, transport=transport, host=args.host,
+                                    port=args.port, announce=announce_on_stdout))
+    return EXIT_CODES.get(status, 1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

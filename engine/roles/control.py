@@ -1,0 +1,117 @@
+"""A role's connection to the coordinator: hello, welcome, then JSON messages both ways.
+
+``SyncControl`` is the thread-side face for workers and the evaluator: their main thread computes
+with torch, so incoming messages are queued for it to poll, and sends never block it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+
+from engine.aio import LoopThread
+from engine.errors import ConnectionClosed, LaunchError, ProtocolError, PsctlError
+from engine.messages import ControlMessage, Hello, Welcome, dump_control, parse_control
+from engine.messages import _Message as Message
+from engine.transport.base import Connection, Transport
+
+
+class ControlChannel:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    @classmethod
+    async def open(
+        cls, transport: Transport, address: str, hello: Hello, *, token: str, timeout: float
+    ) -> tuple[ControlChannel, Welcome]:
+        try:
+            connection = await transport.connect(address, token=token, timeout=timeout)
+        except PsctlError as exc:
+            raise LaunchError(
+                f"{hello.role} {hello.rank} cannot reach the coordinator at {address}: {exc}"
+            ) from None
+        channel = cls(connection)
+        await channel.send(hello)
+        try:
+            reply = await asyncio.wait_for(channel.recv(), timeout)
+        except TimeoutError:
+            raise LaunchError(
+                f"the coordinator at {address} did not welcome {hello.role} "
+                f"{hello.rank} within {timeout:.0f} s"
+            ) from None
+        if not isinstance(reply, Welcome):
+            raise ProtocolError(f"expected a welcome from the coordinator, got {reply.type}")
+        return channel, reply
+
+    async def send(self, message: Message) -> None:
+        await self.connection.send(dump_control(message))
+
+    async def recv(self) -> ControlMessage:
+        return parse_control(await self.connection.recv())
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+
+class Lost:
+    """Put in the inbox when the coordinator connection ends; the role must stop."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class SyncControl:
+    def __init__(self, io: LoopThread, channel: ControlChannel) -> None:
+        self._io, self._channel = io, channel
+        self.inbox: queue.Queue[ControlMessage | Lost] = queue.Queue()
+        self._reader = io.submit(self._read())
+
+    @classmethod
+    def open(
+        cls,
+        io: LoopThread,
+        transport: Transport,
+        address: str,
+        hello: Hello,
+        *,
+        token: str,
+        timeout: float,
+    ) -> tuple[SyncControl, Welcome]:
+        channel, welcome = io.call(
+            ControlChannel.open(transport, address, hello, token=token, timeout=timeout),
+            timeout + 5,
+            "joining the coordinator",
+        )
+        return cls(io, channel), welcome
+
+    def send(self, message: Message) -> None:
+        """Queue ``message`` for sending; a broken channel shows up as a ``Lost`` in the inbox."""
+        self._io.submit(self._send(message))
+
+    def send_and_wait(self, message: Message, timeout: float = 10.0) -> None:
+        self._io.call(self._channel.send(message), timeout, f"sending {message.type}")  # type: ignore[attr-defined]
+
+    def poll(self) -> list[ControlMessage | Lost]:
+        messages = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                messages.append(self.inbox.get_nowait())
+        return messages
+
+    def close(self) -> None:
+        with contextlib.suppress(PsctlError):
+            self._io.call(self._channel.close(), 5, "closing the control channel")
+
+    async def _send(self, message: Message) -> None:
+        try:
+            await self._channel.send(message)
+        except ConnectionClosed as exc:
+            self.inbox.put(Lost(str(exc)))
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                self.inbox.put(await self._channel.recv())
+        except PsctlError as exc:
+            self.inbox.put(Lost(f"lost the coordinator: {exc}"))

@@ -1,0 +1,51 @@
+"""The transport interface: message-oriented, authenticated connections between processes.
+
+Two implementations: ``WebSocketTransport`` (real processes, loopback or network) and
+``MemoryTransport`` (everything in one process, for fast tests). Messages are whole: a ``bytes``
+message is a protocol frame, a ``str`` message is a JSON control message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+Message = bytes | str
+Sendable = bytes | bytearray | memoryview | str
+
+
+class Connection(Protocol):
+    """One open, authenticated connection. ``recv`` raises ``ConnectionClosed`` at the end."""
+
+    @property
+    def remote(self) -> str:
+        """A printable name of the peer, for error messages."""
+        ...
+
+    async def send(self, message: Sendable) -> None: ...
+
+    async def recv(self) -> Message: ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+Handler = Callable[[Connection], Awaitable[None]]
+
+
+class Listener(Protocol):
+    @property
+    def address(self) -> str:
+        """What a peer passes to ``Transport.connect`` to reach this listener."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    async def listen(self, host: str, port: int, handler: Handler, *, token: str) -> Listener:
+        """Serve ``handler`` for every connection that presents ``token``; refuse the rest."""
+        ...
+
+    async def connect(self, address: str, *, token: str, timeout: float) -> Connection:
+        """Open a connection or raise ``ConnectFailed`` / ``AuthenticationError`` in ``timeout``."""
+        ...

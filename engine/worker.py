@@ -1,0 +1,267 @@
+"""A worker: pull parameters, compute a gradient on its shard of the data, push it, report.
+
+Each iteration's wall time is split into the time the loop was blocked in each phase, so that
+compute_s + push_s + pull_s + wait_s equals it exactly (wait_s is the part of a pull the servers
+held back for consistency: idle time). With ``train.overlap`` (asp only) the pull for the next
+iteration is issued before computing, so communication runs while torch computes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.aio import LoopThread
+from engine.client import ParameterClient, PullResult, PushResult, ShardAddress
+from engine.config import RunConfig
+from engine.datasets import load_dataset
+from engine.errors import RunFailed, ShuttingDown
+from engine.keys import KeyRange
+from engine.messages import Done, EpochDone, Exit, Hello, Iterations, Ready, Stop, Welcome
+from engine.model import FlatModel, train_step
+from engine.modelspec import MLPSpec
+from engine.protocol import Role
+from engine.records import IterationRecord
+from engine.roles.control import Lost, SyncControl
+from engine.transport.base import Transport
+
+REPORT_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This worker's part of the training set, and how it is cut into batches."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    batch_size: int
+
+    @property
+    def iterations_per_epoch(self) -> int:
+        return math.ceil(len(self.targets) / self.batch_size)
+
+    def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
+        order = rng.permutation(len(self.targets))
+        return [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
+
+def shard_for(inputs: np.ndarray, targets: np.ndarray, *, rank: int, workers: int, seed: int,
+              batch_size: int) -> Shard:
+    """Equal-sized disjoint shards, so every worker runs the same number of iterations (which
+    BSP needs); at most ``workers - 1`` samples are left out."""
+    per_worker = len(targets) // workers
+    if per_worker == 0:
+        raise RunFailed(f"{len(targets)} training samples cannot feed {workers} workers")
+    order = np.random.default_rng(seed).permutation(len(targets))
+    mine = np.sort(order[rank * per_worker:(rank + 1) * per_worker])
+    return Shard(inputs[mine], targets[mine], batch_size)
+
+
+class Worker:
+    def __init__(self, welcome: Welcome, rank: int, control: SyncControl,
+                 client: ParameterClient) -> None:
+        self.config = RunConfig.model_validate(welcome.config)
+        self.rank, self.control, self.client = rank, control, client
+        self.keys = KeyRange(0, welcome.num_keys)
+        self._pending: list[IterationRecord] = []
+        self._last_report = time.monotonic()
+        self._stopping: str | None = None
+
+    def run(self, shard: Shard, model: FlatModel) -> int:
+        """Train until the epochs are done or the coordinator says stop; returns iterations."""
+        if self.rank == 0:
+            self.client.wait(self.client.init(model.params_np))
+        self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
+                                train_samples=len(shard.targets)))
+        loop = _OverlappedLoop if self.config.train.overlap else _PlainLoop
+        done = loop(self, model).train(shard)
+        self._flush()
+        self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
+        return done
+
+    def should_stop(self) -> bool:
+        for message in self.control.poll():
+            if isinstance(message, Lost):
+                raise RunFailed(message.reason)
+            if isinstance(message, Exit):
+                raise RunFailed("the coordinator ended the run")
+            if isinstance(message, Stop):
+                self._stopping = message.reason
+        return self._stopping is not None
+
+    def record(self, row: IterationRecord) -> None:
+        self._pending.append(row)
+        if time.monotonic() - self._last_report >= REPORT_EVERY_S:
+            self._flush()
+
+    def epoch_done(self, epoch: int) -> None:
+        self._flush()
+        self.control.send(EpochDone(epoch=epoch))
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.control.send(Iterations(rows=self._pending))
+            self._pending = []
+        self._last_report = time.monotonic()
+
+
+class _PlainLoop:
+    """pull -> compute -> push, each waited for: the textbook loop, right for every model."""
+
+    def __init__(self, worker: Worker, model: FlatModel) -> None:
+        self.worker, self.model = worker, model
+        self.client = worker.client
+
+    def train(self, shard: Shard) -> int:
+        cfg, clock = self.worker.config.train, 0
+        for epoch in range(cfg.epochs):
+            rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
+            for batch in shard.batches(rng):
+                if self.worker.should_stop():
+                    return clock
+                try:
+                    self.worker.record(self._iteration(shard, batch, epoch, clock))
+                except ShuttingDown as exc:
+                    self.worker._stopping = self.worker._stopping or str(exc)
+                    return clock
+                clock += 1
+            self.worker.epoch_done(epoch)
+        return clock
+
+    def _iteration(self, shard: Shard, batch: np.ndarray, epoch: int,
+                   clock: int) -> IterationRecord:
+        started = time.time()
+        t0 = time.perf_counter()
+        pulled = self.client.wait(self.client.pull(self.worker.keys, self.model.params_np,
+                                                   clock=clock))
+        assert isinstance(pulled, PullResult)
+        t1 = time.perf_counter()
+        loss = _compute(self.model, shard, batch)
+        t2 = time.perf_counter()
+        pushed = self.client.wait(self.client.push(self.worker.keys, self.model.grads_np,
+                                                   clock=clock, base_versions=pulled.versions))
+        assert isinstance(pushed, PushResult)
+        t3 = time.perf_counter()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        return _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                    t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
+
+
+class _OverlappedLoop(_PlainLoop):
+    """Prefetch the next pull while computing and leave the push in flight (asp).
+
+    The next pull is issued before this iteration's push, so every gradient is at least one
+    update stale; in exchange the round trip hides behind computation.
+    """
+
+    def train(self, shard: Shard) -> int:
+        cfg, clock = self.worker.config.train, 0
+        staging = np.empty_like(self.model.params_np)
+        in_flight = self.client.pull(self.worker.keys, staging, clock=0)
+        unacked: tuple[int, PullResult, IterationRecord] | None = None
+        total = cfg.epochs * shard.iterations_per_epoch
+        try:
+            for epoch in range(cfg.epochs):
+                rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
+                for batch in shard.batches(rng):
+                    if self.worker.should_stop():
+                        return clock
+                    started, t0 = time.time(), time.perf_counter()
+                    pulled = self.client.wait(in_flight)
+                    assert isinstance(pulled, PullResult)
+                    np.copyto(self.model.params_np, staging)
+                    if clock + 1 < total:
+                        in_flight = self.client.pull(self.worker.keys, staging, clock=clock + 1)
+                    t1 = time.perf_counter()
+                    loss = _compute(self.model, shard, batch)
+                    t2 = time.perf_counter()
+                    self._settle(unacked)
+                    push_id = self.client.push(self.worker.keys, self.model.grads_np,
+                                               clock=clock, base_versions=pulled.versions)
+                    t3 = time.perf_counter()
+                    wait_s = min(pulled.wait_s, t1 - t0)
+                    provisional = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1,
+                                       t3 - t2, t1 - t0 - wait_s, wait_s, None, pulled, loss,
+                                       len(batch))
+                    unacked = (push_id, pulled, provisional)
+                    clock += 1
+                self.worker.epoch_done(epoch)
+            return clock
+        except ShuttingDown as exc:
+            self.worker._stopping = self.worker._stopping or str(exc)
+            return clock
+        finally:
+            self._settle(unacked)
+
+    def _settle(self, unacked: tuple[int, PullResult, IterationRecord] | None) -> None:
+        """Wait for the previous push's ack and record that iteration with its staleness."""
+        if unacked is None:
+            return
+        push_id, pulled, row = unacked
+        pushed = self.client.wait(push_id)
+        assert isinstance(pushed, PushResult)
+        self.worker.record(row.model_copy(update={
+            "staleness": pushed.staleness,
+            "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
+            "bytes_received": pushed.bytes_received + pulled.bytes_received,
+        }))
+
+
+def _compute(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
+    inputs = torch.from_numpy(shard.inputs[batch])
+    targets = torch.from_numpy(shard.targets[batch])
+    return train_step(model, inputs, targets)
+
+
+def _row(rank: int, clock: int, epoch: int, started: float, wall: float, compute: float,
+         push: float, pull: float, wait: float, pushed: PushResult | None, pulled: PullResult,
+         loss: float, samples: int) -> IterationRecord:
+    sent = pulled.bytes_sent + (pushed.bytes_sent if pushed else 0)
+    received = pulled.bytes_received + (pushed.bytes_received if pushed else 0)
+    return IterationRecord(
+        worker=rank, iteration=clock, epoch=epoch, started_at=started, ended_at=started + wall,
+        compute_s=compute, push_s=push, pull_s=max(pull, 0.0), wait_s=wait,
+        staleness=pushed.staleness if pushed else 0, loss=loss, samples=samples,
+        bytes_sent=sent, bytes_received=received)
+
+
+def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str) -> int:
+    """The worker role: join, load data, train, report. Returns the iterations done."""
+    io = LoopThread(f"worker-{rank}-io")
+    control, welcome = SyncControl.open(io, transport, coordinator,
+                                        Hello(role="worker", rank=rank, pid=os.getpid()),
+                                        token=token, timeout=60.0)
+    config = RunConfig.model_validate(welcome.config)
+    torch.set_num_threads(config.train.torch_threads)
+    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+    dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
+    shard = shard_for(dataset.train_x, dataset.train_y, rank=rank,
+                      workers=config.cluster.workers, seed=config.train.seed,
+                      batch_size=config.train.batch_size)
+    model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
+                              dataset.spec.num_classes), seed=config.train.seed)
+    client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io)
+    try:
+        return Worker(welcome, rank, control, client).run(shard, model)
+    finally:
+        client.close()
+        control.close()
+        io.stop()
+
+
+def connect_client(transport: Transport, welcome: Welcome, config: RunConfig, role: Role,
+                   rank: int, token: str, io: LoopThread) -> ParameterClient:
+    shards = [ShardAddress(s.index, s.address, KeyRange(s.start, s.end)) for s in welcome.shards]
+    client = ParameterClient(
+        transport, shards, token=token, run=bytes.fromhex(welcome.run_id)[:16], role=role,
+        rank=rank, connect_timeout_s=config.cluster.connect_timeout_s,
+        request_timeout_s=config.cluster.request_timeout_s,
+        max_frame_bytes=config.cluster.max_frame_bytes, io=io)
+    client.connect()
+    return client

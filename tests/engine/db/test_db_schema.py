@@ -1,0 +1,132 @@
+"""Opening the experiments database: schema creation, version check, readonly mode, errors."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, select, text
+from sqlalchemy.exc import OperationalError
+
+from engine.db.schema import SCHEMA_VERSION, meta, open_engine, runs
+from engine.errors import StoreError
+
+TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta"}
+
+
+def _run_values(run_id: str = "a" * 32) -> dict[str, object]:
+    return {
+        "id": run_id,
+        "name": "n",
+        "status": "running",
+        "started_at": 1.0,
+        "heartbeat_at": 1.0,
+        "config_json": "{}",
+        "sync": "async",
+        "workers": 1,
+        "servers": 1,
+        "dataset": "mnist",
+    }
+
+
+def test_creates_every_table_and_records_the_schema_version(tmp_path: Path) -> None:
+    engine = open_engine(tmp_path / "sub" / "experiments.db")
+    try:
+        assert set(inspect(engine).get_table_names()) == TABLES
+        with engine.connect() as conn:
+            version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            assert version.scalar() == str(SCHEMA_VERSION)
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
+    finally:
+        engine.dispose()
+
+
+def test_indexes_the_queries_need_exist(tmp_path: Path) -> None:
+    engine = open_engine(tmp_path / "x.db")
+    try:
+        names = {ix["name"] for t in TABLES for ix in inspect(engine).get_indexes(t)}
+        assert {"ix_runs_started_at", "ix_iterations_run_ended", "ix_events_run_kind"} <= names
+    finally:
+        engine.dispose()
+
+
+def test_reopening_keeps_data_and_version(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    engine = open_engine(path)
+    with engine.begin() as conn:
+        conn.execute(runs.insert().values(_run_values()))
+    engine.dispose()
+    engine = open_engine(path)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(select(runs.c.id)).scalar() == "a" * 32
+            assert conn.execute(select(meta.c.value)).all() == [(str(SCHEMA_VERSION),)]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_newer_schema_version_is_refused(tmp_path: Path, readonly: bool) -> None:
+    path = tmp_path / "x.db"
+    open_engine(path).dispose()
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION + 1,))
+    raw.close()
+    with pytest.raises(StoreError, match="newer psctl"):
+        open_engine(path, readonly=readonly)
+
+
+def test_file_that_is_not_a_database_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    path.write_bytes(b"this is certainly not an SQLite database file" * 100)
+    with pytest.raises(StoreError, match="not a database"):
+        open_engine(path)
+    with pytest.raises(StoreError, match="not a database"):
+        open_engine(path, readonly=True)
+
+
+def test_missing_database_in_readonly_mode_says_where_to_look(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "experiments.db"
+    with pytest.raises(StoreError) as info:
+        open_engine(path, readonly=True)
+    message = str(info.value)
+    assert "No runs have been recorded yet" in message
+    assert str(path) in message and "--db" in message and "PSCTL_DB" in message
+    assert not path.exists() and not path.parent.exists()
+
+
+def test_readonly_sqlite_file_without_psctl_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE t (x)")
+    raw.close()
+    with pytest.raises(StoreError, match="not a psctl experiments database"):
+        open_engine(path, readonly=True)
+
+
+def test_readonly_engine_cannot_write(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        with pytest.raises(OperationalError, match="readonly"), engine.begin() as conn:
+            conn.execute(runs.insert().values(_run_values()))
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM runs")).scalar() == 0
+    finally:
+        engine.dispose()
+
+
+def test_paths_with_uri_special_characters_work(tmp_path: Path) -> None:
+    path = tmp_path / "dir with space #1" / "exp?x=1%20.db"
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        assert path.is_file()
+        assert set(inspect(engine).get_table_names()) == TABLES
+    finally:
+        engine.dispose()
