@@ -68,16 +68,16 @@ def db(tmp_path: Path) -> Path:
 def recorder(db: Path) -> Iterator[Recorder]:
     rec = Recorder(db, flush_interval_s=0.05, heartbeat_interval_s=0.05)
     yield rec
-    try:
-        rec.close()
-    except StoreError:
-        pass
+    rec.close()  # must not raise: every test reads the writer errors it provokes
 
 
 def test_start_run_is_committed_when_it_returns(recorder: Recorder, db: Path) -> None:
     run_id = start(recorder)
-    [row] = query(db, "SELECT id, name, status, started_at, ended_at, config_json, sync, "
-                      "workers, servers, dataset, iteration_count FROM runs")  # fmt: skip
+    [row] = query(
+        db,
+        "SELECT id, name, status, started_at, ended_at, config_json, sync, "
+        "workers, servers, dataset, iteration_count FROM runs",
+    )
     assert row[:5] == (run_id, "baseline", "running", 1000.0, None)
     assert json.loads(row[5]) == {"lr": 0.1, "model": {"layers": [784, 10]}}
     assert row[6:] == ("async", 2, 1, "mnist", 0)
@@ -87,18 +87,25 @@ def test_every_record_type_round_trips(recorder: Recorder, db: Path) -> None:
     run_id = start(recorder)
     rows = [iteration(0, 0), iteration(1, 0, loss=None, staleness=3)]
     recorder.record_iterations(rows)
-    evaluation = EvaluationRecord(at=1001.0, elapsed_s=1.0, step=7, accuracy=0.875, loss=0.5, epoch=0.25)
+    evaluation = EvaluationRecord(
+        at=1001.0, elapsed_s=1.0, step=7, accuracy=0.875, loss=0.5, epoch=0.25
+    )
     recorder.record_evaluation(evaluation)
     recorder.record_event(EventRecord(at=1002.0, kind="worker_exit", detail={"worker": 1, "rc": 0}))
     recorder.flush()
 
     stored = query(db, "SELECT * FROM iterations ORDER BY worker")
     assert stored == [(run_id, *r.model_dump().values()) for r in rows]
-    assert query(db, "SELECT run_id, at, elapsed_s, step, epoch, accuracy, loss FROM evaluations") == [
-        (run_id, 1001.0, 1.0, 7, 0.25, 0.875, 0.5)
-    ]
+    assert query(
+        db, "SELECT run_id, at, elapsed_s, step, epoch, accuracy, loss FROM evaluations"
+    ) == [(run_id, 1001.0, 1.0, 7, 0.25, 0.875, 0.5)]
     [(ev_run, at, kind, detail)] = query(db, "SELECT run_id, at, kind, detail FROM events")
-    assert (ev_run, at, kind, json.loads(detail)) == (run_id, 1002.0, "worker_exit", {"worker": 1, "rc": 0})
+    assert (ev_run, at, kind, json.loads(detail)) == (
+        run_id,
+        1002.0,
+        "worker_exit",
+        {"worker": 1, "rc": 0},
+    )
     assert query(db, "SELECT iteration_count FROM runs") == [(2,)]
 
 
@@ -202,14 +209,18 @@ def test_unreported_writer_error_is_raised_by_close(db: Path) -> None:
     with sqlite3.connect(db) as raw:
         raw.execute("DROP TABLE evaluations")
     raw.close()
-    recorder.record_evaluation(EvaluationRecord(at=1, elapsed_s=1, step=1, accuracy=0.5, loss=1, epoch=0))
+    recorder.record_evaluation(
+        EvaluationRecord(at=1, elapsed_s=1, step=1, accuracy=0.5, loss=1, epoch=0)
+    )
     with pytest.raises(StoreError, match="no such table: evaluations"):
         recorder.close()
 
 
 def test_unserialisable_config_is_refused(recorder: Recorder) -> None:
     with pytest.raises(StoreError, match="JSON"):
-        recorder.start_run("r" * 32, "n", {"x": object()}, sync="s", workers=1, servers=1, dataset="d")
+        recorder.start_run(
+            "r" * 32, "n", {"x": object()}, sync="s", workers=1, servers=1, dataset="d"
+        )
 
 
 def test_closed_recorder_refuses_calls(db: Path) -> None:
@@ -234,7 +245,8 @@ def test_mark_ended_changes_only_a_running_run(recorder: Recorder, db: Path) -> 
     assert Recorder.mark_ended(db, finished, RunStatus.FAILED, "late") is False
     assert Recorder.mark_ended(db, "no-such-run", RunStatus.FAILED, None) is False
     rows = dict(
-        (r[0], r[1:]) for r in query(db, "SELECT id, status, reason, ended_at IS NOT NULL FROM runs")
+        (r[0], r[1:])
+        for r in query(db, "SELECT id, status, reason, ended_at IS NOT NULL FROM runs")
     )
     assert rows == {running: ("failed", "coordinator died", 1), finished: ("finished", None, 1)}
 

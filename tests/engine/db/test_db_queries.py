@@ -50,7 +50,9 @@ def it(worker: int, number: int, started: float, ended: float, **extra: Any) -> 
 
 
 def evaluation(at: float, accuracy: float, step: int = 0) -> EvaluationRecord:
-    return EvaluationRecord(at=at, elapsed_s=at - 100.0, step=step, accuracy=accuracy, loss=1.0, epoch=0)
+    return EvaluationRecord(
+        at=at, elapsed_s=at - 100.0, step=step, accuracy=accuracy, loss=1.0, epoch=0
+    )
 
 
 def record_run(
@@ -68,9 +70,15 @@ def record_run(
     recorder = Recorder(db)
     try:
         recorder.start_run(
-            run_id, name, {"seed": 1}, sync="ssp", workers=2, servers=1, dataset="mnist",
+            run_id,
+            name,
+            {"seed": 1},
+            sync="ssp",
+            workers=2,
+            servers=1,
+            dataset="mnist",
             started_at=started_at,
-        )  # fmt: skip
+        )
         recorder.record_iterations(iterations or [])
         for ev in evaluations or []:
             recorder.record_evaluation(ev)
@@ -113,6 +121,7 @@ def test_list_runs_newest_first_with_accuracies(db: Path, reader: Engine) -> Non
     assert (first.best_accuracy, first.final_accuracy) == (0.5, 0.25)
     assert (listed[0].best_accuracy, listed[0].final_accuracy) == (None, None)
     assert (first.sync, first.workers, first.servers, first.dataset) == ("ssp", 2, 1, "mnist")
+    assert first.ended_at is not None
     assert first.duration_s == pytest.approx(first.ended_at - 100.0)
     assert [r.id for r in list_runs(reader, limit=2)] == [RUN_C, RUN_B]
     assert [r.id for r in list_runs(reader, status="failed")] == [RUN_B]
@@ -215,27 +224,76 @@ def test_resolve_on_an_empty_database(reader: Engine) -> None:
 def _detail_rows() -> list[IterationRecord]:
     common = {"bytes_sent": 100, "bytes_received": 200}
     return [
-        it(0, 0, 100.0, 101.0, compute_s=0.5, push_s=0.125, pull_s=0.125, wait_s=0.25,
-           staleness=0, samples=32, **common),
-        it(0, 1, 101.0, 103.0, compute_s=1.0, push_s=0.25, pull_s=0.25, wait_s=0.5,
-           staleness=2, samples=32, **common),
-        it(1, 0, 100.5, 101.5, compute_s=0.75, push_s=0.0, pull_s=0.0, wait_s=0.25,
-           staleness=1, samples=64, **common),
-    ]  # fmt: skip
+        it(
+            0,
+            0,
+            100.0,
+            101.0,
+            compute_s=0.5,
+            push_s=0.125,
+            pull_s=0.125,
+            wait_s=0.25,
+            staleness=0,
+            samples=32,
+            **common,
+        ),
+        it(
+            0,
+            1,
+            101.0,
+            103.0,
+            compute_s=1.0,
+            push_s=0.25,
+            pull_s=0.25,
+            wait_s=0.5,
+            staleness=2,
+            samples=32,
+            **common,
+        ),
+        it(
+            1,
+            0,
+            100.5,
+            101.5,
+            compute_s=0.75,
+            push_s=0.0,
+            pull_s=0.0,
+            wait_s=0.25,
+            staleness=1,
+            samples=64,
+            **common,
+        ),
+    ]
 
 
 def test_run_detail_per_worker_math(db: Path, reader: Engine) -> None:
-    events = [EventRecord(at=100.0 + k, kind="tick" if k % 2 else "tock", detail={"k": k}) for k in range(25)]
+    events = [
+        EventRecord(at=100.0 + k, kind="tick" if k % 2 else "tock", detail={"k": k})
+        for k in range(25)
+    ]
     evals = [evaluation(102.0, 0.5, step=1), evaluation(104.0, 0.75, step=3)]
-    record_run(db, RUN_A, "d", 100.0, status=RunStatus.FAILED, iterations=_detail_rows(),
-               evaluations=evals, events=events)  # fmt: skip
+    record_run(
+        db,
+        RUN_A,
+        "d",
+        100.0,
+        status=RunStatus.FAILED,
+        iterations=_detail_rows(),
+        evaluations=evals,
+        events=events,
+    )
     detail = run_detail(reader, RUN_A)
 
     w0, w1 = detail.workers
     assert (w0.worker, w0.iterations, w0.samples) == (0, 2, 64)
     assert (w0.first_started_at, w0.last_ended_at, w0.wall_s) == (100.0, 103.0, 3.0)
     assert (w0.compute_s_total, w0.compute_s_mean) == (1.5, 0.75)
-    assert (w0.push_s_total, w0.push_s_mean, w0.pull_s_total, w0.pull_s_mean) == (0.375, 0.1875, 0.375, 0.1875)
+    assert (w0.push_s_total, w0.push_s_mean, w0.pull_s_total, w0.pull_s_mean) == (
+        0.375,
+        0.1875,
+        0.375,
+        0.1875,
+    )
     assert (w0.wait_s_total, w0.wait_s_mean) == (0.75, 0.375)
     assert w0.idle_fraction == 0.25
     assert (w0.staleness_mean, w0.staleness_max) == (1.0, 2)
@@ -277,11 +335,20 @@ def test_run_detail_unknown_run(reader: Engine) -> None:
 
 def test_progress_of_a_live_run(db: Path, reader: Engine) -> None:
     now = float(int(time.time()))  # whole seconds keep the window arithmetic exact
-    rows = [it(0, i, now - 20 + i, now - 19 + i, epoch=i // 10, staleness=i % 3, loss=float(i))
-            for i in range(20)]  # fmt: skip
+    rows = [
+        it(0, i, now - 20 + i, now - 19 + i, epoch=i // 10, staleness=i % 3, loss=float(i))
+        for i in range(20)
+    ]
     rows += [it(1, i, now - 20 + 2 * i, now - 19 + 2 * i) for i in range(10)]
-    record_run(db, RUN_A, "live", now - 30, status=None, iterations=rows,
-               evaluations=[evaluation(now - 5, 0.5, 1), evaluation(now - 2, 0.625, 2)])  # fmt: skip
+    record_run(
+        db,
+        RUN_A,
+        "live",
+        now - 30,
+        status=None,
+        iterations=rows,
+        evaluations=[evaluation(now - 5, 0.5, 1), evaluation(now - 2, 0.625, 2)],
+    )
 
     snap = progress(reader, RUN_A, now=now)
     assert (snap.status, snap.total_iterations) == ("running", 30)
@@ -300,7 +367,21 @@ def test_progress_of_a_run_without_rows(db: Path, reader: Engine) -> None:
     record_run(db, RUN_A, "quiet", 100.0)
     snap = progress(reader, RUN_A)
     assert (snap.status, snap.workers, snap.latest_evaluation, snap.iterations_per_s) == (
-        "finished", (), None, 0.0
+        "finished",
+        (),
+        None,
+        0.0,
     )
     with pytest.raises(RunNotFound):
         progress(reader, "missing")
+
+
+def test_progress_rates_of_an_ended_run_are_measured_up_to_its_end(
+    db: Path, reader: Engine
+) -> None:
+    t = time.time()
+    rows = [it(0, 0, t - 9, t - 8), it(0, 1, t - 3, t - 2), it(0, 2, t - 2, t - 1)]
+    record_run(db, RUN_A, "done", t - 10, iterations=rows)
+    snap = progress(reader, RUN_A, now=t + 3600)
+    assert snap.status == "finished"
+    assert snap.workers[0].iterations_per_s == 2 / 5
