@@ -199,6 +199,7 @@ class Coordinator:
             self.recorder.record_event(message.row)
         elif isinstance(message, Serving):
             self.addresses[peer.rank] = message.address
+            self._event("server_listening", rank=peer.rank, address=message.address)
             if len(self.addresses) == self.config.cluster.servers:
                 self.servers_ready.set()
         elif isinstance(message, Ready):
@@ -232,7 +233,8 @@ class Coordinator:
             self._final.set_result(message.row)
 
     def _on_epoch_done(self, rank: int, epoch: int) -> None:
-        before = min(self.progress.epochs_done.values(), default=-1)
+        workers = self.config.cluster.workers
+        before = min(self.progress.epochs_done.get(w, -1) for w in range(workers))
         self.progress.epochs_done[rank] = epoch
         after = min(self.progress.epochs_done.values())
         if len(self.progress.epochs_done) == self.config.cluster.workers and after > before:

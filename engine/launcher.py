@@ -79,6 +79,11 @@ class Launcher:
         self._token = secrets.token_urlsafe(32)
         self._interrupted = False
 
+    @property
+    def join_token(self) -> str:
+        """The run's secret; tools that join the run (and tests) present it."""
+        return self._token
+
     def start(self) -> None:
         """Start the coordinator, then the servers, the evaluator and the workers."""
         self.logs.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,361 @@
+"""Shared helpers for the benchmarks in ``bench/``: processes, baselines, results, docs rows.
+
+Every benchmark runs real processes over real websockets on loopback. The servers (psctl shard
+servers and the raw websocket echo servers used as baselines) run in their own processes,
+started with ``python -m bench._common <role> ...`` so that client and server never share a GIL.
+Every process of a benchmark -- the servers and the benchmark (client) process itself -- runs
+with the glibc malloc settings that ``engine.launcher`` gives the processes of a real run
+(``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456``): ``reexec_with_malloc_env``
+restarts the benchmark script with them if they are missing.
+
+A server prints ``READY <address>`` on stdout once it listens and exits when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "bench" / "results"
+DOCS = REPO / "docs" / "benchmarks.md"
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+TOKEN = "bench-token"
+RUN_ID = bytes(range(16))
+MAX_FRAME_BYTES = 64 * 2**20
+HIDDEN = (512, 512, 512)
+INPUT_DIM, CLASSES = 784, 10
+REPLY_SIZE_BYTES = 8  # an echo request starts with the size of the reply it wants (u64 LE)
+
+
+# -- environment --------------------------------------------------------------------------------
+
+
+def reexec_with_malloc_env() -> None:
+    """Restart this script with the malloc settings of a psctl run if they are not set."""
+    if all(os.environ.get(k) == v for k, v in MALLOC_ENV.items()):
+        return
+    env = child_env()
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(MALLOC_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def machine_info() -> dict[str, Any]:
+    import numpy
+    import torch
+    import websockets
+
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "websockets": websockets.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "malloc_env": {k: os.environ.get(k) for k in MALLOC_ENV},
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+# -- frame sizes --------------------------------------------------------------------------------
+
+
+def frame_sizes(num_keys: int) -> dict[str, int]:
+    """Bytes of each psctl frame for one request covering ``num_keys`` float32 keys."""
+    from engine.protocol import HEADER_BYTES
+
+    values = HEADER_BYTES + 8 + 4 * num_keys  # header, one shape dimension, payload
+    return {"push": values, "ack": HEADER_BYTES, "pull": HEADER_BYTES, "values": values}
+
+
+def num_model_keys() -> int:
+    from engine.modelspec import MLPSpec
+
+    return MLPSpec(INPUT_DIM, HIDDEN, CLASSES).num_keys
+
+
+# -- server processes ---------------------------------------------------------------------------
+
+
+class ServerProcess:
+    """A server in its own process; ``address`` once it is up. Stop it with ``stop``."""
+
+    def __init__(self, role: str, args: Sequence[str] = ()) -> None:
+        self.role = role
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench._common", role, *args],
+            cwd=REPO,
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode().strip()
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"{role} server did not start (said {line!r})")
+        self.address = line.split(" ", 1)[1]
+        self._final: dict[str, Any] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> dict[str, Any]:
+        """Close stdin (the server's signal to exit); return what it printed last (JSON)."""
+        if getattr(self, "_final", None) is not None:
+            return self._final
+        try:  # communicate() closes stdin, then reads stdout until the server exits
+            out, _ = self.process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        lines = [x for x in out.decode().splitlines() if x.startswith("{")]
+        self._final = json.loads(lines[-1]) if lines else {}
+        return self._final
+
+
+@contextlib.contextmanager
+def servers(specs: Sequence[tuple[str, Sequence[str]]]) -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess] = []
+    try:
+        for role, args in specs:
+            started.append(ServerProcess(role, args))
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+def proc_counters(pid: int) -> tuple[int, float]:
+    """(minor page faults, CPU seconds user+system) of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[7]), (int(fields[11]) + int(fields[12])) / tick
+
+
+def self_counters() -> tuple[int, float]:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_utime + usage.ru_stime
+
+
+class Counters:
+    """Faults and CPU time of this process and some server processes over a pass."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self._start = self._read()
+
+    def _read(self) -> list[tuple[int, float]]:
+        return [self_counters(), *(proc_counters(pid) for pid in self.pids)]
+
+    def per(self, count: int) -> dict[str, float]:
+        """Per-operation faults and CPU ms since construction, client then servers summed."""
+        end = self._read()
+        deltas = [(e[0] - s[0], e[1] - s[1]) for s, e in zip(self._start, end, strict=True)]
+        client, servers_ = deltas[0], deltas[1:]
+        return {
+            "client_faults": client[0] / count,
+            "client_cpu_ms": 1e3 * client[1] / count,
+            "server_faults": sum(d[0] for d in servers_) / count,
+            "server_cpu_ms": 1e3 * sum(d[1] for d in servers_) / count,
+        }
+
+
+# -- raw websocket baseline ---------------------------------------------------------------------
+
+
+def echo_request(size: int, reply: int) -> bytes:
+    """A preallocated request of ``size`` bytes asking the echo server for ``reply`` bytes."""
+    data = bytearray(size)
+    data[:REPLY_SIZE_BYTES] = reply.to_bytes(REPLY_SIZE_BYTES, "little")
+    return bytes(data)
+
+
+async def echo_connect(address: str) -> Any:
+    from websockets.asyncio.client import connect
+
+    return await connect(address, compression=None, max_size=MAX_FRAME_BYTES, ping_interval=None)
+
+
+# -- statistics, results, docs ------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    return [a / b for a, b in zip(numerator, denominator, strict=True)]
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+_DOCS_HEADER = """# Benchmarks
+
+Each benchmark is a script in `bench/` that writes its raw samples, medians and machine
+information to `bench/results/<name>.json` and prints the rows below. Every figure is a ratio
+against a baseline measured in the same script, in alternating passes (the machine is noisy:
+absolute numbers move by tens of percent from run to run, ratios much less); medians are given.
+"""
+
+
+def update_docs_section(title: str, body: str) -> None:
+    """Replace (or append) the ``## title`` section of docs/benchmarks.md, keeping the others."""
+    DOCS.parent.mkdir(parents=True, exist_ok=True)
+    text = DOCS.read_text() if DOCS.exists() else _DOCS_HEADER
+    heading = f"## {title}"
+    section = f"{heading}\n\n{body.strip()}\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
+    if start is None:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        tail = "".join(lines[end:])
+        text = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+    DOCS.write_text(text)
+
+
+def fmt_ratio(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+# -- server roles (python -m bench._common ROLE ...) --------------------------------------------
+
+
+def _wait_for_stdin_eof(loop: asyncio.AbstractEventLoop, done: asyncio.Event) -> None:
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdin.buffer.read()
+        loop.call_soon_threadsafe(done.set)
+
+    threading.Thread(target=read, daemon=True).start()
+
+
+async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.config import OptimizerConfig
+    from engine.consistency import make_controller
+    from engine.keys import KeyRange
+    from engine.optimizers import make_optimizer
+    from engine.server import ShardServer
+    from engine.shard import ShardState
+    from engine.transport.websocket import WebSocketTransport
+
+    keys = KeyRange(args.start, args.end)
+    state = ShardState(
+        keys,
+        make_controller(args.sync, workers=args.workers, keys=len(keys)),
+        make_optimizer(OptimizerConfig(), len(keys)),  # the default: SGD lr 0.1, momentum 0.9
+    )
+    server = ShardServer(state, run=RUN_ID, rank=args.rank, max_frame_bytes=MAX_FRAME_BYTES)
+    address = await server.start(
+        WebSocketTransport(max_frame_bytes=MAX_FRAME_BYTES), "127.0.0.1", 0, token=TOKEN
+    )
+    done = asyncio.Event()
+    _wait_for_stdin_eof(asyncio.get_running_loop(), done)
+    print(f"READY {address}", flush=True)
+    await done.wait()
+    await server.close()
+    return {"version": state.version, "pushes": state.pushes, "frames_in": server.stats.frames_in}
+
+
+async def _echo_server(args: argparse.Namespace) -> dict[str, Any]:
+    from websockets.asyncio.server import serve
+
+    replies: dict[int, bytes] = {}
+    served = 0
+
+    async def handler(socket: Any) -> None:
+        nonlocal served
+        async for message in socket:
+            size = int.from_bytes(message[:REPLY_SIZE_BYTES], "little")
+            reply = replies.get(size)
+            if reply is None:  # preallocated once per size, reused for every reply
+                reply = replies[size] = bytes(size)
+            await socket.send(reply)
+            served += 1
+
+    server = await serve(
+        handler, "127.0.0.1", 0, compression=None, max_size=MAX_FRAME_BYTES, ping_interval=None
+    )
+    done = asyncio.Event()
+    _wait_for_stdin_eof(asyncio.get_running_loop(), done)
+    port = server.sockets[0].getsockname()[1]
+    print(f"READY ws://127.0.0.1:{port}", flush=True)
+    await done.wait()
+    server.close()
+    await server.wait_closed()
+    return {"served": served}
+
+
+def _serve_main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench._common")
+    sub = parser.add_subparsers(dest="role", required=True)
+    psctl = sub.add_parser("psctl-server", help="one psctl ShardServer")
+    psctl.add_argument("--start", type=int, required=True)
+    psctl.add_argument("--end", type=int, required=True)
+    psctl.add_argument("--rank", type=int, default=0)
+    psctl.add_argument("--sync", choices=("asp", "bsp"), default="asp")
+    psctl.add_argument("--workers", type=int, default=1)
+    psctl.add_argument("--profile", help="write a cProfile of the server to this path")
+    echo = sub.add_parser("echo-server", help="raw websocket server, preallocated replies")
+    echo.add_argument("--profile", help="write a cProfile of the server to this path")
+    args = parser.parse_args(argv)
+    run = _psctl_server if args.role == "psctl-server" else _echo_server
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        result = profiler.runcall(asyncio.run, run(args))
+        profiler.dump_stats(args.profile)
+    else:
+        result = asyncio.run(run(args))
+    print(json.dumps(result), flush=True)
+
+
+def monotonic_deadline(seconds: float) -> float:
+    return time.perf_counter() + seconds
+
+
+if __name__ == "__main__":
+    _serve_main(sys.argv[1:])

@@ -1,0 +1,3 @@
+from psctl.cli import main
+
+main()

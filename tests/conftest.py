@@ -1,0 +1,38 @@
+"""Shared fixtures: where the real data sets are, and a guard against leaked processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    """The MNIST folder from ../shared/data, or from PSCTL_DATA_DIR."""
+    for root in (Path(os.environ.get("PSCTL_DATA_DIR", SHARED_DATA)), SHARED_DATA):
+        if (root / "mnist" / "train-images-idx3-ubyte.gz").exists():
+            return root / "mnist"
+    pytest.skip("MNIST not found in ../shared/data or PSCTL_DATA_DIR")
+
+
+def psctl(*args: str, db: Path, timeout: float = 180, **kwargs: object) -> \
+        subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PSCTL_DB=str(db), COLUMNS="160", NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "psctl", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, check=False, **kwargs)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="session")
+def seeded_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("seeded") / "experiments.db"
+    done = psctl("launch", "--dataset", "digits", "--workers", "2", "--servers", "1",
+                 "--epochs", "2", "--name", "seed-run", "--no-live", db=db)
+    assert done.returncode == 0, done.stderr
+    return db

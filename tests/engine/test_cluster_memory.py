@@ -1,0 +1,212 @@
+"""A whole run in one process over the in-memory transport.
+
+The coordinator and the shard servers run on event-loop threads of their own, each worker and the
+evaluator on a plain thread (as the main thread of their process would), all on the ``digits``
+data set, which needs no network. The coordinator reports into a sink that keeps rows in lists.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from engine.aio import LoopThread
+from engine.config import RunConfig, build_config
+from engine.coordinator import Coordinator
+from engine.evaluator import run_evaluator
+from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.roles.coordinator import model_spec
+from engine.roles.server import run_server
+from engine.transport import MemoryTransport
+from engine.worker import run_worker
+
+TOKEN = "cluster-test-token"
+DIGITS_TRAIN = 1438  # 1797 samples, 20 % held out for the test set
+
+
+@dataclass
+class Sink:
+    """A RecorderSink that only keeps what it is given."""
+
+    iterations: list[IterationRecord] = field(default_factory=list)
+    evaluations: list[EvaluationRecord] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
+
+    def record_iterations(self, rows: list[IterationRecord]) -> None:
+        self.iterations.extend(rows)
+
+    def record_evaluation(self, row: EvaluationRecord) -> None:
+        self.evaluations.append(row)
+
+    def record_event(self, row: EventRecord) -> None:
+        self.events.append(row)
+
+    def kinds(self) -> list[str]:
+        return [event.kind for event in self.events]
+
+
+@dataclass
+class Outcome:
+    status: RunStatus
+    reason: str | None
+    sink: Sink
+    config: RunConfig
+    seconds: float
+    worker_iterations: dict[int, int]
+
+
+class RoleThread(threading.Thread):
+    """Runs one role function and keeps its result or exception for the test to check."""
+
+    def __init__(self, name: str, target: Callable[[], Any]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._target_fn = target
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._target_fn()
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_cluster(overrides: dict[str, Any], *, timeout: float = 90.0) -> Outcome:
+    config = build_config({}, {"data.dataset": "digits", "cluster.request_timeout_s": 30.0,
+                               "cluster.connect_timeout_s": 30.0, **overrides})
+    sink = Sink()
+    transport = MemoryTransport()
+    control_loop, server_loop = LoopThread("test-coordinator"), LoopThread("test-servers")
+    threads: list[RoleThread] = []
+    servers: list[concurrent.futures.Future[None]] = []
+    started = time.perf_counter()
+    try:
+
+        async def make() -> tuple[Coordinator, str]:
+            coordinator = Coordinator(config, run_id=uuid.uuid4().hex, token=TOKEN,
+                                      num_keys=model_spec(config).num_keys, recorder=sink)
+            return coordinator, await coordinator.start(transport, "coordinator", 0)
+
+        coordinator, address = control_loop.call(make(), 10)
+        finished = control_loop.submit(coordinator.run())
+        servers = [server_loop.submit(run_server(transport, address, rank, token=TOKEN))
+                   for rank in range(config.cluster.servers)]
+        threads = [RoleThread(f"worker-{rank}",
+                              lambda rank=rank: run_worker(transport, address, rank, token=TOKEN))
+                   for rank in range(config.cluster.workers)]
+        threads.append(RoleThread("evaluator",
+                                  lambda: run_evaluator(transport, address, token=TOKEN)))
+        for thread in threads:
+            thread.start()
+        try:
+            status, reason = finished.result(timeout)
+        except concurrent.futures.TimeoutError:
+            control_loop.loop.call_soon_threadsafe(coordinator.interrupt)
+            status, reason = finished.result(10)
+            pytest.fail(f"the run did not end within {timeout} s; events: {sink.kinds()}")
+        seconds = time.perf_counter() - started
+        for thread in threads:
+            thread.join(20)
+            assert not thread.is_alive(), f"{thread.name} did not exit"
+            assert thread.error is None, f"{thread.name} failed: {thread.error!r}"
+        for server in servers:
+            assert server.result(20) is None
+        return Outcome(status, reason, sink, config, seconds,
+                       {rank: threads[rank].result for rank in range(config.cluster.workers)})
+    finally:
+        for server in servers:
+            server.cancel()
+        for loop_thread in (server_loop, control_loop):
+            loop_thread.stop()
+            if not loop_thread.loop.is_running():
+                loop_thread.loop.close()
+
+
+def iterations_per_epoch(workers: int, batch_size: int) -> int:
+    per_worker = DIGITS_TRAIN // workers
+    return -(-per_worker // batch_size)
+
+
+@pytest.mark.timeout(120)
+def test_bsp_run_over_memory() -> None:
+    outcome = run_cluster({"cluster.workers": 2, "cluster.servers": 2, "train.epochs": 3,
+                           "train.batch_size": 32, "sync.model": "bsp",
+                           "model.hidden": [64]})
+    sink, config = outcome.sink, outcome.config
+    print(f"bsp run: {outcome.seconds:.2f} s")
+    assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
+
+    ipe = iterations_per_epoch(2, 32)
+    assert ipe == 23
+    per_worker = config.train.epochs * ipe
+    assert outcome.worker_iterations == {0: per_worker, 1: per_worker}
+    rows = sink.iterations
+    assert len(rows) == 2 * per_worker
+    for worker in (0, 1):
+        mine = [row for row in rows if row.worker == worker]
+        assert [row.iteration for row in mine] == list(range(per_worker))
+        assert [row.epoch for row in mine] == [i // ipe for i in range(per_worker)]
+        assert sum(row.samples for row in mine) == config.train.epochs * (DIGITS_TRAIN // 2)
+    for row in rows:
+        wall = row.ended_at - row.started_at
+        phases = row.compute_s + row.push_s + row.pull_s + row.wait_s
+        assert phases == pytest.approx(wall, rel=0.05, abs=1e-6)
+        assert row.staleness == 0
+        assert row.bytes_sent > 0 and row.bytes_received > 0
+        assert row.loss is not None
+    first = [row.loss for row in rows if row.iteration < 5]
+    last = [row.loss for row in rows if row.iteration >= per_worker - 5]
+    assert sum(last) / len(last) < sum(first) / len(first)
+
+    final = sink.evaluations[-1]
+    assert final.accuracy > 0.85
+    assert final.step == per_worker  # one server version per BSP clock
+    assert final.epoch == pytest.approx(config.train.epochs)
+    kinds = sink.kinds()
+    assert kinds.count("process_joined") == 2 + 2 + 1
+    assert kinds.count("worker_done") == 2
+    assert [e.detail["epoch"] for e in sink.events if e.kind == "epoch_done"] == [0, 1, 2]
+    stats = [e.detail for e in sink.events if e.kind == "server_stats"]
+    assert sorted(s["rank"] for s in stats) == [0, 1]
+    for s in stats:
+        assert s["version"] == per_worker
+        assert s["pushes"] == 2 * per_worker
+        assert s["bad_frames"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_asp_run_over_memory_shows_staleness() -> None:
+    outcome = run_cluster({"cluster.workers": 3, "cluster.servers": 2, "train.epochs": 2,
+                           "train.batch_size": 32, "sync.model": "asp",
+                           "model.hidden": [64]})
+    print(f"asp run: {outcome.seconds:.2f} s")
+    assert outcome.status is RunStatus.FINISHED
+    ipe = iterations_per_epoch(3, 32)
+    rows = outcome.sink.iterations
+    assert len(rows) == 3 * 2 * ipe
+    assert max(row.staleness for row in rows) >= 1
+    for row in rows:
+        wall = row.ended_at - row.started_at
+        phases = row.compute_s + row.push_s + row.pull_s + row.wait_s
+        assert phases == pytest.approx(wall, rel=0.05, abs=1e-6)
+        assert row.wait_s == pytest.approx(0.0, abs=0.05)  # asp never holds a pull back
+    stats = [e.detail for e in outcome.sink.events if e.kind == "server_stats"]
+    assert [s["version"] for s in stats] == [3 * 2 * ipe] * 2  # one version per push
+    assert outcome.sink.evaluations[-1].accuracy > 0.8
+
+

@@ -1,0 +1,100 @@
+"""Acceptance: malformed traffic from a raw websocket client is refused while training goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import pickle
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+
+from engine.launcher import Launcher
+from engine.protocol import Frame, MsgType, Role, decode, encode
+from engine.keys import KeyRange
+from engine.records import RunStatus
+from engine.transport.websocket import TOKEN_HEADER
+from tests.integration.support import config, query, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _bad_frames(run: bytes, keys: KeyRange) -> dict[str, bytes]:
+    good = encode(Frame(MsgType.PUSH, 7, keys, run=run, role=Role.WORKER, rank=0,
+                        payload=np.zeros(len(keys), dtype=np.float32)))
+    wrong_dtype = bytearray(good)
+    struct.pack_into("<B", wrong_dtype, 4, 2)  # claims float64: sizes no longer agree
+    wrong_shape = encode(Frame(MsgType.PUSH, 8, keys, run=run, role=Role.WORKER, rank=0,
+                               payload=np.zeros(len(keys) - 1, dtype=np.float32)))
+    return {
+        "malformed": b"\x00\x01garbage",
+        "pickle": pickle.dumps({"evil": list(range(100))}),
+        "wrong_dtype": bytes(wrong_dtype),
+        "wrong_shape": bytes(wrong_shape),
+    }
+
+
+async def _attack(address: str, token: str, run: bytes, keys: KeyRange) -> dict[str, str]:
+    replies: dict[str, str] = {}
+    async with connect(address, additional_headers={TOKEN_HEADER: token},
+                       compression=None, max_size=2**26) as socket:
+        for name, data in _bad_frames(run, keys).items():
+            await socket.send(data)
+            frame = decode(await asyncio.wait_for(socket.recv(), 10), max_bytes=2**26)
+            assert frame.type is MsgType.ERROR, name
+            replies[name] = " ".join(frame.error())
+    socket = await connect(address, additional_headers={TOKEN_HEADER: token},
+                           compression=None, max_size=2**30)
+    await socket.send(bytes(70 * 2**20))  # over the server's 64 MiB frame limit
+    try:
+        await asyncio.wait_for(socket.recv(), 10)
+    except Exception as exc:  # the server closes: 1009 message too big
+        replies["oversize"] = str(exc)
+    with contextlib.suppress(Exception):  # already closed by the server
+        await socket.close()
+    return replies
+
+
+def test_raw_client_garbage_is_refused_and_the_run_finishes(tmp_path: Path,
+                                                            mnist_dir: Path) -> None:
+    launcher = Launcher(config(data__dataset="mnist", data__data_dir=str(mnist_dir),
+                               data__train_limit=6000, cluster__workers=2,
+                               cluster__servers=1, train__epochs=3, sync__model="bsp"),
+                        db=tmp_path / "experiments.db")
+    launcher.start()
+    outcome: dict[str, object] = {}
+
+    def attack_while_training() -> None:
+        wait_for(lambda: query(launcher.db, "SELECT count(*) FROM iterations")[0][0] > 10,
+                 90, "training to start")
+        detail = json.loads(query(launcher.db, "SELECT detail FROM events WHERE kind = "
+                                               "'server_listening'")[0][0])
+        run = bytes.fromhex(launcher.run_id)[:16]
+        keys = KeyRange(0, 784 * 512 + 512)  # the first layer, inside shard 0
+        before = query(launcher.db, "SELECT count(*) FROM iterations")[0][0]
+        outcome["replies"] = asyncio.run(_attack(detail["address"], launcher.join_token, run,
+                                                 keys))
+        outcome["before"] = before
+
+    attacker = threading.Thread(target=attack_while_training)
+    attacker.start()
+    result = launcher.wait()
+    attacker.join()
+    replies = outcome["replies"]
+    assert isinstance(replies, dict)
+    assert "not a psctl frame" in replies["malformed"]
+    assert "bad magic" in replies["pickle"]
+    assert "bytes" in replies["wrong_dtype"]
+    assert "does not match" in replies["wrong_shape"]
+    assert "1009" in replies["oversize"] or "too big" in replies["oversize"]
+    assert result.status is RunStatus.FINISHED, result.reason
+    after = query(launcher.db, "SELECT count(*) FROM iterations")[0][0]
+    assert after == 2 * 3 * 47 and after > int(outcome["before"])  # type: ignore[call-overload]
+    stats = [json.loads(row[0]) for row in query(launcher.db, "SELECT detail FROM events WHERE "
+                                                             "kind = 'server_stats'")]
+    assert stats and stats[0]["bad_frames"] >= 4

@@ -1,0 +1,113 @@
+"""The command line, end to end: real launches in subprocesses, then the read commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from psctl.cli import app
+from tests.integration.support import processes_with, query, wait_for
+from tests.conftest import psctl
+
+runner = CliRunner()
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_launch_records_a_finished_run(seeded_db: Path) -> None:
+    assert query(seeded_db, "SELECT name, status FROM runs") == [("seed-run", "finished")]
+
+
+def test_runs_ls_json_lists_the_run(seeded_db: Path) -> None:
+    result = runner.invoke(app, ["runs", "ls", "--json", "--db", str(seeded_db)])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)
+    assert [run["name"] for run in runs] == ["seed-run"]
+    assert runs[0]["status"] == "finished" and runs[0]["best_accuracy"] > 0.5
+
+
+def test_runs_show_by_selector_has_per_worker_timings(seeded_db: Path) -> None:
+    result = runner.invoke(app, ["runs", "show", "@last", "--json", "--db", str(seeded_db)])
+    assert result.exit_code == 0, result.output
+    detail = json.loads(result.stdout)
+    assert [w["worker"] for w in detail["workers"]] == [0, 1]
+    assert all(w["staleness_max"] == 0 for w in detail["workers"])  # bsp
+    assert detail["config"]["cluster"]["workers"] == 2
+    table = runner.invoke(app, ["runs", "show", "seed-run", "--db", str(seeded_db)],
+                          env={"COLUMNS": "200"})
+    assert "wait (idle)" in table.stdout and "staleness" in table.stdout
+
+
+def test_unknown_run_exits_4(seeded_db: Path) -> None:
+    result = runner.invoke(app, ["runs", "show", "nope", "--db", str(seeded_db)])
+    assert result.exit_code == 4
+    assert "nope" in result.stderr
+
+
+def test_missing_data_fails_fast_with_a_fix(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = _launch_offline(tmp_path)
+    assert done.returncode == 1
+    assert "--data-dir" in done.stderr and "digits" in done.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "x.db").exists()
+
+
+def _launch_offline(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PSCTL_DB=str(tmp_path / "x.db"), XDG_CACHE_HOME=str(tmp_path),
+               NO_COLOR="1")
+    env.pop("PSCTL_DATA_DIR", None)
+    # An unroutable proxy keeps the download attempt offline and quick.
+    env.update(http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    return subprocess.run([sys.executable, "-m", "psctl", "launch", "--dataset", "mnist",
+                           "--data-dir", str(tmp_path / "nowhere")], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+
+
+def test_invalid_option_is_a_clear_config_error(tmp_path: Path) -> None:
+    done = psctl("launch", "--workers", "0", "--dataset", "digits", db=tmp_path / "x.db")
+    assert done.returncode == 1
+    assert "cluster.workers" in done.stderr
+
+
+def test_ctrl_c_stops_every_process_within_5_s_and_marks_interrupted(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
+         "--servers", "1", "--epochs", "500", "--no-live"], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 10,
+             90, "training to start")
+    token_holders = [pid for pid in processes_with("PSCTL_TOKEN")
+                     if _parent_chain_has(pid, launch.pid)]
+    assert len(token_holders) == 5  # coordinator, server, evaluator, two workers
+    interrupted = time.monotonic()
+    launch.send_signal(signal.SIGINT)
+    launch.wait(15)
+    assert time.monotonic() - interrupted < 5.0
+    assert launch.returncode == 130
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
+    assert [pid for pid in token_holders if Path(f"/proc/{pid}").exists()
+            and "zombie" not in Path(f"/proc/{pid}/status").read_text()] == []
+
+
+def _parent_chain_has(pid: int, ancestor: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == ancestor
+
+
+def test_cli_and_dashboard_never_import_torch() -> None:
+    code = ("import sys, psctl.cli, psctl.launch, psctl.display, engine.launcher, webui.app; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

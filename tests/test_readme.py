@@ -1,0 +1,55 @@
+"""Every command in the README is run here, as written (the MNIST one capped in time)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+README = (REPO / "README.md").read_text()
+pytestmark = pytest.mark.timeout(300)
+
+
+def _bash_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_starts_with_install_and_test_commands() -> None:
+    first, second = _bash_blocks()[:2]
+    assert "pip install -e" in first and "psctl launch --dataset digits" in first
+    assert second.strip() == ".venv/bin/python -m pytest -q"
+
+
+def _run_psctl(line: str, db: Path) -> subprocess.CompletedProcess[str]:
+    args = shlex.split(line)
+    assert args[0] == "psctl"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "psctl", *args[1:]], capture_output=True,
+                          text=True, env=env, timeout=280, check=False, cwd=REPO)
+
+
+def test_readme_first_launch_command_trains(tmp_path: Path) -> None:
+    launch = _bash_blocks()[0].split("&&")[-1].strip()
+    done = _run_psctl(launch + " --no-live", tmp_path / "experiments.db")
+    assert done.returncode == 0, done.stderr
+    assert "finished" in done.stderr
+
+
+def test_readme_mnist_example_runs(tmp_path: Path, mnist_dir: Path) -> None:
+    db = tmp_path / "experiments.db"
+    lines = [line for line in _bash_blocks()[2].splitlines() if line.strip()]
+    launch = lines[0].replace("../shared/data/mnist", str(mnist_dir))
+    # The full run takes minutes; the test keeps its exact options and caps the time.
+    done = _run_psctl(launch + " --max-seconds 15 --no-live", db)
+    assert done.returncode == 0, done.stderr
+    for line in lines[1:]:
+        shown = _run_psctl(line, db)
+        assert shown.returncode == 0, shown.stderr
+        assert "bsp" in shown.stdout

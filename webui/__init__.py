@@ -1,0 +1,1 @@
+"""The dashboard (FastAPI). It only ever reads the experiments database."""
