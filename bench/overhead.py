@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _common as C  # noqa: E402
+from bench import _common as C
 
 NAME = "overhead"
 WARMUP = 10  # iterations of every pass left out of its timing

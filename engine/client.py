@@ -162,7 +162,7 @@ class ParameterClient:
         if kind is MsgType.PULL:
             for (_, _, out), (reply, _) in zip(parts, replies, strict=True):
                 np.copyto(out, reply.values)
-            wait_s = max(reply.wait_ns for reply, _ in replies) / 1e9
+            wait_s = max((reply.wait_ns for reply, _ in replies), default=0) / 1e9
             return PullResult(versions, wait_s, sent, received)
         staleness = max((versions[i] - base.get(i, versions[i]) for i in versions), default=0)
         return PushResult(versions, max(staleness, 0), sent, received)

@@ -64,17 +64,22 @@ class BSP(_VectorClock):
         self._workers = workers
         self._sum = np.zeros(keys, dtype=np.float32)
         self._arrived = 0
+        self._round = 0
 
     def pull_ready(self, worker: int, clock: int, version: int) -> bool:
         return version >= clock
 
     def on_push(self, worker: int, clock: int, grad: np.ndarray) -> np.ndarray | None:
+        if clock != self._round:  # an honest worker cannot: its pull for the next clock waits
+            raise ProtocolError(f"worker {worker} pushed clock {clock} during BSP round "
+                                f"{self._round}")
         self.tick(worker, clock)
         self._sum += grad
         self._arrived += 1
         if self._arrived < self._workers:
             return None
         self._arrived = 0
+        self._round += 1
         mean = self._sum / np.float32(self._workers)
         self._sum.fill(0.0)
         return mean

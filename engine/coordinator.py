@@ -163,7 +163,11 @@ class Coordinator:
             own = ShardInfo(index=hello.rank, address="", start=shard.start, end=shard.end)
             await self._send(peer, self._welcome(shards=[], own=own))
         else:
-            await asyncio.wait_for(self.servers_ready.wait(), timeout)
+            try:
+                await asyncio.wait_for(self.servers_ready.wait(), timeout)
+            except TimeoutError:
+                raise ProtocolError(f"shard servers did not start listening within "
+                                    f"{timeout:.0f} s") from None
             await self._send(peer, self._welcome(shards=self._shard_map(), own=None))
         return peer
 

@@ -9,6 +9,7 @@ the kernel to kill it should the launcher die (see ``engine.roles.lifecycle``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -24,8 +25,8 @@ from pathlib import Path
 
 from engine.config import RunConfig
 from engine.errors import LaunchError
-from engine.records import RunStatus
 from engine.recorder import Recorder
+from engine.records import RunStatus
 
 ANNOUNCE_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 3.0
@@ -97,8 +98,10 @@ class Launcher:
         roles = [("server", r) for r in range(self.config.cluster.servers)]
         roles += [("evaluator", 0)] + [("worker", r) for r in range(self.config.cluster.workers)]
         for role, rank in roles:
-            self._spawn(role, rank, [role, "--coordinator", address, "--rank", str(rank),
-                                     "--host", self.config.cluster.host])
+            self._spawn(role, rank, [
+                role, "--coordinator", address, "--rank", str(rank), "--host",
+                self.config.cluster.host, "--max-frame-bytes",
+                str(self.config.cluster.max_frame_bytes)])
 
     def wait(self, on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> LaunchResult:
         """Block until the run ends (Ctrl-C interrupts it cleanly); never leaves a child behind."""
@@ -124,10 +127,8 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 child.process.kill()
         for child in self.children:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL cannot be ignored
                 child.process.wait(2.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover - kill is not ignorable
-                pass
 
     def _result(self) -> LaunchResult:
         failed = tuple(c.label for c in self.children[1:]

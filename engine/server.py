@@ -79,6 +79,8 @@ class ShardServer:
                 continue
             bad_frames += 1
             if bad_frames >= MAX_BAD_FRAMES:
+                if self._sends:  # the peer should read why before the close
+                    await asyncio.wait(self._sends, timeout=1.0)
                 await connection.close(1008, f"{bad_frames} invalid frames; closing")
                 return
 

@@ -18,7 +18,7 @@ STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red",
 def fmt_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 

@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--coordinator", required=True, help="ws://host:port of the coordinator")
         sub.add_argument("--rank", type=int, default=0)
         sub.add_argument("--host", default="127.0.0.1", help="address a server listens on")
+        sub.add_argument("--max-frame-bytes", type=int, default=64 * 2**20,
+                         help="largest frame accepted (cluster.max_frame_bytes)")
     return parser
 
 
@@ -55,7 +57,7 @@ def _run(args: argparse.Namespace, token: str) -> int:
 
     if args.role == "coordinator":
         return _coordinator(args, token)
-    transport = WebSocketTransport()
+    transport = WebSocketTransport(max_frame_bytes=args.max_frame_bytes)
     if args.role == "server":
         from engine.roles.server import run_server
 

@@ -8,6 +8,7 @@ data set, which needs no network. The coordinator reports into a sink that keeps
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ import torch
 from engine.aio import LoopThread
 from engine.config import RunConfig, build_config
 from engine.coordinator import Coordinator
+from engine.datasets import load_dataset
 from engine.evaluator import run_evaluator
 from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
 from engine.roles.coordinator import model_spec
@@ -79,6 +81,12 @@ class RoleThread(threading.Thread):
             self.error = exc
 
 
+@pytest.fixture(scope="module", autouse=True)
+def digits_loaded() -> None:
+    """Import scikit-learn once, so that no worker thread starts seconds after the others."""
+    load_dataset("digits")
+
+
 @pytest.fixture(autouse=True)
 def restore_torch_threads() -> Iterator[None]:
     threads = torch.get_num_threads()
@@ -86,9 +94,17 @@ def restore_torch_threads() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def run_cluster(overrides: dict[str, Any], *, timeout: float = 90.0) -> Outcome:
-    config = build_config({}, {"data.dataset": "digits", "cluster.request_timeout_s": 30.0,
-                               "cluster.connect_timeout_s": 30.0, **overrides})
+def run_cluster(overrides: dict[str, Any], *, timeout: float = 60.0) -> Outcome:
+    config = build_config(
+        {},
+        {
+            "data.dataset": "digits",
+            "cluster.request_timeout_s": 30.0,
+            "cluster.connect_timeout_s": 30.0,
+            "eval.interval_s": 600.0,
+            **overrides,
+        },
+    )
     sink = Sink()
     transport = MemoryTransport()
     control_loop, server_loop = LoopThread("test-coordinator"), LoopThread("test-servers")
@@ -98,19 +114,31 @@ def run_cluster(overrides: dict[str, Any], *, timeout: float = 90.0) -> Outcome:
     try:
 
         async def make() -> tuple[Coordinator, str]:
-            coordinator = Coordinator(config, run_id=uuid.uuid4().hex, token=TOKEN,
-                                      num_keys=model_spec(config).num_keys, recorder=sink)
+            coordinator = Coordinator(
+                config,
+                run_id=uuid.uuid4().hex,
+                token=TOKEN,
+                num_keys=model_spec(config).num_keys,
+                recorder=sink,
+            )
             return coordinator, await coordinator.start(transport, "coordinator", 0)
 
         coordinator, address = control_loop.call(make(), 10)
         finished = control_loop.submit(coordinator.run())
-        servers = [server_loop.submit(run_server(transport, address, rank, token=TOKEN))
-                   for rank in range(config.cluster.servers)]
-        threads = [RoleThread(f"worker-{rank}",
-                              lambda rank=rank: run_worker(transport, address, rank, token=TOKEN))
-                   for rank in range(config.cluster.workers)]
-        threads.append(RoleThread("evaluator",
-                                  lambda: run_evaluator(transport, address, token=TOKEN)))
+        servers = [
+            server_loop.submit(run_server(transport, address, rank, token=TOKEN))
+            for rank in range(config.cluster.servers)
+        ]
+        threads = [
+            RoleThread(
+                f"worker-{rank}",
+                functools.partial(run_worker, transport, address, rank, token=TOKEN),
+            )
+            for rank in range(config.cluster.workers)
+        ]
+        threads.append(
+            RoleThread("evaluator", lambda: run_evaluator(transport, address, token=TOKEN))
+        )
         for thread in threads:
             thread.start()
         try:
@@ -126,8 +154,14 @@ def run_cluster(overrides: dict[str, Any], *, timeout: float = 90.0) -> Outcome:
             assert thread.error is None, f"{thread.name} failed: {thread.error!r}"
         for server in servers:
             assert server.result(20) is None
-        return Outcome(status, reason, sink, config, seconds,
-                       {rank: threads[rank].result for rank in range(config.cluster.workers)})
+        return Outcome(
+            status,
+            reason,
+            sink,
+            config,
+            seconds,
+            {rank: threads[rank].result for rank in range(config.cluster.workers)},
+        )
     finally:
         for server in servers:
             server.cancel()
@@ -144,9 +178,16 @@ def iterations_per_epoch(workers: int, batch_size: int) -> int:
 
 @pytest.mark.timeout(120)
 def test_bsp_run_over_memory() -> None:
-    outcome = run_cluster({"cluster.workers": 2, "cluster.servers": 2, "train.epochs": 3,
-                           "train.batch_size": 32, "sync.model": "bsp",
-                           "model.hidden": [64]})
+    outcome = run_cluster(
+        {
+            "cluster.workers": 2,
+            "cluster.servers": 2,
+            "train.epochs": 3,
+            "train.batch_size": 32,
+            "sync.model": "bsp",
+            "model.hidden": [64],
+        }
+    )
     sink, config = outcome.sink, outcome.config
     print(f"bsp run: {outcome.seconds:.2f} s")
     assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
@@ -169,14 +210,19 @@ def test_bsp_run_over_memory() -> None:
         assert row.staleness == 0
         assert row.bytes_sent > 0 and row.bytes_received > 0
         assert row.loss is not None
-    first = [row.loss for row in rows if row.iteration < 5]
-    last = [row.loss for row in rows if row.iteration >= per_worker - 5]
+    first = [row.loss or 0.0 for row in rows if row.iteration < 5]
+    last = [row.loss or 0.0 for row in rows if row.iteration >= per_worker - 5]
     assert sum(last) / len(last) < sum(first) / len(first)
+
+    assert any(row.wait_s > 0 for row in rows)  # the first pusher of a clock waits
 
     final = sink.evaluations[-1]
     assert final.accuracy > 0.85
     assert final.step == per_worker  # one server version per BSP clock
-    assert final.epoch == pytest.approx(config.train.epochs)
+    epochs = [row.epoch for row in sink.evaluations]
+    assert epochs[0] == 1.0  # after the first epoch (a skipped one shows no 1.0 here)
+    assert epochs[-1] == 3.0
+    assert set(epochs[1:-1]) <= {2.0}  # 2.0 may be skipped while 1.0 is still being evaluated
     kinds = sink.kinds()
     assert kinds.count("process_joined") == 2 + 2 + 1
     assert kinds.count("worker_done") == 2
@@ -191,22 +237,32 @@ def test_bsp_run_over_memory() -> None:
 
 @pytest.mark.timeout(120)
 def test_asp_run_over_memory_shows_staleness() -> None:
-    outcome = run_cluster({"cluster.workers": 3, "cluster.servers": 2, "train.epochs": 2,
-                           "train.batch_size": 32, "sync.model": "asp",
-                           "model.hidden": [64]})
+    outcome = run_cluster(
+        {
+            "cluster.workers": 2,
+            "cluster.servers": 2,
+            "train.epochs": 3,
+            "train.batch_size": 32,
+            "sync.model": "asp",
+            "model.hidden": [64],
+        }
+    )
     print(f"asp run: {outcome.seconds:.2f} s")
-    assert outcome.status is RunStatus.FINISHED
-    ipe = iterations_per_epoch(3, 32)
+    assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
+    per_worker = 3 * iterations_per_epoch(2, 32)
     rows = outcome.sink.iterations
-    assert len(rows) == 3 * 2 * ipe
+    assert len(rows) == 2 * per_worker
+    assert outcome.worker_iterations == {0: per_worker, 1: per_worker}
+    # Two workers in threads interleave their pulls and pushes: some gradient was computed on
+    # parameters that the other worker updated before it arrived.
     assert max(row.staleness for row in rows) >= 1
     for row in rows:
         wall = row.ended_at - row.started_at
         phases = row.compute_s + row.push_s + row.pull_s + row.wait_s
         assert phases == pytest.approx(wall, rel=0.05, abs=1e-6)
-        assert row.wait_s == pytest.approx(0.0, abs=0.05)  # asp never holds a pull back
+        if row.iteration > 0:  # the first pull may wait for worker 0's INIT; no other does
+            assert row.wait_s == 0.0
     stats = [e.detail for e in outcome.sink.events if e.kind == "server_stats"]
-    assert [s["version"] for s in stats] == [3 * 2 * ipe] * 2  # one version per push
-    assert outcome.sink.evaluations[-1].accuracy > 0.8
-
-
+    assert [s["version"] for s in stats] == [2 * per_worker] * 2  # one version per push
+    assert outcome.sink.evaluations[-1].step == 2 * per_worker
+    assert outcome.sink.evaluations[-1].accuracy > 0.7

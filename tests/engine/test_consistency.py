@@ -53,10 +53,20 @@ def test_bsp_pull_ready_when_version_reaches_the_clock(
 
 
 def test_vector_clock_refuses_a_skipped_clock() -> None:
-    bsp = BSP(2, 1)
+    asp = ASP(2)
     with pytest.raises(ProtocolError, match="^worker 1 pushed clock 1 but its next clock is 0$"):
-        bsp.on_push(1, 1, grad(1.0))
-    assert bsp.clocks() == [0, 0]
+        asp.on_push(1, 1, grad(1.0))
+    assert asp.clocks() == [0, 0]
+
+
+def test_bsp_refuses_a_push_from_a_future_round() -> None:
+    bsp = BSP(2, 1)
+    assert bsp.on_push(0, 0, grad(1.0)) is None
+    with pytest.raises(ProtocolError, match="^worker 1 pushed clock 1 during BSP round 0$"):
+        bsp.on_push(1, 1, grad(100.0))
+    assert bsp.clocks() == [1, 0]
+    mean = bsp.on_push(1, 0, grad(3.0))
+    assert mean is not None and mean.tolist() == [2.0]
 
 
 def test_vector_clock_refuses_a_repeated_clock() -> None:

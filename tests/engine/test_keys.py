@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -71,7 +73,7 @@ def test_ranges_cover_every_key_once_with_sizes_differing_by_at_most_one(
     assert len(ranges) == num_shards
     assert ranges[0].start == 0
     assert ranges[-1].end == num_keys
-    for before, after in zip(ranges, ranges[1:], strict=False):
+    for before, after in itertools.pairwise(ranges):
         assert before.end == after.start  # contiguous: no gap, no overlap
     sizes = [len(r) for r in ranges]
     assert sum(sizes) == num_keys

@@ -123,6 +123,6 @@ def test_make_optimizer_builds_sgd_from_the_config() -> None:
 
 
 def test_make_optimizer_refuses_an_unknown_name() -> None:
-    config = OptimizerConfig.model_construct(name="adam", lr=0.1)
+    config = OptimizerConfig.model_construct(name="adam", lr=0.1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="^unknown server optimizer 'adam'$"):
         make_optimizer(config, 3)

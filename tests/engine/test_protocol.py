@@ -285,7 +285,7 @@ def test_empty_value_frame_round_trips() -> None:
 
 
 def test_error_body_is_json_with_code_and_message() -> None:
-    frame = error_frame(3, "BadPayload", "näh: \"quoted\"", role=Role.SERVER, rank=2)
+    frame = error_frame(3, "BadPayload", 'näh: "quoted"', role=Role.SERVER, rank=2)
     assert json.loads(bytes(frame.values)) == {"code": "BadPayload", "message": 'näh: "quoted"'}
     assert frame.role is Role.SERVER and frame.rank == 2 and frame.request_id == 3
 
@@ -376,7 +376,8 @@ def test_unsupported_version(version: int) -> None:
     ],
 )
 def test_unknown_codes(field: str, value: int, what: str) -> None:
-    error = refusal(raw_frame(**{field: value}))
+    fields: dict[str, Any] = {field: value}
+    error = refusal(raw_frame(**fields))
     assert type(error) is ProtocolError
     assert str(error) == f"unknown {what} code {value}"
 

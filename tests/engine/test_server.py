@@ -436,7 +436,7 @@ class RawPeer:
                 self.rig.addresses[0], token=TOKEN, timeout=5
             )
 
-    async def send(self, message: bytes | str) -> None:
+    async def send(self, message: bytes | bytearray | str) -> None:
         await (self._socket or self._memory).send(message)
 
     async def recv(self) -> tuple[str, Any, Any]:
@@ -573,7 +573,7 @@ def test_oversize_frame(rig: Rig) -> None:
         await peer.send(oversize)
         return await peer.recv()
 
-    kind, first, second = raw(rig, script)
+    kind, first, _ = raw(rig, script)
     if rig.kind == "websocket":  # the transport refuses it before the server sees it
         assert (kind, first) == ("closed", 1009)
     else:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
+from engine.keys import KeyRange
 from engine.launcher import Launcher
 from engine.protocol import Frame, MsgType, Role, decode, encode
-from engine.keys import KeyRange
 from engine.records import RunStatus
 from engine.transport.websocket import TOKEN_HEADER
 from tests.integration.support import config, query, wait_for

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from psctl.cli import app
-from tests.integration.support import processes_with, query, wait_for
 from tests.conftest import psctl
+from tests.integration.support import processes_with, query, wait_for
 
 runner = CliRunner()
 pytestmark = pytest.mark.timeout(240)
