@@ -164,6 +164,12 @@ def proc_counters(pid: int) -> tuple[int, float]:
     return int(fields[7]), (int(fields[11]) + int(fields[12])) / tick
 
 
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds (user+system) of one thread of this process, from /proc."""
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def self_counters() -> tuple[int, float]:
     import resource
 

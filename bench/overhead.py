@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,12 @@ def psctl_pass(sync: str, overlap: bool, iterations: int, data: tuple[Any, Any],
                                 config, Role.WORKER, 0, C.TOKEN, io)
         control = StandInControl(io)
         counters = C.Counters([server.pid])
+        threads = {"main": threading.get_native_id(), "io": io._thread.native_id}
+        before = {name: C.thread_cpu_s(tid) for name, tid in threads.items()}
         done = Worker(welcome, 0, control, client).run(shard, model)  # type: ignore[arg-type]
         cpu = counters.per(done)
+        for name, tid in threads.items():
+            cpu[f"client_{name}_thread_cpu_ms"] = 1e3 * (C.thread_cpu_s(tid) - before[name]) / done
         client.close()
     finally:
         io.stop()
@@ -113,6 +118,9 @@ def psctl_pass(sync: str, overlap: bool, iterations: int, data: tuple[Any, Any],
     per_iteration = (timed[-1].started_at - timed[0].started_at) / (len(timed) - 1)
     return {
         "s_per_iteration": per_iteration,
+        "mean_compute_s": sum(r.compute_s for r in timed) / len(timed),
+        "mean_pull_s": sum(r.pull_s for r in timed) / len(timed),
+        "mean_push_s": sum(r.push_s for r in timed) / len(timed),
         "median_compute_s": C.median([r.compute_s for r in timed]),
         "median_pull_s": C.median([r.pull_s for r in timed]),
         "median_push_s": C.median([r.push_s for r in timed]),
@@ -136,7 +144,7 @@ def torch_pass(iterations: int, data: tuple[Any, Any], spec: Any) -> dict[str, A
     inputs, targets = data
     order = np.random.default_rng(0).permutation(64 * iterations)
     batches = [order[i:i + 64] for i in range(0, 64 * iterations, 64)]
-    stamps = []
+    stamps, counters = [], C.Counters([])
     for batch in batches:
         stamps.append(time.perf_counter())
         x, y = torch.from_numpy(inputs[batch]), torch.from_numpy(targets[batch])
@@ -146,13 +154,16 @@ def torch_pass(iterations: int, data: tuple[Any, Any], spec: Any) -> dict[str, A
         optimizer.step()
         float(loss.detach())
     stamps.append(time.perf_counter())
-    return {"s_per_iteration": (stamps[-1] - stamps[WARMUP]) / (len(stamps) - 1 - WARMUP)}
+    return {"s_per_iteration": (stamps[-1] - stamps[WARMUP]) / (len(stamps) - 1 - WARMUP),
+            "per_iteration_counters": counters.per(iterations)}
 
 
 class RawExchange:
     """The plain-loop iteration's frames over a plain websocket: pull, then push."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, address: str, num_keys: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, address: str, num_keys: int,
+                 server_pid: int) -> None:
+        self.server_pid = server_pid
         sizes = C.frame_sizes(num_keys)
         self.plan = [
             (C.echo_request(sizes["pull"], sizes["values"]), sizes["values"]),
@@ -172,8 +183,10 @@ class RawExchange:
         return stamps
 
     def run(self, iterations: int) -> dict[str, Any]:
+        counters = C.Counters([self.server_pid])
         stamps = self.loop.run_until_complete(self._run(iterations))
-        return {"s_per_iteration": (stamps[-1] - stamps[WARMUP]) / (len(stamps) - 1 - WARMUP)}
+        return {"s_per_iteration": (stamps[-1] - stamps[WARMUP]) / (len(stamps) - 1 - WARMUP),
+                "per_iteration_counters": counters.per(iterations)}
 
     def close(self) -> None:
         self.loop.run_until_complete(self.socket.close())
@@ -214,7 +227,7 @@ def main() -> None:
     }
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in passes}
     with C.servers([("echo-server", [])]) as (echo,):
-        raw = RawExchange(loop, echo.address, spec.num_keys)
+        raw = RawExchange(loop, echo.address, spec.num_keys, echo.pid)
         raw.run(WARMUP + 5)
         torch_pass(WARMUP + 5, data, spec)
         names = list(passes)
@@ -227,9 +240,15 @@ def main() -> None:
     per_round = {name: [s["s_per_iteration"] for s in rows] for name, rows in samples.items()}
     best = [max(t, r) for t, r in zip(per_round["torch"], per_round["raw"], strict=True)]
     serial = [t + r for t, r in zip(per_round["torch"], per_round["raw"], strict=True)]
+    def counters(name: str) -> dict[str, float]:
+        rows = [s["per_iteration_counters"] for s in samples[name]]
+        return {key: round(C.median([r[key] for r in rows]), 3) for key in rows[0]}
+
     results: dict[str, Any] = {
         "torch_ms": 1e3 * C.median(per_round["torch"]),
         "raw_ms": 1e3 * C.median(per_round["raw"]),
+        "torch_per_iteration_counters": counters("torch"),
+        "raw_per_iteration_counters": counters("raw"),
     }
     for name in names[2:]:
         vs_max = C.paired_ratios(per_round[name], best)
@@ -244,10 +263,11 @@ def main() -> None:
                 key: 1e3 * C.median([s[f"median_{key}_s"] for s in samples[name]])
                 for key in ("compute", "pull", "push", "wait")
             },
-            "per_iteration_counters": {
-                key: round(C.median([s["per_iteration_counters"][key] for s in samples[name]]), 3)
-                for key in samples[name][0]["per_iteration_counters"]
+            "mean_breakdown_ms": {
+                key: 1e3 * C.median([s[f"mean_{key}_s"] for s in samples[name]])
+                for key in ("compute", "pull", "push")
             },
+            "per_iteration_counters": counters(name),
             "last_loss": samples[name][-1]["last_loss"],
         }
     payload = {
@@ -289,7 +309,7 @@ def _rows(results: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
-        if not isinstance(r, dict):
+        if not name.startswith("psctl"):
             continue
         ratio = r["ratio_vs_max"]
         rows.append(

@@ -49,7 +49,9 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool) -> 
                 view.update(progress_view(snapshot, epochs=config.train.epochs,
                                           iterations_per_epoch=None))
 
-            return launcher.wait(on_tick=tick)
+            result = launcher.wait(on_tick=tick)
+        console.line()  # off a terminal, the last live frame ends without a newline
+        return result
     finally:
         engine.dispose()
 
