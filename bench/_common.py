@@ -22,6 +22,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -46,17 +47,30 @@ REPLY_SIZE_BYTES = 8  # an echo request starts with the size of the reply it wan
 # -- environment --------------------------------------------------------------------------------
 
 
+_NO_MALLOC_FLAG = "--no-malloc-env"
+
+
 def reexec_with_malloc_env() -> None:
-    """Restart this script with the malloc settings of a psctl run if they are not set."""
-    if all(os.environ.get(k) == v for k, v in MALLOC_ENV.items()):
+    """Restart this script with the malloc settings of a psctl run if they are not set.
+
+    With ``--no-malloc-env`` on the command line, restart it *without* them instead (to measure
+    what they are worth); every server it starts then runs without them too.
+    """
+    if _NO_MALLOC_FLAG in sys.argv:
+        if not any(k in os.environ for k in MALLOC_ENV):
+            return
+    elif all(os.environ.get(k) == v for k, v in MALLOC_ENV.items()):
         return
-    env = child_env()
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    os.execve(sys.executable, [sys.executable, *sys.argv], child_env())
 
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(MALLOC_ENV)
+    if _NO_MALLOC_FLAG in sys.argv:
+        for key in MALLOC_ENV:
+            env.pop(key, None)
+    else:
+        env.update(MALLOC_ENV)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -262,6 +276,27 @@ def update_docs_section(title: str, body: str) -> None:
     DOCS.write_text(text)
 
 
+def paragraph(text: str) -> str:
+    """A Markdown paragraph wrapped at 100 columns, from an indented multi-line string."""
+    return textwrap.fill(
+        " ".join(text.split()), width=100, break_long_words=False, break_on_hyphens=False
+    )
+
+
+def wrap_lines(lines: Sequence[str]) -> list[str]:
+    """Wrap every line that is not part of a table."""
+    return [line if line.startswith("|") or not line else paragraph(line) for line in lines]
+
+
+def machine_note(info: dict[str, Any]) -> str:
+    return paragraph(
+        f"Machine: {info['cpu_count']} vCPU {info['cpu_model']}, Python {info['python']}, "
+        f"torch {info['torch']}, numpy {info['numpy']}, websockets {info['websockets']}; "
+        f"load average {info['loadavg_at_start'][0]:.2f} at the start (the machine is shared "
+        "with other runs; absolute figures move by tens of percent between runs)."
+    )
+
+
 def fmt_ratio(value: float) -> str:
     return f"{value:.2f}x"
 
@@ -288,10 +323,12 @@ async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
     from engine.transport.websocket import WebSocketTransport
 
     keys = KeyRange(args.start, args.end)
+    # the default optimizer is SGD, lr 0.1, momentum 0.9; "none" (a diagnostic) applies nothing
+    optimizer = (
+        _NoOptimizer() if args.optimizer == "none" else make_optimizer(OptimizerConfig(), len(keys))
+    )
     state = ShardState(
-        keys,
-        make_controller(args.sync, workers=args.workers, keys=len(keys)),
-        make_optimizer(OptimizerConfig(), len(keys)),  # the default: SGD lr 0.1, momentum 0.9
+        keys, make_controller(args.sync, workers=args.workers, keys=len(keys)), optimizer
     )
     server = ShardServer(state, run=RUN_ID, rank=args.rank, max_frame_bytes=MAX_FRAME_BYTES)
     address = await server.start(
@@ -303,6 +340,13 @@ async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
     await done.wait()
     await server.close()
     return {"version": state.version, "pushes": state.pushes, "frames_in": server.stats.frames_in}
+
+
+class _NoOptimizer:
+    """Diagnostic only: accepts every update and changes nothing (what SGD costs, by difference)."""
+
+    def step(self, params: Any, grad: Any) -> None:
+        pass
 
 
 async def _echo_server(args: argparse.Namespace) -> dict[str, Any]:
@@ -343,6 +387,7 @@ def _serve_main(argv: Sequence[str]) -> None:
     psctl.add_argument("--rank", type=int, default=0)
     psctl.add_argument("--sync", choices=("asp", "bsp"), default="asp")
     psctl.add_argument("--workers", type=int, default=1)
+    psctl.add_argument("--optimizer", choices=("sgd", "none"), default="sgd")
     psctl.add_argument("--profile", help="write a cProfile of the server to this path")
     echo = sub.add_parser("echo-server", help="raw websocket server, preallocated replies")
     echo.add_argument("--profile", help="write a cProfile of the server to this path")
