@@ -48,6 +48,8 @@ class IterationRecord(_Record):
     samples: int = Field(ge=0)
     bytes_sent: int = Field(ge=0)
     bytes_received: int = Field(ge=0)
+    pushed_at: float | None = None
+    acked_at: float | None = None
 
     @field_validator("loss")
     @classmethod

@@ -36,7 +36,7 @@ from sqlalchemy.pool import QueuePool
 
 from engine.errors import StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
 DB_ENV_VAR = "PSCTL_DB"
 
@@ -94,6 +94,10 @@ iterations = Table(
     Column("samples", Integer, nullable=False),
     Column("bytes_sent", Integer, nullable=False),
     Column("bytes_received", Integer, nullable=False),
+    # When the gradient left the worker and when the servers acknowledged it (wall clock). With
+    # wait_s these are what ElasticBSP predicts from, so any prediction can be recomputed offline.
+    Column("pushed_at", REAL),
+    Column("acked_at", REAL),
     # The live progress display counts the iterations of the last few seconds.
     Index("ix_iterations_run_ended", "run_id", "ended_at"),
     sqlite_with_rowid=False,
@@ -123,6 +127,27 @@ events = Table(
     Column("detail", Text, nullable=False),
     Index("ix_events_run_at", "run_id", "at"),
     Index("ix_events_run_kind", "run_id", "kind"),
+)
+
+# One row per ElasticBSP barrier: what was predicted and chosen when it was decided, and what
+# happened when every worker reached it (actual_* stay NULL for a barrier the run never reached).
+syncs = Table(
+    "syncs",
+    metadata,
+    Column("run_id", Text, _run_fk(), primary_key=True),
+    Column("sync_index", Integer, primary_key=True),
+    Column("decided_at", REAL, nullable=False),
+    Column("predictor", Text, nullable=False),
+    Column("lookahead", Integer, nullable=False),
+    Column("base_clocks", Text, nullable=False),  # JSON [n]: each worker's last clock before it
+    Column("predicted", Text, nullable=False),  # JSON [n][R]: predicted end times (unix s)
+    Column("chosen", Text, nullable=False),  # JSON [n]: r_i, the chosen future iteration index
+    Column("barrier_clocks", Text, nullable=False),  # JSON [n]: the clock each worker stops after
+    Column("predicted_wait", REAL, nullable=False),  # d: predicted spread of arrivals (s)
+    Column("arrivals", Text),  # JSON [n]: when each worker pushed its barrier clock (unix s)
+    Column("actual_wait", REAL),  # the observed spread: max - min of arrivals (s)
+    Column("released_at", REAL),
+    sqlite_with_rowid=False,
 )
 
 tags = Table(
@@ -222,7 +247,17 @@ def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
         if version is None and not readonly:
             conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
             version = SCHEMA_VERSION
+        if version == 1 and not readonly:
+            version = _migrate_from_1(conn)
     _check_version(version, path)
+
+
+def _migrate_from_1(conn: Connection) -> int:
+    """Version 2 added the push timestamps to iterations (create_all already added syncs)."""
+    for column in ("pushed_at", "acked_at"):
+        conn.exec_driver_sql(f"ALTER TABLE iterations ADD COLUMN {column} REAL")
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="2"))
+    return 2
 
 
 def _stored_version(conn: Connection, path: Path) -> int | None:
@@ -251,6 +286,7 @@ def _check_version(version: int | None, path: Path) -> None:
         )
     if version < SCHEMA_VERSION:
         raise StoreError(
-            f"{path} has schema version {version}, older than {SCHEMA_VERSION}, and no migration "
-            f"exists for it. Point psctl at a new database with --db PATH or {DB_ENV_VAR}."
+            f"{path} has schema version {version}, older than {SCHEMA_VERSION}, and can only be "
+            f"upgraded by a writer (psctl launch). Or point psctl at another database with "
+            f"--db PATH or {DB_ENV_VAR}."
         )

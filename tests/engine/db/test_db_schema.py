@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 from engine.db.schema import SCHEMA_VERSION, meta, open_engine, runs
 from engine.errors import StoreError
 
-TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta"}
+TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta", "syncs"}
 
 
 def _run_values(run_id: str = "a" * 32) -> dict[str, object]:
@@ -130,3 +130,22 @@ def test_paths_with_uri_special_characters_work(tmp_path: Path) -> None:
         assert set(inspect(engine).get_table_names()) == TABLES
     finally:
         engine.dispose()
+
+
+def test_a_version_1_database_is_migrated_by_a_writer(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        conn.execute("CREATE TABLE iterations (run_id TEXT, worker INTEGER, iteration INTEGER, "
+                     "PRIMARY KEY (run_id, worker, iteration)) WITHOUT ROWID")
+    with pytest.raises(StoreError, match="upgraded by a writer"):
+        open_engine(path, readonly=True)
+    engine = open_engine(path)
+    try:
+        columns = {c["name"] for c in inspect(engine).get_columns("iterations")}
+        assert {"pushed_at", "acked_at"} <= columns
+        assert "syncs" in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+    open_engine(path, readonly=True).dispose()
