@@ -13,7 +13,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from engine.errors import (
     ShuttingDown,
 )
 from engine.keys import KeyRange, split_by_shard
-from engine.protocol import Frame, MsgType, Role, decode, encode
+from engine.protocol import FLAG_FINAL, Frame, MsgType, Role, decode, encode, to_ns
 from engine.transport.base import Connection, Transport
 
 
@@ -45,6 +46,7 @@ class PullResult:
     wait_s: float  # longest time a shard held the pull back for consistency
     bytes_sent: int
     bytes_received: int
+    answered_at: float = field(default=0.0, compare=False)  # when the last reply arrived (unix s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class PushResult:
     staleness: int  # updates applied between the pull and this push, worst shard
     bytes_sent: int
     bytes_received: int
+    answered_at: float = field(default=0.0, compare=False)  # when the last ack arrived (unix s)
 
 
 Result = PullResult | PushResult
@@ -97,15 +100,27 @@ class ParameterClient:
         return self._submit(MsgType.INIT, KeyRange(0, values.size), values, clock=0, base={})
 
     def push(
-        self, keys: KeyRange, values: np.ndarray, *, clock: int, base_versions: dict[int, int]
+        self, keys: KeyRange, values: np.ndarray, *, clock: int, base_versions: dict[int, int],
+        pushed_at: float = 0.0, waited_s: float = 0.0, final: bool = False,
     ) -> int:
-        return self._submit(MsgType.PUSH, keys, values, clock=clock, base=base_versions)
+        """Send a gradient. ``pushed_at`` (unix s) and ``waited_s`` (how long this iteration's
+        pull was held back) travel with it for the timing-driven consistency models."""
+        timing = (to_ns(pushed_at), to_ns(waited_s))
+        return self._submit(MsgType.PUSH, keys, values, clock=clock, base=base_versions,
+                            timing=timing, flags=FLAG_FINAL if final else 0)
 
     def pull(self, keys: KeyRange, out: np.ndarray, *, clock: int) -> int:
         """Fill ``out`` (len(keys) float32) with the servers' values; see ``wait``."""
         if out.shape != (len(keys),) or out.dtype != np.float32:
             raise ProtocolError(f"pull buffer must be float32 of shape ({len(keys)},)")
         return self._submit(MsgType.PULL, keys, out, clock=clock, base={})
+
+    def done(self, request_id: int) -> bool:
+        """Has the request been answered (so that ``wait`` returns at once)?"""
+        future = self._requests.get(request_id)
+        if future is None:
+            raise ProtocolError(f"unknown or already awaited request id {request_id}")
+        return future.done()
 
     def wait(self, request_id: int, timeout: float | None = None) -> Result:
         future = self._requests.pop(request_id, None)
@@ -121,7 +136,8 @@ class ParameterClient:
             ) from None
 
     def _submit(
-        self, kind: MsgType, keys: KeyRange, values: np.ndarray, *, clock: int, base: dict[int, int]
+        self, kind: MsgType, keys: KeyRange, values: np.ndarray, *, clock: int,
+        base: dict[int, int], timing: tuple[int, int] = (0, 0), flags: int = 0,
     ) -> int:
         request_id = next(self._ids)
         parts = []
@@ -137,6 +153,9 @@ class ParameterClient:
                 rank=self._rank,
                 clock=clock,
                 version=base.get(index, 0),
+                stamp_ns=timing[0],
+                wait_ns=timing[1],
+                flags=flags,
                 payload=payload,
             )
             parts.append((index, encode(frame), values[local] if kind is MsgType.PULL else None))
@@ -155,6 +174,7 @@ class ParameterClient:
         replies = await asyncio.gather(
             *(self._connections[index].request(request_id, data) for index, data, _ in parts)
         )
+        answered_at = time.time()
         received = sum(nbytes for _, nbytes in replies)
         versions = {
             index: reply.version for (index, _, _), (reply, _) in zip(parts, replies, strict=True)
@@ -163,9 +183,9 @@ class ParameterClient:
             for (_, _, out), (reply, _) in zip(parts, replies, strict=True):
                 np.copyto(out, reply.values)
             wait_s = max((reply.wait_ns for reply, _ in replies), default=0) / 1e9
-            return PullResult(versions, wait_s, sent, received)
+            return PullResult(versions, wait_s, sent, received, answered_at)
         staleness = max((versions[i] - base.get(i, versions[i]) for i in versions), default=0)
-        return PushResult(versions, max(staleness, 0), sent, received)
+        return PushResult(versions, max(staleness, 0), sent, received, answered_at)
 
     async def _connect_all(self) -> None:
         self._connections = list(

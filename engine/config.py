@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from engine.errors import ConfigError
 
-SyncModel = Literal["bsp", "asp"]
-SYNC_MODELS: tuple[str, ...] = ("bsp", "asp")
+SyncModel = Literal["bsp", "asp", "ssp", "bounded-delay", "dssp", "elastic"]
+SYNC_MODELS: tuple[str, ...] = ("bsp", "asp", "ssp", "bounded-delay", "dssp", "elastic")
 
 
 class _Frozen(BaseModel):
@@ -32,8 +32,54 @@ class ClusterConfig(_Frozen):
     max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
 
 
+class HistorySeed(_Frozen):
+    """Recent iteration intervals of a previous run's workers, seeding ElasticBSP's monitoring."""
+
+    run: str = Field(min_length=1, description="the run the intervals were read from")
+    intervals: tuple[tuple[float, ...], ...] = Field(
+        min_length=1, description="per recorded worker, its last busy iteration intervals (s)")
+
+    @model_validator(mode="after")
+    def _usable(self) -> HistorySeed:
+        if any(not row or min(row) <= 0 for row in self.intervals):
+            raise ValueError("every worker's history needs at least one positive interval")
+        return self
+
+
 class SyncConfig(_Frozen):
     model: SyncModel = Field("bsp", description="consistency model")
+    staleness: int = Field(3, ge=0, le=10_000,
+                           description="ssp, dssp: clocks the fastest worker may lead the slowest")
+    range: int = Field(4, ge=0, le=10_000,
+                       description="dssp: extra clocks the server may allow at run time")
+    delay: int = Field(2, ge=0, le=10_000, description=(
+        "bounded-delay: iterations a worker may start before its own older ones are done"))
+    lookahead: int = Field(15, ge=1, le=10_000,
+                           description="elastic: R, future iterations predicted per worker")
+    predictor: Literal["last", "ewma"] = Field(
+        "ewma", description="elastic: last interval (the paper's) or a robust recent average")
+    history: HistorySeed | None = Field(
+        None, description="elastic: timings of a previous run that replace the monitoring phase")
+
+
+class Straggler(_Frozen):
+    rank: int = Field(ge=0, description="the worker slowed down")
+    factor: float = Field(ge=1.0, le=1000.0, description="compute takes this many times longer")
+    onset_s: float = Field(0.0, ge=0, description="seconds after the worker starts training")
+
+
+class JitterConfig(_Frozen):
+    distribution: Literal["lognormal", "exponential"] = "lognormal"
+    sigma: float = Field(gt=0, le=5, description=(
+        "lognormal: sigma of log(factor); exponential: mean extra fraction of compute"))
+
+
+class HeterogeneityConfig(_Frozen):
+    """Injected slowness, so the consistency models differ visibly on one machine. The delay is
+    spent inside the compute phase and recorded as compute time."""
+
+    stragglers: tuple[Straggler, ...] = ()
+    jitter: JitterConfig | None = None
 
 
 class DataConfig(_Frozen):
@@ -83,11 +129,18 @@ class RunConfig(_Frozen):
     train: TrainConfig = TrainConfig()
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
+    heterogeneity: HeterogeneityConfig = HeterogeneityConfig()
 
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
-        if self.train.overlap and self.sync.model == "bsp":
-            raise ValueError("train.overlap needs a non-blocking model such as asp; bsp must wait")
+        if self.train.overlap and self.sync.model != "asp":
+            raise ValueError(f"train.overlap needs asp; {self.sync.model} must wait for its pulls")
+        ranks = [s.rank for s in self.heterogeneity.stragglers]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"a worker is named twice in heterogeneity.stragglers: {ranks}")
+        if any(rank >= self.cluster.workers for rank in ranks):
+            raise ValueError(f"straggler ranks {ranks} must be below cluster.workers "
+                             f"({self.cluster.workers}); ranks count from 0")
         return self
 
     def to_json_dict(self) -> dict[str, Any]:

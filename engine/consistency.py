@@ -1,17 +1,39 @@
 """Consistency controllers: when a shard may answer a pull, and when a push becomes an update.
 
-A controller lives inside one shard server and sees only clocks (each worker's iteration number)
-and gradients. The server asks it two things: may this pull at this clock be answered now, and
-what should be applied for this push. Controllers keep a vector clock of the workers' pushes.
+A controller lives inside one shard server and sees only clocks (each worker's iteration number),
+the timings a push carries, and gradients. The server asks it two things: may this pull at this
+clock be answered now, and what should be applied for this push. Controllers keep a vector clock
+of the workers' pushes. Every shard runs its own controller over the same pushes with the same
+worker-stamped timings, so deterministic controllers agree across shards without talking.
+
+BSP and ASP live here; SSP and DSSP in ``engine.ssp``; ElasticBSP in ``engine.elastic``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from engine.errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    from engine.config import SyncConfig
+    from engine.records import SyncRecord
+
+
+@dataclass(frozen=True, slots=True)
+class PushTiming:
+    """What the worker stamped on a push: when it left (unix s), how long the worker's pull for
+    this clock was held back (s), and whether it is the worker's last push."""
+
+    pushed_at: float = 0.0
+    waited_s: float = 0.0
+    final: bool = False
+
+
+NO_TIMING = PushTiming()
 
 
 class ConsistencyController(Protocol):
@@ -21,12 +43,17 @@ class ConsistencyController(Protocol):
         """May a pull for iteration ``clock`` be answered while the shard is at ``version``?"""
         ...
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray) -> np.ndarray | None:
+    def on_push(self, worker: int, clock: int, grad: np.ndarray,
+                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
         """Accept a gradient; return the gradient to apply now, or None to wait for more."""
         ...
 
     def clocks(self) -> list[int]:
         """The vector clock: the number of pushes accepted from each worker."""
+        ...
+
+    def take_syncs(self) -> list[SyncRecord]:
+        """Barrier decisions and completions since the last call (ElasticBSP), oldest first."""
         ...
 
 
@@ -47,6 +74,9 @@ class _VectorClock:
 
     def clocks(self) -> list[int]:
         return list(self._pushed)
+
+    def take_syncs(self) -> list[SyncRecord]:
+        return []
 
 
 class BSP(_VectorClock):
@@ -69,7 +99,8 @@ class BSP(_VectorClock):
     def pull_ready(self, worker: int, clock: int, version: int) -> bool:
         return version >= clock
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray) -> np.ndarray | None:
+    def on_push(self, worker: int, clock: int, grad: np.ndarray,
+                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
         if clock != self._round:  # an honest worker cannot: its pull for the next clock waits
             raise ProtocolError(f"worker {worker} pushed clock {clock} during BSP round "
                                 f"{self._round}")
@@ -93,14 +124,33 @@ class ASP(_VectorClock):
     def pull_ready(self, worker: int, clock: int, version: int) -> bool:
         return True
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray) -> np.ndarray | None:
+    def on_push(self, worker: int, clock: int, grad: np.ndarray,
+                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
         self.tick(worker, clock)
         return grad
 
 
-def make_controller(model: str, *, workers: int, keys: int) -> ConsistencyController:
-    if model == "bsp":
+def make_controller(sync: str | SyncConfig, *, workers: int, keys: int) -> ConsistencyController:
+    """The controller for a sync model name (with defaults) or a whole ``SyncConfig``.
+
+    Bounded delay is enforced by each worker on its own iterations (OSDI'14: a task waits for
+    its tasks older than the delay), so its servers apply pushes as ASP does.
+    """
+    from engine.config import SYNC_MODELS, SyncConfig
+    from engine.elastic import ElasticBSP
+    from engine.ssp import DSSP, SSP
+
+    if isinstance(sync, str):
+        if sync not in SYNC_MODELS:
+            raise ConfigError(f"unknown consistency model {sync!r} (known: "
+                              f"{', '.join(SYNC_MODELS)})")
+        sync = SyncConfig(model=sync)  # type: ignore[arg-type]
+    if sync.model == "bsp":
         return BSP(workers, keys)
-    if model == "asp":
+    if sync.model in ("asp", "bounded-delay"):
         return ASP(workers)
-    raise ConfigError(f"unknown consistency model {model!r} (known: bsp, asp)")
+    if sync.model == "ssp":
+        return SSP(workers, sync.staleness)
+    if sync.model == "dssp":
+        return DSSP(workers, sync.staleness, sync.range)
+    return ElasticBSP(workers, sync)

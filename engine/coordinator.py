@@ -33,12 +33,13 @@ from engine.messages import (
     Serving,
     ShardInfo,
     Stop,
+    Syncs,
     Welcome,
     dump_control,
     parse_control,
 )
 from engine.messages import _Message as Message
-from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus, SyncRecord
 from engine.transport.base import Connection, Listener, Transport
 
 
@@ -50,6 +51,8 @@ class RecorderSink(Protocol):
     def record_evaluation(self, row: EvaluationRecord) -> None: ...
 
     def record_event(self, row: EventRecord) -> None: ...
+
+    def record_sync(self, row: SyncRecord) -> None: ...
 
 
 @dataclass
@@ -201,6 +204,9 @@ class Coordinator:
             self._on_evaluation(message)
         elif isinstance(message, Event):
             self.recorder.record_event(message.row)
+        elif isinstance(message, Syncs):
+            for row in message.rows:
+                self.recorder.record_sync(row)
         elif isinstance(message, Serving):
             self.addresses[peer.rank] = message.address
             self._event("server_listening", rank=peer.rank, address=message.address)

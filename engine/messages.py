@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine.errors import ProtocolError
-from engine.records import EvaluationRecord, EventRecord, IterationRecord
+from engine.records import EvaluationRecord, EventRecord, IterationRecord, SyncRecord
 
 MAX_CONTROL_BYTES = 8 * 2**20
 RoleName = Literal["server", "worker", "evaluator"]
@@ -59,6 +59,13 @@ class Evaluation(_Message):
 class Event(_Message):
     type: Literal["event"] = "event"
     row: EventRecord
+
+
+class Syncs(_Message):
+    """ElasticBSP barrier decisions and completions, from shard server 0."""
+
+    type: Literal["syncs"] = "syncs"
+    rows: list[SyncRecord] = Field(min_length=1)
 
 
 class Serving(_Message):
@@ -116,6 +123,7 @@ ControlMessage = Annotated[
     | Iterations
     | Evaluation
     | Event
+    | Syncs
     | EpochDone
     | Done
     | Fatal

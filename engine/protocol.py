@@ -3,7 +3,8 @@
 A frame is a fixed little-endian header, ``ndim`` shape dimensions, then the raw array bytes::
 
     magic "PS" | version | type | dtype | ndim | sender role | flags | sender rank
-    run id (16 bytes) | request id | clock | version | key start | key end | wait ns | payload bytes
+    run id (16 bytes) | request id | clock | version | key start | key end | wait ns | stamp ns |
+    payload bytes
     shape[0..ndim) | payload
 
 Nothing is pickled. ``decode`` validates everything a peer could get wrong (magic, version, type,
@@ -25,9 +26,9 @@ from engine.errors import BadPayload, FrameTooLarge, ProtocolError
 from engine.keys import KeyRange
 
 MAGIC = b"PS"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_NDIM = 4
-_HEADER = struct.Struct("<2sBBBBBBI16sQqQQQQQ")
+_HEADER = struct.Struct("<2sBBBBBBI16sQqQQQQQQ")
 _DIM = struct.Struct("<Q")
 HEADER_BYTES = _HEADER.size
 
@@ -64,6 +65,18 @@ _NUMPY: dict[DType, np.dtype[Any]] = {
 }
 _CARRIES_VALUES = {MsgType.PUSH, MsgType.INIT, MsgType.VALUES}
 ANY_CLOCK = -1  # a PULL with this clock is served at once, whatever the consistency model says
+FLAG_FINAL = 1  # on a PUSH: the worker's last iteration; it pushes nothing after this one
+_KNOWN_FLAGS = FLAG_FINAL
+
+
+def to_ns(seconds: float) -> int:
+    """Seconds as the integer nanoseconds a frame carries. ``from_ns`` is its inverse; offline
+    replays apply the same pair to recorded seconds, so they see exactly what the servers saw."""
+    return max(round(seconds * 1e9), 0)
+
+
+def from_ns(ns: int) -> float:
+    return ns / 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +90,11 @@ class Frame:
     clock: int = 0
     version: int = 0
     wait_ns: int = 0
+    # A PUSH carries the worker's wall-clock send time (ns since the epoch) and, in wait_ns, how
+    # long its pull was held back: every shard then sees the same timings, so timing-driven
+    # controllers (ElasticBSP, DSSP) reach the same decisions on every shard without talking.
+    stamp_ns: int = 0
+    flags: int = 0
     dtype: DType = DType.FLOAT32
     payload: np.ndarray | None = None
 
@@ -107,7 +125,7 @@ def encode(frame: Frame) -> bytearray:
         frame.dtype,
         len(shape),
         frame.role,
-        0,
+        frame.flags,
         frame.rank,
         frame.run,
         frame.request_id,
@@ -116,6 +134,7 @@ def encode(frame: Frame) -> bytearray:
         frame.keys.start,
         frame.keys.end,
         frame.wait_ns,
+        frame.stamp_ns,
         nbytes,
     )
     offset = HEADER_BYTES
@@ -165,7 +184,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         dtype,
         ndim,
         role,
-        _flags,
+        flags,
         rank,
         run,
         request_id,
@@ -174,6 +193,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         key_start,
         key_end,
         wait_ns,
+        stamp_ns,
         nbytes,
     ) = fields
     if magic != MAGIC:
@@ -187,6 +207,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         _enum(DType, dtype, "dtype"),
         _enum(Role, role, "role"),
     )
+    if flags & ~_KNOWN_FLAGS:
+        raise ProtocolError(f"unknown flag bits {flags & ~_KNOWN_FLAGS:#04x}")
     if key_end < key_start:
         raise ProtocolError(f"key range [{key_start}, {key_end}) is reversed")
     keys = KeyRange(key_start, key_end)
@@ -201,6 +223,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         clock=clock,
         version=server_version,
         wait_ns=wait_ns,
+        stamp_ns=stamp_ns,
+        flags=flags,
         dtype=dt,
         payload=payload,
     )

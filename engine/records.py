@@ -75,3 +75,21 @@ class EventRecord(_Record):
     at: float
     kind: str = Field(min_length=1, max_length=64)
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class SyncRecord(_Record):
+    """One ElasticBSP barrier: the decision (predicted end times, chosen iterations, predicted
+    wait) and, once every worker has reached it, the arrivals and the wait actually observed."""
+
+    sync_index: int = Field(ge=0)
+    decided_at: float
+    predictor: str = Field(min_length=1, max_length=32)
+    lookahead: int = Field(ge=1)
+    base_clocks: list[int]
+    predicted: list[list[float]]
+    chosen: list[int]
+    barrier_clocks: list[int]
+    predicted_wait: float = Field(ge=0)
+    arrivals: list[float] | None = None
+    actual_wait: float | None = Field(None, ge=0)
+    released_at: float | None = None

@@ -11,10 +11,23 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.consistency import PushTiming
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError
-from engine.protocol import Frame, MsgType, Role, decode, encode, error_frame, peek_request_id
+from engine.protocol import (
+    FLAG_FINAL,
+    Frame,
+    MsgType,
+    Role,
+    decode,
+    encode,
+    error_frame,
+    from_ns,
+    peek_request_id,
+)
+from engine.records import SyncRecord
 from engine.shard import ShardState
 from engine.transport.base import Connection, Listener, Transport
 
@@ -39,8 +52,10 @@ class ServerStats:
 
 
 class ShardServer:
-    def __init__(self, state: ShardState, *, run: bytes, rank: int, max_frame_bytes: int) -> None:
+    def __init__(self, state: ShardState, *, run: bytes, rank: int, max_frame_bytes: int,
+                 on_syncs: Callable[[list[SyncRecord]], None] | None = None) -> None:
         self.state = state
+        self._on_syncs = on_syncs
         self.run = run
         self.rank = rank
         self.max_frame_bytes = max_frame_bytes
@@ -133,8 +148,13 @@ class ShardServer:
             return
         if frame.role is not Role.WORKER:
             raise ProtocolError(f"only workers push; this frame comes from a {frame.role.name}")
-        accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values)
+        timing = PushTiming(from_ns(frame.stamp_ns), from_ns(frame.wait_ns),
+                            bool(frame.flags & FLAG_FINAL))
+        accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing)
         self._send(connection, self._ack(frame, accepted_at))
+        syncs = self.state.controller.take_syncs()
+        if syncs and self._on_syncs is not None:
+            self._on_syncs(syncs)
         self._release_ready_pulls()
 
     def _release_ready_pulls(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.consistency import ConsistencyController
+from engine.consistency import NO_TIMING, ConsistencyController, PushTiming
 from engine.errors import BadPayload, ProtocolError
 from engine.keys import KeyRange
 from engine.optimizers import ServerOptimizer
@@ -52,7 +52,8 @@ class ShardState:
         self._check_owned(keys)
         return self.params[self.keys.local(keys)]
 
-    def push(self, worker: int, clock: int, keys: KeyRange, grad: np.ndarray) -> int:
+    def push(self, worker: int, clock: int, keys: KeyRange, grad: np.ndarray,
+             timing: PushTiming = NO_TIMING) -> int:
         """Hand a gradient to the controller; returns the version it was accepted at.
 
         A worker pushes its whole shard slice once per clock, so partial ranges are refused:
@@ -66,7 +67,7 @@ class ShardState:
                 f"{self.keys.end}), got [{keys.start}, {keys.end})"
             )
         accepted_at = self.version
-        update = self.controller.on_push(worker, clock, grad)
+        update = self.controller.on_push(worker, clock, grad, timing)
         self.pushes += 1
         if update is not None:
             self.optimizer.step(self.params, update)

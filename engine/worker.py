@@ -3,7 +3,9 @@
 Each iteration's wall time is split into the time the loop was blocked in each phase, so that
 compute_s + push_s + pull_s + wait_s equals it exactly (wait_s is the part of a pull the servers
 held back for consistency: idle time). With ``train.overlap`` (asp only) the pull for the next
-iteration is issued before computing, so communication runs while torch computes.
+iteration is issued before computing, so communication runs while torch computes; bounded delay
+has its own loop (``engine.delayed``). Injected slowness (``engine.heterogeneity``) is slept
+inside the compute phase.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from engine.client import ParameterClient, PullResult, PushResult, ShardAddress
 from engine.config import RunConfig
 from engine.datasets import load_dataset
 from engine.errors import RunFailed, ShuttingDown
+from engine.heterogeneity import Slowdown
 from engine.keys import KeyRange
 from engine.messages import Done, EpochDone, Exit, Hello, Iterations, Ready, Stop, Welcome
 from engine.model import FlatModel, train_step
@@ -72,6 +75,7 @@ class Worker:
         self._pending: list[IterationRecord] = []
         self._last_report = time.monotonic()
         self._stopping: str | None = None
+        self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
 
     def run(self, shard: Shard, model: FlatModel) -> int:
         """Train until the epochs are done or the coordinator says stop; returns iterations."""
@@ -79,11 +83,19 @@ class Worker:
             self.client.wait(self.client.init(model.params_np))
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
                                 train_samples=len(shard.targets)))
-        loop = _OverlappedLoop if self.config.train.overlap else _PlainLoop
-        done = loop(self, model).train(shard)
+        done = self._loop_class()(self, model).train(shard)
         self._flush()
         self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
         return done
+
+    def _loop_class(self) -> type[_PlainLoop]:
+        if self.config.train.overlap:
+            return _OverlappedLoop
+        if self.config.sync.model == "bounded-delay":
+            from engine.delayed import DelayedLoop
+
+            return DelayedLoop
+        return _PlainLoop
 
     def should_stop(self) -> bool:
         for message in self.control.poll():
@@ -117,9 +129,26 @@ class _PlainLoop:
     def __init__(self, worker: Worker, model: FlatModel) -> None:
         self.worker, self.model = worker, model
         self.client = worker.client
+        self.last_clock = -1
+
+    def compute(self, shard: Shard, batch: np.ndarray) -> float:
+        """One gradient into ``model.grads_np``, stretched by any injected slowness."""
+        started = time.perf_counter()
+        loss = _compute(self.model, shard, batch)
+        self.worker.slowdown.stretch(time.perf_counter() - started)
+        return loss
+
+    def push(self, clock: int, pulled: PullResult, waited_s: float) -> tuple[int, float]:
+        """Send this clock's gradient stamped with its timing; (request id, pushed_at)."""
+        pushed_at = time.time()
+        request = self.client.push(self.worker.keys, self.model.grads_np, clock=clock,
+                                   base_versions=pulled.versions, pushed_at=pushed_at,
+                                   waited_s=waited_s, final=clock == self.last_clock)
+        return request, pushed_at
 
     def train(self, shard: Shard) -> int:
         cfg, clock = self.worker.config.train, 0
+        self.last_clock = cfg.epochs * shard.iterations_per_epoch - 1
         for epoch in range(cfg.epochs):
             rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
             for batch in shard.batches(rng):
@@ -142,15 +171,16 @@ class _PlainLoop:
                                                    clock=clock))
         assert isinstance(pulled, PullResult)
         t1 = time.perf_counter()
-        loss = _compute(self.model, shard, batch)
+        loss = self.compute(shard, batch)
         t2 = time.perf_counter()
-        pushed = self.client.wait(self.client.push(self.worker.keys, self.model.grads_np,
-                                                   clock=clock, base_versions=pulled.versions))
+        wait_s = min(pulled.wait_s, t1 - t0)
+        request, pushed_at = self.push(clock, pulled, wait_s)
+        pushed = self.client.wait(request)
         assert isinstance(pushed, PushResult)
         t3 = time.perf_counter()
-        wait_s = min(pulled.wait_s, t1 - t0)
-        return _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
-                    t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
+        row = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                   t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
+        return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
 
 
 class _OverlappedLoop(_PlainLoop):
@@ -166,6 +196,7 @@ class _OverlappedLoop(_PlainLoop):
         in_flight = self.client.pull(self.worker.keys, staging, clock=0)
         unacked: tuple[int, PullResult, IterationRecord] | None = None
         total = cfg.epochs * shard.iterations_per_epoch
+        self.last_clock = total - 1
         try:
             for epoch in range(cfg.epochs):
                 rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
@@ -179,16 +210,15 @@ class _OverlappedLoop(_PlainLoop):
                     if clock + 1 < total:
                         in_flight = self.client.pull(self.worker.keys, staging, clock=clock + 1)
                     t1 = time.perf_counter()
-                    loss = _compute(self.model, shard, batch)
+                    loss = self.compute(shard, batch)
                     t2 = time.perf_counter()
                     self._settle(unacked)
-                    push_id = self.client.push(self.worker.keys, self.model.grads_np,
-                                               clock=clock, base_versions=pulled.versions)
-                    t3 = time.perf_counter()
                     wait_s = min(pulled.wait_s, t1 - t0)
+                    push_id, pushed_at = self.push(clock, pulled, wait_s)
+                    t3 = time.perf_counter()
                     provisional = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1,
                                        t3 - t2, t1 - t0 - wait_s, wait_s, None, pulled, loss,
-                                       len(batch))
+                                       len(batch)).model_copy(update={"pushed_at": pushed_at})
                     unacked = (push_id, pulled, provisional)
                     clock += 1
                 self.worker.epoch_done(epoch)
@@ -210,6 +240,7 @@ class _OverlappedLoop(_PlainLoop):
             "staleness": pushed.staleness,
             "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
             "bytes_received": pushed.bytes_received + pulled.bytes_received,
+            "acked_at": pushed.answered_at,
         }))
 
 

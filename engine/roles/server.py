@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 
 from engine.config import RunConfig
 from engine.consistency import make_controller
 from engine.errors import ProtocolError, PsctlError, RunFailed
 from engine.keys import KeyRange
-from engine.messages import Event, Exit, Hello, Serving, Stop
+from engine.messages import Event, Exit, Hello, Serving, Stop, Syncs
 from engine.optimizers import make_optimizer
-from engine.records import EventRecord
+from engine.records import EventRecord, SyncRecord
 from engine.roles.control import ControlChannel
 from engine.server import ShardServer
 from engine.shard import ShardState
@@ -28,20 +30,35 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
     keys = KeyRange(welcome.own_range.start, welcome.own_range.end)
     state = ShardState(
         keys,
-        make_controller(config.sync.model, workers=config.cluster.workers, keys=len(keys)),
+        make_controller(config.sync, workers=config.cluster.workers, keys=len(keys)),
         make_optimizer(config.optimizer, len(keys)),
     )
+    # Every shard decides the same barriers; shard 0 alone reports them, in order.
+    reports: asyncio.Queue[list[SyncRecord]] = asyncio.Queue()
     server = ShardServer(state, run=bytes.fromhex(welcome.run_id)[:16], rank=rank,
-                         max_frame_bytes=config.cluster.max_frame_bytes)
+                         max_frame_bytes=config.cluster.max_frame_bytes,
+                         on_syncs=reports.put_nowait if rank == 0 else None)
     address = await server.start(transport, host, port, token=token)
     await channel.send(Serving(address=address))
+    reporter = asyncio.create_task(_report_syncs(channel, reports))
     try:
-        await _obey(channel, server)
+        await _obey(channel, server, reports)
     finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
         await server.close()
 
 
-async def _obey(channel: ControlChannel, server: ShardServer) -> None:
+async def _report_syncs(channel: ControlChannel, reports: asyncio.Queue[list[SyncRecord]]) -> None:
+    while True:
+        rows = await reports.get()
+        await channel.send(Syncs(rows=rows))
+        reports.task_done()
+
+
+async def _obey(channel: ControlChannel, server: ShardServer,
+                reports: asyncio.Queue[list[SyncRecord]]) -> None:
     while True:
         try:
             message = await channel.recv()
@@ -50,6 +67,8 @@ async def _obey(channel: ControlChannel, server: ShardServer) -> None:
         if isinstance(message, Stop):
             server.drain(message.reason)
         elif isinstance(message, Exit):
+            with contextlib.suppress(TimeoutError):  # the barriers reach the database first
+                await asyncio.wait_for(reports.join(), timeout=5.0)
             await channel.send(Event(row=_stats_event(server)))
             await channel.close()
             return

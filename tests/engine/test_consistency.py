@@ -132,8 +132,9 @@ def test_make_controller() -> None:
     assert isinstance(asp, ASP) and asp.name == "asp" and asp.clocks() == [0, 0]
 
 
-@pytest.mark.parametrize("name", ["ssp", "BSP", ""])
+@pytest.mark.parametrize("name", ["sssp", "BSP", ""])
 def test_make_controller_refuses_an_unknown_model(name: str) -> None:
     with pytest.raises(ConfigError) as caught:
         make_controller(name, workers=2, keys=4)
-    assert str(caught.value) == f"unknown consistency model {name!r} (known: bsp, asp)"
+    assert str(caught.value) == (f"unknown consistency model {name!r} (known: bsp, asp, ssp, "
+                                 "bounded-delay, dssp, elastic)")

@@ -22,6 +22,7 @@ from engine.protocol import (
     ANY_CLOCK,
     HEADER_BYTES,
     MAGIC,
+    FLAG_FINAL,
     MAX_NDIM,
     PROTOCOL_VERSION,
     DType,
@@ -31,12 +32,14 @@ from engine.protocol import (
     decode,
     encode,
     error_frame,
+    from_ns,
     peek_request_id,
+    to_ns,
 )
 
 # magic | version | type | dtype | ndim | role | flags | rank | run | request id | clock |
-# version | key start | key end | wait ns | payload bytes
-LAYOUT = struct.Struct("<2sBBBBBBI16sQqQQQQQ")
+# version | key start | key end | wait ns | stamp ns | payload bytes
+LAYOUT = struct.Struct("<2sBBBBBBI16sQqQQQQQQ")
 MAX = 1 << 20
 RUN = bytes(range(16))
 NUMPY = {DType.FLOAT32: "<f4", DType.FLOAT64: "<f8", DType.FLOAT16: "<f2", DType.BYTES: "u1"}
@@ -80,6 +83,7 @@ def raw_frame(
         start,
         end,
         0,
+        0,
         len(payload) if nbytes is None else nbytes,
     )
     return header + b"".join(struct.pack("<Q", d) for d in shape) + payload
@@ -94,8 +98,8 @@ def refusal(data: bytes | bytearray, max_bytes: int = MAX) -> ProtocolError:
 # -- layout -------------------------------------------------------------------------------------
 
 
-def test_header_is_84_bytes_and_matches_the_documented_layout() -> None:
-    assert HEADER_BYTES == LAYOUT.size == 84
+def test_header_is_92_bytes_and_matches_the_documented_layout() -> None:
+    assert HEADER_BYTES == LAYOUT.size == 92
     frame = Frame(
         MsgType.PUSH,
         request_id=7,
@@ -106,15 +110,17 @@ def test_header_is_84_bytes_and_matches_the_documented_layout() -> None:
         clock=11,
         version=13,
         wait_ns=17,
+        stamp_ns=19,
         payload=np.array([1.5, -2.5], dtype=np.float32),
     )
     data = encode(frame)
     assert isinstance(data, bytearray)
     fields = LAYOUT.unpack_from(data, 0)
-    assert fields == (b"PS", 1, 1, 1, 1, 2, 0, 9, RUN, 7, 11, 13, 3, 5, 17, 8)
-    assert struct.unpack_from("<Q", data, 84) == (2,)
-    assert data[92:] == np.array([1.5, -2.5], dtype="<f4").tobytes()
-    assert len(data) == 84 + 8 + 8
+    assert fields == (b"PS", 2, 1, 1, 1, 2, 0, 9, RUN, 7, 11, 13, 3, 5, 17, 19, 8)
+    assert struct.unpack_from("<Q", data, 92) == (2,)
+    assert data[100:] == np.array([1.5, -2.5], dtype="<f4").tobytes()
+    assert len(data) == 92 + 8 + 8
+    assert decode(data, max_bytes=MAX).stamp_ns == 19
 
 
 def test_a_hand_built_frame_decodes() -> None:
@@ -337,7 +343,7 @@ def test_shorter_than_header(size: int) -> None:
     error = refusal(raw_frame()[:size])
     assert type(error) is ProtocolError
     assert str(error) == (
-        f"frame of {size} bytes is shorter than the 84-byte header; not a psctl frame"
+        f"frame of {size} bytes is shorter than the 92-byte header; not a psctl frame"
     )
 
 
@@ -357,11 +363,11 @@ def test_bad_magic() -> None:
     assert str(error) == "bad magic b'PK': not a psctl frame"
 
 
-@pytest.mark.parametrize("version", [0, 2, 255])
+@pytest.mark.parametrize("version", [0, 1, 3, 255])
 def test_unsupported_version(version: int) -> None:
     error = refusal(raw_frame(version=version))
     assert type(error) is ProtocolError
-    assert str(error) == f"protocol version {version} is not supported (expected 1)"
+    assert str(error) == f"protocol version {version} is not supported (expected 2)"
 
 
 @pytest.mark.parametrize(
@@ -449,12 +455,12 @@ def test_non_finite_values_reply_is_accepted() -> None:
 
 
 def test_oversize_frame() -> None:
-    data = raw_frame(end=300)  # 84 + 8 + 1200 bytes
-    assert len(data) == 1292
-    error = refusal(data, max_bytes=1291)
+    data = raw_frame(end=300)  # 92 + 8 + 1200 bytes
+    assert len(data) == 1300
+    error = refusal(data, max_bytes=1299)
     assert isinstance(error, FrameTooLarge)
-    assert str(error) == "frame of 1292 bytes exceeds the limit of 1291"
-    assert decode(data, max_bytes=1292).keys == KeyRange(0, 300)
+    assert str(error) == "frame of 1300 bytes exceeds the limit of 1299"
+    assert decode(data, max_bytes=1300).keys == KeyRange(0, 300)
 
 
 def test_oversize_is_checked_before_anything_else() -> None:
@@ -516,3 +522,18 @@ def test_peek_request_id_of_an_invalid_but_psctl_frame() -> None:
 )
 def test_peek_request_id_of_non_frames_is_zero(data: bytes) -> None:
     assert peek_request_id(data) == 0
+
+
+def test_push_timing_and_final_flag_round_trip() -> None:
+    frame = Frame(MsgType.PUSH, 1, KeyRange(0, 2), role=Role.WORKER, stamp_ns=to_ns(1.7e9 + 0.25),
+                  wait_ns=to_ns(0.125), flags=FLAG_FINAL,
+                  payload=np.zeros(2, dtype=np.float32))
+    got = decode(encode(frame), max_bytes=MAX)
+    assert (got.flags, from_ns(got.wait_ns)) == (FLAG_FINAL, 0.125)
+    assert abs(from_ns(got.stamp_ns) - (1.7e9 + 0.25)) < 1e-6
+
+
+def test_unknown_flag_bits_are_refused() -> None:
+    data = bytearray(encode(Frame(MsgType.PULL, 1, KeyRange(0, 2), role=Role.WORKER)))
+    data[7] = 0x82  # the flags byte
+    assert str(refusal(data)) == "unknown flag bits 0x82"

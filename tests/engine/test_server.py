@@ -197,7 +197,7 @@ def test_init_then_pull_over_two_shards(rig: Rig) -> None:
     client = rig.client()
     acked = client.wait(client.init(START8))
     assert acked == PushResult(
-        versions={0: 0, 1: 0}, staleness=0, bytes_sent=2 * (84 + 8 + 16), bytes_received=2 * 84
+        versions={0: 0, 1: 0}, staleness=0, bytes_sent=2 * (92 + 8 + 16), bytes_received=2 * 92
     )
     assert [s.state.params.tolist() for s in rig.servers] == [[1, 2, 3, 4], [5, 6, 7, 8]]
 
@@ -208,8 +208,8 @@ def test_init_then_pull_over_two_shards(rig: Rig) -> None:
 
     values, result = pull(client, KeyRange(3, 6), 0)  # one key from shard 0, two from shard 1
     assert values.tolist() == [4.0, 5.0, 6.0]
-    assert result.bytes_sent == 2 * 84
-    assert result.bytes_received == (84 + 8 + 4) + (84 + 8 + 8)
+    assert result.bytes_sent == 2 * 92
+    assert result.bytes_received == (92 + 8 + 4) + (92 + 8 + 8)
 
 
 def test_a_second_init_is_ignored(rig: Rig) -> None:
@@ -525,7 +525,7 @@ def test_bad_frames_get_error_replies_and_others_keep_being_served(rig: Rig) -> 
         (
             0,
             "ProtocolError",
-            "frame of 8 bytes is shorter than the 84-byte header; not a psctl frame",
+            "frame of 8 bytes is shorter than the 92-byte header; not a psctl frame",
         ),
         (0, "ProtocolError", f"bad magic {pickled[:2]!r}: not a psctl frame"),
         (0, "ProtocolError", "text message on a tensor connection: send binary psctl frames"),

@@ -1,0 +1,154 @@
+"""Every consistency model, run for real with a straggler, obeys its invariant in the database.
+
+Each check reads only what the recorder wrote. A worker's compute for clock c starts at
+``started_at + pull_s + wait_s`` (the loop was blocked until then); a push leaves at ``pushed_at``
+and is acknowledged at ``acked_at``. The same checks run on an ASP run, where they must find
+violations: that shows they can fail.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.launcher import Launcher
+from tests.conftest import psctl
+from tests.integration.support import config, query
+
+WORKERS = 3
+TOLERANCE_S = 2e-3  # time.time() and perf_counter() are mixed in a row's timestamps
+STRAGGLER = ({"rank": 2, "factor": 25.0},)
+MODELS: dict[str, dict[str, Any]] = {
+    "bsp": {},
+    "asp": {},
+    "ssp": {"sync__staleness": 1},
+    "dssp": {"sync__staleness": 1, "sync__range": 2},
+    "bounded-delay": {"sync__delay": 1},
+    "elastic": {"sync__lookahead": 6, "sync__predictor": "last"},
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    db = tmp_path_factory.mktemp("sync") / "experiments.db"
+    ids = {}
+    for model, extra in MODELS.items():
+        launcher = Launcher(config(data__dataset="digits", cluster__workers=WORKERS,
+                                   cluster__servers=2, train__epochs=2, sync__model=model,
+                                   heterogeneity__stragglers=STRAGGLER, **extra), db=db)
+        launcher.start()
+        result = launcher.wait()
+        assert result.status.value == "finished", (model, result.reason)
+        ids[model] = launcher.run_id
+    yield db, ids
+
+
+def rows(db: Path, run_id: str) -> dict[tuple[int, int], dict[str, float]]:
+    names = ("worker", "iteration", "started_at", "pull_s", "wait_s", "pushed_at", "acked_at",
+             "staleness")
+    found = query(db, f"SELECT {', '.join(names)} FROM iterations WHERE run_id = ?", run_id)
+    table = {(r[0], r[1]): dict(zip(names, r, strict=True)) for r in found}
+    assert len(table) == WORKERS * max(r[1] + 1 for r in found)
+    return table
+
+
+def compute_start(row: dict[str, float]) -> float:
+    return row["started_at"] + row["pull_s"] + row["wait_s"]
+
+
+def lead_violations(table: dict[tuple[int, int], dict[str, float]], bound: int) -> int:
+    """Times a worker started computing clock c before another had pushed c - bound - 1."""
+    return sum(1 for (worker, clock), row in table.items() if clock > bound
+               for other in range(WORKERS)
+               if table[(other, clock - bound - 1)]["pushed_at"] > compute_start(row) + TOLERANCE_S)
+
+
+def delay_violations(table: dict[tuple[int, int], dict[str, float]], delay: int) -> int:
+    """Times a worker computed clock c before its own clock c - delay - 1 was acknowledged."""
+    return sum(1 for (worker, clock), row in table.items() if clock > delay
+               if table[(worker, clock - delay - 1)]["acked_at"] > compute_start(row) + TOLERANCE_S)
+
+
+def test_bsp_has_staleness_zero_and_runs_in_lockstep(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    table = rows(db, ids["bsp"])
+    assert {row["staleness"] for row in table.values()} == {0}
+    assert lead_violations(table, 0) == 0
+
+
+def test_ssp_never_lets_the_fastest_lead_by_more_than_s(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    assert lead_violations(rows(db, ids["ssp"]), 1) == 0
+
+
+def test_dssp_stays_within_s_plus_r(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    assert lead_violations(rows(db, ids["dssp"]), 1 + 2) == 0
+
+
+def test_the_lead_check_finds_violations_in_an_asp_run(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    table = rows(db, ids["asp"])
+    assert lead_violations(table, 1) > 0  # the straggler falls far behind
+    assert max(row["staleness"] for row in table.values()) > 0
+
+
+def test_bounded_delay_holds_and_really_overlaps(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    table = rows(db, ids["bounded-delay"])
+    assert delay_violations(table, 1) == 0
+    assert delay_violations(table, 0) > 0  # some iterations ran with the previous one in flight
+
+
+def test_elastic_barriers_hold_and_match_the_recorded_arrivals(
+        runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    table = rows(db, ids["elastic"])
+    syncs = query(db, "SELECT sync_index, predictor, barrier_clocks, arrivals, released_at, "
+                      "actual_wait, predicted, chosen FROM syncs WHERE run_id = ? "
+                      "ORDER BY sync_index", ids["elastic"])
+    completed = [s for s in syncs if s[4] is not None]
+    assert syncs[0][1] == "monitoring" and len(completed) >= 3
+    last = max(clock for _, clock in table)
+    for index, _, barrier_json, arrivals_json, released, actual_wait, _, chosen in completed:
+        barrier, arrivals = json.loads(barrier_json), json.loads(arrivals_json)
+        taking_part = [a for a, r in zip(arrivals, json.loads(chosen), strict=True) if r >= 0]
+        for worker, barrier_clock in enumerate(barrier):
+            clock = min(barrier_clock, last)  # a worker out of data arrives with its last push
+            assert arrivals[worker] == pytest.approx(table[(worker, clock)]["pushed_at"], abs=1e-6)
+            after = table.get((worker, clock + 1))
+            if after is not None:
+                assert compute_start(after) >= released - TOLERANCE_S, (index, worker)
+        assert actual_wait == pytest.approx(max(taking_part) - min(taking_part))
+        assert released == max(taking_part)
+    predicted = json.loads(completed[1][6])
+    assert len(predicted) == WORKERS and all(len(row) == 6 for row in predicted)
+
+
+def test_replay_recomputes_every_live_decision(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    done = psctl("zipline", "replay", ids["elastic"], "--json", db=db)
+    assert done.returncode == 0, done.stderr
+    replay = json.loads(done.stdout)
+    assert replay["source"] == "recorded barriers" and replay["syncs"]
+    assert all(s["matches_recorded"] for s in replay["syncs"])
+    other = json.loads(psctl("zipline", "replay", ids["elastic"], "--json", "--lookahead", "40",
+                             db=db).stdout)
+    assert other["lookahead"] == 40 and len(other["syncs"]) == len(replay["syncs"])
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_runs_show_reports_idle_time_and_staleness_per_worker(
+        runs: tuple[Path, dict[str, str]], model: str) -> None:
+    db, ids = runs
+    detail = json.loads(psctl("runs", "show", ids[model], "--json", db=db).stdout)
+    workers = detail["workers"]
+    assert [w["worker"] for w in workers] == list(range(WORKERS))
+    for worker in workers:
+        assert worker["wait_s_total"] >= 0 and worker["staleness_max"] >= 0
+    text = psctl("runs", "show", ids[model], db=db).stdout
+    assert "wait" in text and "stale" in text
