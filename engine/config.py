@@ -60,6 +60,9 @@ class SyncConfig(_Frozen):
         "ewma", description="elastic: last interval (the paper's) or a robust recent average")
     history: HistorySeed | None = Field(
         None, description="elastic: timings of a previous run that replace the monitoring phase")
+    push_scale: Literal["mean", "sum"] = Field("mean", description=(
+        "models that apply pushes one by one: each push applies 1/workers of its gradient (mean: "
+        "the same step per round as BSP's averaged update) or all of it (sum)"))
 
 
 class Straggler(_Frozen):

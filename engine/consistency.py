@@ -116,7 +116,22 @@ class BSP(_VectorClock):
         return mean
 
 
-class ASP(_VectorClock):
+class _Scaled:
+    """Applies each push on its own, scaled: with 1/workers (``push_scale = "mean"``) a round of
+    pushes moves the model as far as BSP's averaged update, so one learning rate suits every
+    model; unscaled, n workers multiply the step by n, which diverges at BSP's usual rates."""
+
+    scale = np.float32(1.0)
+
+    def scaled(self, grad: np.ndarray) -> np.ndarray:
+        return grad if self.scale == 1.0 else grad * self.scale
+
+
+def push_scale(sync: SyncConfig, workers: int) -> np.float32:
+    return np.float32(1.0 / workers if sync.push_scale == "mean" else 1.0)
+
+
+class ASP(_Scaled, _VectorClock):
     """Asynchronous: every push is applied at once, every pull is answered at once."""
 
     name = "asp"
@@ -127,7 +142,7 @@ class ASP(_VectorClock):
     def on_push(self, worker: int, clock: int, grad: np.ndarray,
                 timing: PushTiming = NO_TIMING) -> np.ndarray | None:
         self.tick(worker, clock)
-        return grad
+        return self.scaled(grad)
 
 
 def make_controller(sync: str | SyncConfig, *, workers: int, keys: int) -> ConsistencyController:
@@ -144,13 +159,17 @@ def make_controller(sync: str | SyncConfig, *, workers: int, keys: int) -> Consi
         if sync not in SYNC_MODELS:
             raise ConfigError(f"unknown consistency model {sync!r} (known: "
                               f"{', '.join(SYNC_MODELS)})")
-        sync = SyncConfig(model=sync)  # type: ignore[arg-type]
+        sync = SyncConfig.model_validate({"model": sync})
+    controller: BSP | ASP | SSP | DSSP | ElasticBSP
     if sync.model == "bsp":
         return BSP(workers, keys)
     if sync.model in ("asp", "bounded-delay"):
-        return ASP(workers)
-    if sync.model == "ssp":
-        return SSP(workers, sync.staleness)
-    if sync.model == "dssp":
-        return DSSP(workers, sync.staleness, sync.range)
-    return ElasticBSP(workers, sync)
+        controller = ASP(workers)
+    elif sync.model == "ssp":
+        controller = SSP(workers, sync.staleness)
+    elif sync.model == "dssp":
+        controller = DSSP(workers, sync.staleness, sync.range)
+    else:
+        controller = ElasticBSP(workers, sync)
+    controller.scale = push_scale(sync, workers)
+    return controller

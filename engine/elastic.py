@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.config import SyncConfig
-from engine.consistency import NO_TIMING, PushTiming, _VectorClock
+from engine.consistency import NO_TIMING, PushTiming, _Scaled, _VectorClock
 from engine.errors import ProtocolError
 from engine.records import SyncRecord
 from engine.timings import TimingHistory, predict_end_times
@@ -29,7 +29,7 @@ from engine.zipline import search
 MONITOR_CLOCK = 1  # the first barrier without history: two pushes per worker
 
 
-class ElasticBSP(_VectorClock):
+class ElasticBSP(_Scaled, _VectorClock):
     name = "elastic"
 
     def __init__(self, workers: int, sync: SyncConfig) -> None:
@@ -67,7 +67,7 @@ class ElasticBSP(_VectorClock):
             self._arrivals[worker] = timing.pushed_at
         if all(self._arrivals[w] is not None for w in self._participants):
             self._complete()
-        return grad
+        return self.scaled(grad)
 
     def take_syncs(self) -> list[SyncRecord]:
         reports, self._reports = self._reports, []
@@ -94,7 +94,8 @@ class ElasticBSP(_VectorClock):
         interval = np.array([self.timings.estimate(w, self.predictor) or 0.0 for w in active])
         times = predict_end_times(np.full(len(active), start), interval, self.lookahead)
         chosen, spread = search(times)
-        base, predicted = list(self._barrier), [[] for _ in self._barrier]
+        base = list(self._barrier)
+        predicted: list[list[float]] = [[] for _ in base]
         for row, worker in enumerate(active):
             predicted[worker] = times[row].tolist()
             self._barrier[worker] = base[worker] + 1 + int(chosen[row])

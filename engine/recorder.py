@@ -23,13 +23,22 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, update
+from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from engine.db.schema import evaluations, events, iterations, open_engine, runs, translate_errors
+from engine.db.schema import (
+    evaluations,
+    events,
+    iterations,
+    open_engine,
+    runs,
+    syncs,
+    tags,
+    translate_errors,
+)
 from engine.errors import StoreError
-from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus, SyncRecord
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,23 @@ def _compile_iteration_insert() -> tuple[str, tuple[str, ...]]:
 
 
 _INSERT_ITERATIONS_SQL, _ITERATION_FIELDS = _compile_iteration_insert()
+_ENDED_AT = _ITERATION_FIELDS.index("ended_at") + 1  # in a pending row, after run_id
+
+# Rebuilds the iteration_rollups rows of seconds :lo..:hi (counted from the run's start :origin)
+# from the iterations rows themselves: exact whatever was skipped as a duplicate or arrived late,
+# and all in SQLite, so the writer thread holds no GIL while it runs. The ended_at bounds let the
+# (run_id, ended_at) index find the rows; the CAST decides the second exactly as readers do.
+REBUILD_ROLLUPS_SQL = """
+    INSERT OR REPLACE INTO iteration_rollups
+    SELECT run_id, worker, CAST(ended_at - :origin AS INTEGER) AS second, count(*),
+           max(ended_at), max(iteration), sum(samples), sum(compute_s), sum(push_s),
+           sum(pull_s), sum(wait_s), min(staleness), max(staleness), min(loss), max(loss),
+           sum(bytes_sent), sum(bytes_received)
+    FROM iterations
+    WHERE run_id = :run AND ended_at >= :origin + :lo - 1 AND ended_at < :origin + :hi + 2
+      AND CAST(ended_at - :origin AS INTEGER) BETWEEN :lo AND :hi
+    GROUP BY worker, second
+"""
 _iteration_values = attrgetter(*_ITERATION_FIELDS)
 DUPLICATE_EVENT = "duplicate_iterations"
 _ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED)
@@ -68,7 +94,7 @@ class _Iterations:
 
 @dataclass(frozen=True)
 class _Row:
-    table: str  # "evaluations" or "events"
+    table: str  # "evaluations", "events" or "syncs"
     values: dict[str, Any]
 
 
@@ -174,6 +200,14 @@ class Recorder:
         detail = json.dumps(row.detail, default=str)
         values = {"run_id": self._open_run(), "at": row.at, "kind": row.kind, "detail": detail}
         self._queue.put(_Row("events", values))
+
+    def record_sync(self, row: SyncRecord) -> None:
+        """A barrier decision, or the same barrier again once completed (which updates it)."""
+        values: dict[str, Any] = {"run_id": self._open_run(), **row.model_dump()}
+        for column in _SYNC_JSON_COLUMNS:
+            if values[column] is not None:
+                values[column] = json.dumps(values[column])
+        self._queue.put(_Row("syncs", values))
 
     def finish(
         self, status: RunStatus, reason: str | None = None, *, timeout: float = 10.0
@@ -284,6 +318,50 @@ class Recorder:
             raise StoreError(f"the recorder timed out after {timeout:g} s {action} {self._db_path}")
 
 
+def delete_runs(db_path: Path, run_ids: Sequence[str]) -> int:
+    """Delete runs and, by the foreign keys' cascade, every row they own; how many went.
+
+    For ``psctl runs rm``: the CLI only reads, so its one destructive act is done here.
+    """
+    if not run_ids:
+        return 0
+    engine = open_engine(Path(db_path))
+    try:
+        with translate_errors("deleting runs"), engine.begin() as conn:
+            return conn.execute(delete(runs).where(runs.c.id.in_(list(run_ids)))).rowcount
+    finally:
+        engine.dispose()
+
+
+def set_tags(
+    db_path: Path, run_id: str, values: dict[str, str], remove: Sequence[str] = ()
+) -> None:
+    """Set (insert or replace) and remove tags of one run in one transaction."""
+    engine = open_engine(Path(db_path))
+    try:
+        with translate_errors(f"tagging run {run_id}"), engine.begin() as conn:
+            if remove:
+                conn.execute(delete(tags).where(tags.c.run_id == run_id, tags.c.key.in_(remove)))
+            for key, value in values.items():
+                stmt = sqlite_insert(tags).values(run_id=run_id, key=key, value=value)
+                upsert = stmt.on_conflict_do_update(
+                    index_elements=["run_id", "key"], set_={"value": value}
+                )
+                conn.execute(upsert)
+    finally:
+        engine.dispose()
+
+
+_SYNC_JSON_COLUMNS = ("base_clocks", "predicted", "chosen", "barrier_clocks", "arrivals")
+
+
+def _upsert_sync(values: dict[str, Any]) -> Any:
+    statement = sqlite_insert(syncs).values(values)
+    completed = {k: statement.excluded[k] for k in ("arrivals", "actual_wait", "released_at")}
+    return statement.on_conflict_do_update(index_elements=["run_id", "sync_index"],
+                                           set_=completed)
+
+
 def _config_json(config: dict[str, Any]) -> str:
     try:
         return json.dumps(config, sort_keys=True, allow_nan=False)
@@ -308,8 +386,10 @@ class _Writer:
         self._flush_interval_s = flush_interval_s
         self._heartbeat_interval_s = heartbeat_interval_s
         self._iterations: dict[str, list[tuple[Any, ...]]] = {}
-        self._rows: dict[str, list[dict[str, Any]]] = {"evaluations": [], "events": []}
+        self._rows: dict[str, list[dict[str, Any]]] = {"evaluations": [], "events": [],
+                                                       "syncs": []}
         self._run_id: str | None = None
+        self._origins: dict[str, float] = {}  # runs.started_at: rollup seconds count from it
         self._last_commit = time.monotonic()
         self._last_heartbeat = time.monotonic()
         self._failed = False
@@ -396,6 +476,7 @@ class _Writer:
             if isinstance(control, _StartRun):
                 conn.execute(insert(runs).values(control.values))
                 self._run_id = control.values["id"]
+                self._origins[control.values["id"]] = float(control.values["started_at"])
             elif isinstance(control, _Finish):
                 self._write_finish(conn, control)
             if self._run_id is not None:
@@ -411,17 +492,32 @@ class _Writer:
             if self._rows[name]:
                 conn.execute(insert(table), self._rows[name])
                 self._rows[name] = []
+        for values in self._rows["syncs"]:  # in order: a completion updates its decision
+            conn.execute(_upsert_sync(values))
+        self._rows["syncs"] = []
 
     def _write_iterations(self, conn: Connection, run_id: str, rows: list[tuple[Any, ...]]) -> None:
         # A worker that retries a report must not kill the writer: duplicates are skipped, counted.
         inserted = conn.exec_driver_sql(_INSERT_ITERATIONS_SQL, rows).rowcount
         if inserted < len(rows):
             self._record_duplicates(conn, run_id, len(rows) - inserted)
+        self._rebuild_rollups(conn, run_id, rows)
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id)
             .values(iteration_count=runs.c.iteration_count + inserted)
         )
+
+    def _rebuild_rollups(self, conn: Connection, run_id: str, rows: list[tuple[Any, ...]]) -> None:
+        origin = self._origins.get(run_id)
+        if origin is None:
+            origin = conn.execute(select(runs.c.started_at).where(runs.c.id == run_id)).scalar()
+            if origin is None:
+                return  # no such run: the insert above already failed on the foreign key
+            self._origins[run_id] = origin = float(origin)
+        seconds = [int(row[_ENDED_AT] - origin) for row in rows]
+        conn.exec_driver_sql(REBUILD_ROLLUPS_SQL, {"run": run_id, "origin": origin,
+                                                  "lo": min(seconds), "hi": max(seconds)})
 
     def _record_duplicates(self, conn: Connection, run_id: str, count: int) -> None:
         log.warning("run %s: ignored %d duplicate iteration row(s)", run_id, count)

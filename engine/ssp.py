@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.consistency import NO_TIMING, PushTiming, _VectorClock
+from engine.consistency import NO_TIMING, PushTiming, _Scaled, _VectorClock
 from engine.errors import ConfigError, ProtocolError
 from engine.timings import TimingHistory
 
@@ -39,7 +39,8 @@ class SlidingWindow:
     def check(self, clock: int) -> None:
         if clock < self.low or not self.admits(clock):
             raise ProtocolError(f"clock {clock} is outside the open window [{self.low}, "
-                                f"{self.low + self.width}): the worker ran past its staleness bound")
+                                f"{self.low + self.width}): the worker ran past its staleness "
+                                "bound")
 
     def add(self, clock: int) -> None:
         self.check(clock)
@@ -49,7 +50,7 @@ class SlidingWindow:
             self.low += 1
 
 
-class SSP(_VectorClock):
+class SSP(_Scaled, _VectorClock):
     """The pull for clock c waits until c - (slowest worker's clock) <= staleness."""
 
     name = "ssp"
@@ -67,7 +68,7 @@ class SSP(_VectorClock):
         self.window.check(clock)  # before the vector clock moves, so a refused push leaves no trace
         self.tick(worker, clock)
         self.window.add(clock)
-        return grad
+        return self.scaled(grad)
 
 
 class DSSP(SSP):

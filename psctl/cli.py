@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from engine.errors import PsctlError, RunNotFound
 from psctl import settings
+from psctl.cliutil import RunArgument
 
 app = typer.Typer(help="Parameter-server training runs: launch, watch, compare.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=True)
 runs_app = typer.Typer(help="List and inspect recorded runs.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
+zipline_app = typer.Typer(help="ElasticBSP's ZipLine barrier placement, offline.",
+                          no_args_is_help=True)
+app.add_typer(zipline_app, name="zipline")
 
 DbOption = Annotated[Path | None, typer.Option("--db", help="database file [env: PSCTL_DB; "
                                                "default ./experiments.db]")]
@@ -34,7 +38,26 @@ def _fail(exc: PsctlError) -> typer.Exit:
 def launch(
     workers: Annotated[int | None, typer.Option(help="worker processes [4]")] = None,
     servers: Annotated[int | None, typer.Option(help="shard server processes [2]")] = None,
-    sync: Annotated[str | None, typer.Option(help="consistency model: bsp or asp [bsp]")] = None,
+    sync: Annotated[str | None, typer.Option(
+        help="consistency model: bsp, asp, ssp, bounded-delay, dssp or elastic [bsp]")] = None,
+    staleness: Annotated[int | None, typer.Option(
+        help="ssp, dssp: clocks the fastest worker may lead the slowest [3]")] = None,
+    dssp_range: Annotated[int | None, typer.Option(
+        "--range", help="dssp: extra clocks the servers may allow at run time [4]")] = None,
+    delay: Annotated[int | None, typer.Option(
+        help="bounded-delay: own iterations a worker may run ahead of its finished ones [2]")] =
+        None,
+    lookahead: Annotated[int | None, typer.Option(
+        help="elastic: R, future iterations predicted per worker [15]")] = None,
+    predictor: Annotated[str | None, typer.Option(
+        help="elastic: last (the paper's) or ewma (robust recent average) [ewma]")] = None,
+    history: Annotated[str | None, typer.Option(
+        help="elastic: seed the predictor with a recorded run's timings (run selector)")] = None,
+    straggler: Annotated[list[str] | None, typer.Option(
+        help="RANK:FACTOR[@ONSET], e.g. 2:3x or 2:3x@60s: slow worker RANK down (repeatable)")] =
+        None,
+    jitter: Annotated[str | None, typer.Option(
+        help="per-iteration compute noise, DISTRIBUTION:SIGMA, e.g. lognormal:0.3")] = None,
     dataset: Annotated[str | None, typer.Option(
         help="mnist, fashion-mnist, or digits (bundled, offline) [mnist]")] = None,
     data_dir: Annotated[Path | None, typer.Option(
@@ -58,11 +81,17 @@ def launch(
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="TOML file with [cluster], [sync], [train], ... sections")] = None,
+    no_config: Annotated[bool, typer.Option(
+        "--no-config", help="ignore ./psctl.toml, [tool.psctl] and the user config file")] =
+        False,
     db: DbOption = None,
     live: Annotated[bool, typer.Option(help="show live progress")] = True,
+    ui: Annotated[bool, typer.Option(
+        "--ui/--no-ui", help="serve the live dashboard during the run (127.0.0.1)")] = False,
 ) -> None:
     """Train a model on shard servers and workers started on this machine, recording the run."""
     from psctl.launch import print_summary, resolve_config, run_launch
+    from psctl.syncopts import sync_overrides
 
     overrides = {
         "name": name, "cluster.workers": workers, "cluster.servers": servers,
@@ -71,13 +100,20 @@ def launch(
         "train.epochs": epochs, "train.batch_size": batch_size, "train.seed": seed,
         "train.overlap": overlap, "optimizer.lr": lr, "optimizer.momentum": momentum,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,
-        "stop.max_seconds": max_seconds,
+        "stop.max_seconds": max_seconds, "sync.staleness": staleness, "sync.range": dssp_range,
+        "sync.delay": delay, "sync.lookahead": lookahead, "sync.predictor": predictor,
     }
     path = settings.database_path(db)
     started = time.time()
     try:
-        resolved = resolve_config(config, overrides)
-        result = run_launch(resolved, path, err, live=live)
+        overrides |= sync_overrides(stragglers=straggler, jitter=jitter, history=history, db=path)
+        resolved = resolve_config(config, overrides, no_config=no_config)
+        dashboard = _start_dashboard(path) if ui else None
+        try:
+            result = run_launch(resolved, path, err, live=live)
+        finally:
+            if dashboard is not None:
+                dashboard.stop()
         print_summary(result, path, err, started)
     except PsctlError as exc:
         raise _fail(exc) from None
@@ -99,7 +135,8 @@ def runs_ls(
 
     try:
         engine = open_engine(settings.database_path(db), readonly=True)
-        runs = list_runs(engine, status=status, limit=limit)
+        runs = list_runs(engine, status=status, limit=limit,
+                         crash_after_s=settings.crash_after_s())
     except PsctlError as exc:
         raise _fail(exc) from None
     if as_json:
@@ -110,7 +147,7 @@ def runs_ls(
 
 @runs_app.command("show")
 def runs_show(
-    run: Annotated[str, typer.Argument(help="run id, unique id prefix, name, @last or @last~N")],
+    run: RunArgument,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
     db: DbOption = None,
 ) -> None:
@@ -121,7 +158,8 @@ def runs_show(
 
     try:
         engine = open_engine(settings.database_path(db), readonly=True)
-        detail = run_detail(engine, resolve_run(engine, run))
+        detail = run_detail(engine, resolve_run(engine, run),
+                            crash_after_s=settings.crash_after_s())
     except PsctlError as exc:
         raise _fail(exc) from None
     if as_json:
@@ -130,5 +168,74 @@ def runs_show(
         out.print(detail_view(detail))
 
 
+def _start_dashboard(db: Path) -> Any:
+    from webui.server import DEFAULT_PORT, BackgroundServer
+
+    try:
+        server = BackgroundServer(db, port=DEFAULT_PORT)
+        address = server.start()
+    except RuntimeError:  # the usual port is taken (another dashboard?): any free one will do
+        server = BackgroundServer(db, port=0)
+        address = server.start()
+    err.print(f"dashboard: {address}/runs/@last", highlight=False)
+    return server
+
+
+@app.command("ui")
+def ui_command(
+    db: DbOption = None,
+    host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the dashboard "
+                                      "to the network")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8765,
+) -> None:
+    """Serve the live dashboard over the experiments database (read-only)."""
+    from webui.server import serve
+
+    path = settings.database_path(db)
+    err.print(f"psctl dashboard on http://{host}:{port} over {path} (Ctrl-C stops it)",
+              highlight=False)
+    serve(path, host=host, port=port)
+
+
+from psctl.commands import register  # noqa: E402  (compare, export, runs rm/tag, config)
+
+register(app, runs_app)
+
+
+@zipline_app.command("replay")
+def zipline_replay(
+    run: Annotated[str, typer.Argument(help="run id, unique id prefix, name, @last or @last~N")],
+    lookahead: Annotated[int | None, typer.Option(
+        min=1, help="R to replay with [the run's sync.lookahead, or 15]")] = None,
+    predictor: Annotated[str | None, typer.Option(
+        help="last or ewma [the run's sync.predictor, or ewma]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+    db: DbOption = None,
+) -> None:
+    """Replay a recorded run's timings: per sync, predicted vs actual end times, the wait
+    ZipLine would choose and the wait actually observed. Tune R and the predictor from it."""
+    from engine.db import open_engine
+    from engine.db.queries import resolve_run
+    from engine.replay import replay_run
+    from engine.timings import PREDICTORS
+    from psctl.replay_view import replay_summary, replay_table
+
+    if predictor is not None and predictor not in PREDICTORS:
+        err.print(f"[red]error:[/] unknown predictor {predictor!r} (known: "
+                  f"{', '.join(PREDICTORS)})", highlight=False)
+        raise typer.Exit(settings.EXIT_USAGE)
+    try:
+        engine = open_engine(settings.database_path(db), readonly=True)
+        replay = replay_run(engine, resolve_run(engine, run), lookahead=lookahead,
+                            predictor=predictor).to_dict()
+    except PsctlError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(replay, indent=2))
+    else:
+        out.print(replay_table(replay))
+        out.print(replay_summary(replay))
+
+
 def main() -> None:
-    app()
+    app(prog_name="psctl")

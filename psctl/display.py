@@ -82,9 +82,18 @@ def detail_view(detail: RunDetail) -> Group:
     if detail.reason:
         lines.append(Text(f"reason: {detail.reason}", style="yellow"))
     lines.append(_workers_table(detail))
+    if detail.syncs is not None:
+        lines.append(Text(
+            f"ElasticBSP: {detail.syncs.barriers} barriers, mean predicted wait "
+            f"{_ms(detail.syncs.predicted_wait_mean_s)}, mean actual wait "
+            f"{_ms(detail.syncs.actual_wait_mean_s)} (psctl zipline replay {run.id[:8]})"))
     if detail.evaluations:
         lines.append(_evaluations_table(detail))
     return Group(*lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
 def _workers_table(detail: RunDetail) -> Table:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from engine.config import RunConfig, build_config, load_toml
+from engine.config import RunConfig, build_config
 from engine.datasets import locate
 from engine.db import open_engine
 from engine.db.queries import progress
@@ -18,11 +18,14 @@ from engine.launcher import Launcher, LaunchResult
 from psctl.display import fmt_pct, fmt_seconds, progress_view, status_text
 
 
-def resolve_config(config_file: Path | None, overrides: dict[str, Any]) -> RunConfig:
-    """Defaults < TOML file < flags; the data set's location is checked and pinned here so
-    that a missing file fails now, before any process starts, with a message saying what to do."""
-    file_values = load_toml(config_file) if config_file is not None else {}
-    config = build_config(file_values, overrides)
+def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
+                   no_config: bool = False) -> RunConfig:
+    """Defaults < user file < project file < --config < PSCTL_* env < flags (see
+    psctl.configsources); the data set's location is checked and pinned here so that a missing
+    file fails now, before any process starts, with a message saying what to do."""
+    from psctl.configsources import layers, merged_values
+
+    config = build_config(merged_values(layers(config_file, no_config=no_config)), overrides)
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     source = locate(config.data.dataset, data_dir, allow_download=True)
     if source != "sklearn":

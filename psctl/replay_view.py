@@ -41,9 +41,12 @@ def replay_summary(replay: dict[str, Any]) -> Text:
         return Text("no decision point to replay: the run needs at least two recorded pushes "
                     "per worker (and, for ElasticBSP, one completed prediction)")
     matches = [s["matches_recorded"] for s in syncs if s["matches_recorded"] is not None]
-    parts = [f"{len(syncs)} syncs", f"mean predicted wait {_ms(_mean([s['predicted_wait'] for s in syncs]))} ms",
-             f"mean actual spread {_ms(_mean([s['actual_spread'] for s in syncs]))} ms",
-             f"mean prediction error {_ms(_mean([s['mean_abs_error'] for s in syncs]))} ms"]
+    def mean_ms(key: str) -> str:
+        return _ms(_mean([s[key] for s in syncs]))
+
+    parts = [f"{len(syncs)} syncs", f"mean predicted wait {mean_ms('predicted_wait')} ms",
+             f"mean actual spread {mean_ms('actual_spread')} ms",
+             f"mean prediction error {mean_ms('mean_abs_error')} ms"]
     if matches:
         parts.append(f"{sum(matches)}/{len(matches)} decisions as recorded")
     return Text(", ".join(parts))

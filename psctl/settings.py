@@ -13,6 +13,8 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 4
 EXIT_INTERRUPTED = 130
 
+CRASH_ENV_VAR = "PSCTL_CRASH_AFTER_S"
+
 
 def database_path(option: Path | None) -> Path:
     """``--db`` over ``PSCTL_DB`` over ./experiments.db."""
@@ -20,3 +22,23 @@ def database_path(option: Path | None) -> Path:
         return option
     from_env = os.environ.get("PSCTL_DB")
     return Path(from_env) if from_env else DEFAULT_DB
+
+
+def crash_after_s() -> float:
+    """Seconds without a heartbeat after which a ``running`` run reads as ``crashed``.
+
+    ``PSCTL_CRASH_AFTER_S`` overrides the default (15 s), e.g. for tests or slow file systems.
+    """
+    from engine.db.queries import CRASH_AFTER_S
+    from engine.errors import ConfigError
+
+    raw = os.environ.get(CRASH_ENV_VAR)
+    if not raw:
+        return CRASH_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{CRASH_ENV_VAR}={raw!r} is not a positive number of seconds")
+    return value

@@ -53,3 +53,14 @@ def test_readme_mnist_example_runs(tmp_path: Path, mnist_dir: Path) -> None:
         shown = _run_psctl(line, db)
         assert shown.returncode == 0, shown.stderr
         assert "bsp" in shown.stdout
+
+
+def test_readme_consistency_examples_run(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    block = next(b for b in _bash_blocks() if "--sync elastic" in b)
+    for line in (line for line in block.splitlines() if line.strip()):
+        extra = " --no-live" if line.startswith("psctl launch") else ""
+        done = _run_psctl(line + extra, db)
+        assert done.returncode == 0, (line, done.stderr)
+        if line.startswith("psctl zipline replay"):
+            assert "R = 30, predictor last" in done.stdout

@@ -1,36 +1,116 @@
-"""A minimal read-only JSON API over the experiments database; the live dashboard grows here."""
+"""The live dashboard: HTML pages, the JSON API (:mod:`webui.api`) and the websocket push
+(:mod:`webui.live`), all reading the experiments database read-only.
+
+Plotly's JavaScript is served from the installed ``plotly`` Python package, so no CDN is
+contacted and no third-party JavaScript lives in this repository.
+"""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request, WebSocket
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import Engine
 
 from engine.db import open_engine
-from engine.db.queries import list_runs, resolve_run, run_detail
-from engine.errors import RunNotFound, StoreError
+from engine.db.queries import resolve_run
+from engine.errors import PsctlError, RunNotFound
+from webui import live
+from webui.api import router
+
+HERE = Path(__file__).resolve().parent
+templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def plotly_js() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+class _LazyEngine:
+    """Opens the database on first use (it may not exist when the server starts) and keeps it."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = open_engine(self.db, readonly=True)
+            return self._engine
+
+    def dispose(self) -> None:
+        with self._lock:
+            if self._engine is not None:
+                self._engine.dispose()
+                self._engine = None
 
 
 def create_app(db: Path) -> FastAPI:
-    app = FastAPI(title="psctl dashboard", version="0.1.0")
+    engine = _LazyEngine(Path(db))
 
-    def engine() -> Any:
-        try:
-            return open_engine(db, readonly=True)
-        except StoreError as exc:
-            raise HTTPException(503, str(exc)) from None
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
 
-    @app.get("/api/runs")
-    def runs(status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        return [run.to_dict() for run in list_runs(engine(), status=status, limit=limit)]
-
-    @app.get("/api/runs/{selector}")
-    def run(selector: str) -> dict[str, Any]:
-        store = engine()
-        try:
-            return run_detail(store, resolve_run(store, selector)).to_dict()
-        except RunNotFound as exc:
-            raise HTTPException(404, str(exc)) from None
-
+    app = FastAPI(title="psctl dashboard", version="0.2.0", lifespan=lifespan,
+                  description="Read-only views of the psctl experiments database.")
+    app.state.engine = engine
+    app.state.db = Path(db)
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    _add_pages(app, engine)
     return app
+
+
+def _add_pages(app: FastAPI, engine: _LazyEngine) -> None:
+    @app.get("/vendor/plotly.min.js", include_in_schema=False)
+    def plotly() -> FileResponse:
+        # Long-lived: the file only changes with the installed plotly version.
+        return FileResponse(plotly_js(), media_type="text/javascript",
+                            headers={"Cache-Control": "public, max-age=86400"})
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def runs_page(request: Request) -> Any:
+        return templates.TemplateResponse(request, "runs.html", {"db": str(app.state.db)})
+
+    @app.get("/runs/{selector}", response_class=HTMLResponse, include_in_schema=False)
+    def run_page(request: Request, selector: str) -> Any:
+        run_id = _resolve(engine, selector)
+        return templates.TemplateResponse(request, "run.html", {"run_id": run_id})
+
+    @app.get("/compare", response_class=HTMLResponse, include_in_schema=False)
+    def compare_page(request: Request, runs: str = "") -> Any:
+        ids = [_resolve(engine, s) for s in runs.split(",") if s.strip()]
+        return templates.TemplateResponse(request, "compare.html", {"run_ids": ids})
+
+    @app.websocket("/ws/runs/{run_id}")
+    async def run_socket(socket: WebSocket, run_id: str) -> None:
+        try:
+            store = engine()
+        except PsctlError as exc:
+            await socket.accept()
+            await socket.send_json({"type": "error", "message": str(exc)})
+            await socket.close()
+            return
+        await live.serve(socket, store, run_id)
+
+
+def _resolve(engine: _LazyEngine, selector: str) -> str:
+    try:
+        return resolve_run(engine(), selector)
+    except RunNotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except PsctlError as exc:
+        raise HTTPException(503, str(exc)) from None

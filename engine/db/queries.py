@@ -30,7 +30,7 @@ from sqlalchemy import (
     select,
 )
 
-from engine.db.schema import STORED_STATUSES, evaluations, events, iterations, runs
+from engine.db.schema import STORED_STATUSES, evaluations, events, iterations, runs, syncs
 from engine.db.schema import translate_errors as _translate_errors
 from engine.errors import AmbiguousRun, RunNotFound, StoreError
 
@@ -123,6 +123,15 @@ class EventEntry(_Dictable):
 
 
 @dataclass(frozen=True)
+class SyncSummary(_Dictable):
+    """ElasticBSP barriers that every worker reached (the monitoring one not counted)."""
+
+    barriers: int
+    predicted_wait_mean_s: float | None
+    actual_wait_mean_s: float | None
+
+
+@dataclass(frozen=True)
 class RunDetail(_Dictable):
     summary: RunSummary
     reason: str | None
@@ -132,6 +141,7 @@ class RunDetail(_Dictable):
     evaluations: tuple[EvaluationPoint, ...]
     event_counts: dict[str, int]
     recent_events: tuple[EventEntry, ...]  # the last RECENT_EVENTS, oldest first
+    syncs: SyncSummary | None = None  # ElasticBSP runs only
 
 
 @dataclass(frozen=True)
@@ -256,6 +266,24 @@ def list_runs(
         return [_summary(row, now, crash_after_s) for row in conn.execute(stmt)]
 
 
+def run_summaries(
+    engine: Engine,
+    run_ids: Sequence[str],
+    *,
+    now: float | None = None,
+    crash_after_s: float = CRASH_AFTER_S,
+) -> list[RunSummary]:
+    """Summaries of the given runs, in the order given; unknown ids raise RunNotFound."""
+    now = time.time() if now is None else now
+    stmt = _summary_select().where(runs.c.id.in_(list(run_ids)))
+    with _reading(engine, "reading runs") as conn:
+        found = {row.id: _summary(row, now, crash_after_s) for row in conn.execute(stmt)}
+    missing = [run_id for run_id in run_ids if run_id not in found]
+    if missing:
+        raise RunNotFound(f"no run with id {missing[0]!r}")
+    return [found[run_id] for run_id in run_ids]
+
+
 # -- resolving selectors -------------------------------------------------------------------------
 
 _LAST = re.compile(r"@last(?:~(\d+))?")
@@ -351,7 +379,16 @@ def run_detail(
             evaluations=tuple(_evaluation_points(conn, run_id)),
             event_counts={str(kind): int(n) for kind, n in counts},
             recent_events=tuple(_recent_events(conn, run_id)),
+            syncs=_sync_summary(conn, run_id),
         )
+
+
+def _sync_summary(conn: Connection, run_id: str) -> SyncSummary | None:
+    count, predicted, actual = conn.execute(
+        select(func.count(), func.avg(syncs.c.predicted_wait), func.avg(syncs.c.actual_wait))
+        .where(syncs.c.run_id == run_id, syncs.c.predictor != "monitoring",
+               syncs.c.released_at.is_not(None))).one()
+    return SyncSummary(count, predicted, actual) if count else None
 
 
 def _fetch_run(conn: Connection, run_id: str) -> Row[Any]:

@@ -103,6 +103,33 @@ iterations = Table(
     sqlite_with_rowid=False,
 )
 
+# Per (run, worker, whole second since the run started): what the dashboard charts, summed so
+# that a page over a million iterations reads thousands of rows instead. Rebuilt by the recorder
+# from the iterations rows in the same transaction that inserts them, so it always agrees with
+# them; runs recorded before it existed have none, and readers then aggregate the iterations.
+iteration_rollups = Table(
+    "iteration_rollups",
+    metadata,
+    Column("run_id", Text, _run_fk(), primary_key=True),
+    Column("worker", Integer, primary_key=True),
+    Column("second", Integer, primary_key=True),  # floor(ended_at - runs.started_at)
+    Column("n", Integer, nullable=False),
+    Column("last_ended_at", REAL, nullable=False),
+    Column("last_iteration", Integer, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("compute_s", REAL, nullable=False),
+    Column("push_s", REAL, nullable=False),
+    Column("pull_s", REAL, nullable=False),
+    Column("wait_s", REAL, nullable=False),
+    Column("staleness_min", Integer, nullable=False),
+    Column("staleness_max", Integer, nullable=False),
+    Column("loss_min", REAL),
+    Column("loss_max", REAL),
+    Column("bytes_sent", Integer, nullable=False),
+    Column("bytes_received", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
+
 evaluations = Table(
     "evaluations",
     metadata,

@@ -138,3 +138,15 @@ def test_make_controller_refuses_an_unknown_model(name: str) -> None:
         make_controller(name, workers=2, keys=4)
     assert str(caught.value) == (f"unknown consistency model {name!r} (known: bsp, asp, ssp, "
                                  "bounded-delay, dssp, elastic)")
+
+
+def test_one_by_one_models_apply_a_workers_share_of_each_push_by_default() -> None:
+    from engine.config import SyncConfig
+
+    for model in ("asp", "ssp", "dssp", "bounded-delay", "elastic"):
+        controller = make_controller(model, workers=4, keys=2)
+        update = controller.on_push(0, 0, grad(4.0, 8.0))
+        assert update is not None and update.tolist() == [1.0, 2.0], model
+    summed = make_controller(SyncConfig(model="asp", push_scale="sum"), workers=4, keys=2)
+    update = summed.on_push(0, 0, grad(4.0, 8.0))
+    assert update is not None and update.tolist() == [4.0, 8.0]

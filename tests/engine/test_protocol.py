@@ -20,9 +20,9 @@ from engine.errors import BadPayload, FrameTooLarge, ProtocolError
 from engine.keys import KeyRange
 from engine.protocol import (
     ANY_CLOCK,
+    FLAG_FINAL,
     HEADER_BYTES,
     MAGIC,
-    FLAG_FINAL,
     MAX_NDIM,
     PROTOCOL_VERSION,
     DType,

@@ -255,3 +255,21 @@ def test_mark_ended_on_a_missing_database_creates_nothing(tmp_path: Path) -> Non
     path = tmp_path / "none.db"
     assert Recorder.mark_ended(path, "x", RunStatus.FAILED, None) is False
     assert not path.exists()
+
+
+def test_rollups_agree_with_the_rows_despite_duplicates(recorder: Recorder, db: Path) -> None:
+    run_id = start(recorder)
+    recorder.record_iterations([iteration(0, i, loss=None if i == 3 else 1.0 + i)
+                                for i in range(6)])
+    recorder.flush()
+    # A retried report (duplicates) together with rows landing in seconds already rolled up.
+    recorder.record_iterations([iteration(0, 4), iteration(0, 5), iteration(1, 0),
+                                iteration(1, 1, staleness=7)])
+    recorder.flush()
+    rolled = query(db, "SELECT worker, second, n, last_iteration, staleness_max, loss_min "
+                   "FROM iteration_rollups WHERE run_id = ? ORDER BY worker, second", run_id)
+    assert [r[:4] for r in rolled] == [(0, i, 1, i) for i in range(6)] + [(1, 0, 1, 0),
+                                                                          (1, 1, 1, 1)]
+    assert rolled[3][5] is None and rolled[-1][4] == 7
+    assert query(db, "SELECT sum(n) FROM iteration_rollups")[0][0] == query(
+        db, "SELECT iteration_count FROM runs")[0][0] == 8

@@ -287,7 +287,8 @@ def test_asp_interleaved_clients_see_staleness(rig: Rig) -> None:
     assert (pushed_b.staleness, pushed_b.versions) == (1, {0: 1})  # a's update came between
     values, result = pull(a, keys, 1)
     assert result.versions == {0: 2}
-    np.testing.assert_allclose(values, START8 - LR * (grad_a + grad_b))
+    # each of the two workers' pushes applies half its gradient (push_scale "mean")
+    np.testing.assert_allclose(values, START8 - LR * (grad_a + grad_b) / 2)
 
 
 def test_push_of_a_repeated_clock_is_refused(rig: Rig) -> None:

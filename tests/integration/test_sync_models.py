@@ -152,3 +152,7 @@ def test_runs_show_reports_idle_time_and_staleness_per_worker(
         assert worker["wait_s_total"] >= 0 and worker["staleness_max"] >= 0
     text = psctl("runs", "show", ids[model], db=db).stdout
     assert "wait" in text and "stale" in text
+    if model == "elastic":
+        assert detail["syncs"]["barriers"] >= 3 and "ElasticBSP:" in text
+    else:
+        assert detail["syncs"] is None

@@ -1,0 +1,272 @@
+"""ZipLine: where ElasticBSP places the next synchronisation barrier.
+
+ElasticBSP (Zhao et al., ICDM 2019) lets workers run ahead of each other and synchronises them at a
+future point chosen so that their waiting is smallest. ``times[i, j]`` is the predicted end time of
+worker i's j-th next iteration (n workers, R iterations ahead, every row non-decreasing).
+:func:`search` picks one iteration ``r[i]`` per worker so that the spread
+``d = max_i times[i, r[i]] - min_i times[i, r[i]]`` (what the first finisher waits for the last) is
+as small as possible. The barrier falls at the latest of the chosen end times.
+
+The answer is fully determined, and every variant returns exactly the same ``(r, d)``:
+
+1. ``d`` is the smallest spread over all R**n choices, each spread computed in float64 as
+   ``max - min`` of the chosen times;
+2. ``right``, the barrier, is the earliest: the smallest max among the choices of spread ``d``;
+3. ``left`` is the largest min among the choices of spread ``d`` and max ``right``, that is the
+   tightest window ending at ``right``: ``min_i`` of worker i's latest time ``<= right``;
+4. each worker takes its earliest iteration inside ``[left, right]``: ``r[i]`` is the smallest j
+   with ``times[i, j] >= left``. This ``r`` has min ``left`` and max ``right``, and it is the
+   lexicographically smallest of the choices that do.
+
+Rule 3 only matters under rounding: two windows with the same right end and different left ends
+can have the same float64 spread; the tighter one wins, as it is the truly shorter wait.
+
+Variants (all exact; ``DEFAULT_VARIANT`` is the fastest):
+
+* ``"vectorized"``: for every candidate left end L (a time no later than the earliest last time,
+  else some worker has no iteration left), the minimal right end is ``max_i`` of worker i's first
+  time ``>= L``, which is the largest successor of any time ``< L`` (a worker's first iteration
+  has no predecessor and always counts). One sort of the candidates and a running maximum of
+  their successors give every right end at once: O(nR log(nR)) in numpy.
+* ``"optbs"``: ZipLineOptBS, the n x R matrix plus binary search: for every candidate L, a binary
+  search in every worker's row finds its first time ``>= L``; the right end is their maximum.
+  Vectorised over the candidates (one ``np.searchsorted`` per worker); the slowest workers go
+  first, and after ``PRUNE_AFTER_WORKERS`` of them the candidates whose partial spread already
+  exceeds a known window's are dropped. O(n C log R) for C candidates, before pruning.
+* ``"zipline"``: the published sweep over all nR times merged in time order, keeping a scanning
+  set of each worker's latest time in time order; each new time replaces its worker's older one
+  (found by a linear search), and once every worker is present the window from the set's leftmost
+  time to the new time is a candidate. O(nR log(nR) + n^2 R) in pure Python.
+* ``"opt"``: ZipLineOpt, the same sweep, but when the new time belongs to the worker of the
+  leftmost time that one is popped without a search; otherwise the leftmost time stays, the
+  window can only grow, and it is not evaluated.
+* ``"brute"``: every one of the R**n choices (at most ``MAX_BRUTE_COMBINATIONS``), for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+Times = npt.NDArray[np.float64]
+Choice = npt.NDArray[np.int64]
+Window = tuple[float, float]  # (left, right): the chosen times lie in [left, right]
+
+MAX_BRUTE_COMBINATIONS = 10**6
+DEFAULT_VARIANT = "vectorized"  # the fastest (bench/zipline.py)
+
+
+def search(times: np.ndarray, variant: str = DEFAULT_VARIANT) -> tuple[np.ndarray, float]:
+    """The choice ``r`` (one future iteration per worker) of smallest spread, and the spread ``d``.
+
+    ``times`` is an (n, R) array of predicted end times, every row non-decreasing. Raises
+    ``ValueError`` on an unknown variant or on input that is not such an array.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known variants: {', '.join(VARIANTS)}")
+    checked = _validated(times)
+    if variant == "brute":
+        return _brute(checked)
+    left, _ = _WINDOW_FINDERS[variant](checked)
+    return _assign(checked, left)
+
+
+def _validated(times: np.ndarray) -> Times:
+    array = np.ascontiguousarray(times, dtype=np.float64)
+    if array.ndim != 2:
+        raise ValueError(f"times must be 2-D (workers x iterations), got {array.ndim}-D")
+    if array.size == 0:
+        raise ValueError(f"times is empty (shape {array.shape}): need >= 1 worker and iteration")
+    if not np.isfinite(array).all():
+        raise ValueError("times contains NaN or inf")
+    decreasing = np.argwhere(array[:, 1:] < array[:, :-1])
+    if decreasing.size:
+        worker, j = (int(k) for k in decreasing[0])
+        raise ValueError(
+            f"times row {worker} decreases (times[{worker}, {j}] = {float(array[worker, j])!r} > "
+            f"times[{worker}, {j + 1}] = {float(array[worker, j + 1])!r}); rows must be "
+            "non-decreasing"
+        )
+    with np.errstate(over="ignore"):
+        span = array.max() - array.min()
+    if not np.isfinite(span):
+        raise ValueError("times span more than float64 can hold (max - min overflows)")
+    return array
+
+
+def _first_at_or_after(times: Times, left: float) -> Choice:
+    """Each worker's earliest iteration ending at or after ``left`` (rows are sorted)."""
+    return np.count_nonzero(times < left, axis=1).astype(np.int64)
+
+
+def _assign(times: Times, left: float) -> tuple[Choice, float]:
+    """Rule 4: each worker's earliest time >= left; the spread of that choice."""
+    choice = _first_at_or_after(times, left)
+    chosen = times[np.arange(times.shape[0]), choice]
+    return choice, float(chosen.max() - chosen.min())
+
+
+def _tightest(lefts: Times, rights: Times) -> Window:
+    """Rules 1-3, given candidate left ends and their minimal right ends, both non-decreasing."""
+    first_best = int(np.argmin(rights - lefts))  # the first has the earliest right end
+    right = rights[first_best]
+    latest_same_right = int(np.searchsorted(rights, right, side="right")) - 1
+    return float(lefts[latest_same_right]), float(right)
+
+
+# -- vectorized -------------------------------------------------------------------------------
+
+
+def _vectorized_window(times: Times) -> Window:
+    last_left = times[:, -1].min()  # a later left end leaves some worker without an iteration
+    flat = times.ravel()
+    kept = np.flatnonzero(flat <= last_left)
+    order = kept[np.argsort(flat[kept])]
+    lefts = flat[order]
+    # once L passes a time, its worker's next time becomes a candidate for the right end; a
+    # worker's last time is only kept when it equals last_left, so it never hands over
+    successors = np.empty_like(times)
+    successors[:, :-1] = times[:, 1:]
+    successors[:, -1] = np.inf
+    reach = np.maximum.accumulate(successors.ravel()[order])
+    run_starts = np.flatnonzero(np.concatenate(([True], lefts[1:] != lefts[:-1])))
+    reach_of_earlier = np.concatenate(([-np.inf], reach))[run_starts]  # times strictly < L
+    rights = np.maximum(reach_of_earlier, times[:, 0].max())  # first iterations always count
+    return _tightest(lefts[run_starts], rights)
+
+
+# -- ZipLineOptBS -----------------------------------------------------------------------------
+
+
+PRUNE_AFTER_WORKERS = 32
+
+
+def _optbs_window(times: Times) -> Window:
+    lefts = np.unique(times[times <= times[:, -1].min()])  # sorted candidate left ends
+    rights = np.full(lefts.shape, -np.inf)
+    # the slowest workers first: their sparse times push the right ends furthest, so after a
+    # few of them most candidates are already worse than a known window and can be dropped
+    by_span = times[np.argsort(times[:, 0] - times[:, -1], kind="stable")]
+    for row in by_span[:PRUNE_AFTER_WORKERS]:
+        np.maximum(rights, row[np.searchsorted(row, lefts)], out=rights)
+    spreads = rights - lefts  # lower bounds of the true spreads
+    bound = _spread_from(times, float(lefts[int(np.argmin(spreads))]))
+    # every candidate of spread <= bound survives, so rules 1-3 see all they need
+    survivors = spreads <= bound
+    lefts, rights = lefts[survivors], rights[survivors]
+    for row in by_span[PRUNE_AFTER_WORKERS:]:
+        np.maximum(rights, row[np.searchsorted(row, lefts)], out=rights)
+    return _tightest(lefts, rights)
+
+
+def _spread_from(times: Times, left: float) -> float:
+    """The spread of the tightest window starting at ``left``, a candidate left end."""
+    firsts = times[np.arange(times.shape[0]), _first_at_or_after(times, left)]
+    return float(firsts.max() - left)
+
+
+# -- ZipLine and ZipLineOpt: the sweep over merged times --------------------------------------
+
+
+def _merged(times: Times) -> tuple[list[float], list[int]]:
+    """All times in time order (ties by worker, then iteration) and the worker of each."""
+    order = np.argsort(times, axis=None, kind="stable")
+    return times.ravel()[order].tolist(), (order // times.shape[1]).tolist()
+
+
+def _better(key: tuple[float, float, float], best: tuple[float, float, float] | None) -> bool:
+    """Keys are (spread, right, -left): rules 1-3 as one lexicographic order."""
+    return best is None or key < best
+
+
+def _zipline_window(times: Times) -> Window:
+    workers = times.shape[0]
+    seen = [False] * workers
+    scan_workers: list[int] = []  # the scanning set: each worker's latest time, in time order
+    scan_times: list[float] = []
+    best: tuple[float, float, float] | None = None
+    for time, worker in zip(*_merged(times), strict=True):
+        if seen[worker]:
+            older = scan_workers.index(worker)  # the search step
+            del scan_workers[older], scan_times[older]
+        seen[worker] = True
+        scan_workers.append(worker)
+        scan_times.append(time)
+        if len(scan_workers) == workers:
+            key = (time - scan_times[0], time, -scan_times[0])
+            if _better(key, best):
+                best = key
+    assert best is not None  # the last time completes the set
+    return -best[2], best[1]
+
+
+def _opt_window(times: Times) -> Window:
+    missing = times.shape[0]
+    seen = [False] * missing
+    # the scanning set is scan_*[head:]; popping the leftmost time just moves head
+    scan_workers: list[int] = []
+    scan_times: list[float] = []
+    head = 0
+    best: tuple[float, float, float] | None = None
+    for time, worker in zip(*_merged(times), strict=True):
+        if not seen[worker]:
+            seen[worker] = True
+            missing -= 1
+            leftmost_changed = missing == 0  # the set is complete for the first time
+        elif scan_workers[head] == worker:  # the leftmost time is the older one: no search
+            head += 1
+            leftmost_changed = True
+        else:  # same leftmost, later right end: this window cannot beat the previous one
+            older = scan_workers.index(worker, head)
+            del scan_workers[older], scan_times[older]
+            leftmost_changed = False
+        scan_workers.append(worker)
+        scan_times.append(time)
+        if leftmost_changed and missing == 0:
+            key = (time - scan_times[head], time, -scan_times[head])
+            if _better(key, best):
+                best = key
+    assert best is not None
+    return -best[2], best[1]
+
+
+# -- brute force ------------------------------------------------------------------------------
+
+
+def _brute(times: Times) -> tuple[Choice, float]:
+    workers, width = times.shape
+    total = width**workers
+    if total > MAX_BRUTE_COMBINATIONS:
+        raise ValueError(
+            f"brute force needs R**n = {width}**{workers} choices, more than "
+            f"{MAX_BRUTE_COMBINATIONS:,}"
+        )
+    # choice number k, written in base R with worker 0 as the most significant digit, so that
+    # the numbering follows the lexicographic order of the choices
+    numbers = np.arange(total)
+    rights = np.full(total, -np.inf)
+    lefts = np.full(total, np.inf)
+    for worker in range(workers):
+        chosen = times[worker, numbers // width ** (workers - 1 - worker) % width]
+        np.maximum(rights, chosen, out=rights)
+        np.minimum(lefts, chosen, out=lefts)
+    spreads = rights - lefts
+    best = spreads == spreads.min()
+    best &= rights == rights[best].min()
+    best &= lefts == lefts[best].max()
+    number = int(np.argmax(best))  # the lexicographically first of the best choices
+    digits = [number // width ** (workers - 1 - worker) % width for worker in range(workers)]
+    choice = np.array(digits, dtype=np.int64)
+    chosen_times = times[np.arange(workers), choice]
+    return choice, float(chosen_times.max() - chosen_times.min())
+
+
+_WINDOW_FINDERS: dict[str, Callable[[Times], Window]] = {
+    "vectorized": _vectorized_window,
+    "optbs": _optbs_window,
+    "opt": _opt_window,
+    "zipline": _zipline_window,
+}
+VARIANTS: tuple[str, ...] = (*_WINDOW_FINDERS, "brute")

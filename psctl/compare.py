@@ -1,0 +1,151 @@
+"""``psctl compare``: one row per run, the config keys that differ, then the measured outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Engine
+
+from engine.db.metrics import RunMetrics, RunRecord, run_metrics
+from psctl.selection import UsageError, flatten, text
+
+Better = Literal["max", "min"] | None
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str  # the JSON / CSV field name
+    header: str  # the table heading
+    kind: str  # how the table formats it: text, config, pct, secs, rate, num, int, speedup
+    better: Better = None  # which end is best, for highlighting and --sort-by
+
+
+@dataclass(frozen=True)
+class Comparison:
+    columns: tuple[Column, ...]
+    rows: list[dict[str, Any]]
+
+
+_HEAD = (Column("id", "run", "text"), Column("name", "name", "text"))
+_METRICS = (
+    Column("status", "status", "text"),
+    Column("wall_s", "wall s", "secs", "min"),
+    Column("final_accuracy", "final acc", "pct", "max"),
+    Column("best_accuracy", "best acc", "pct", "max"),
+    Column("time_to_target_s", "to target s", "secs", "min"),
+    Column("samples_per_s", "samples/s", "rate", "max"),
+    Column("staleness_mean", "stale mean", "num", "min"),
+    Column("staleness_p95", "stale p95", "int", "min"),
+    Column("idle_fraction", "idle", "pct", "min"),
+    Column("bytes_per_sample", "bytes/sample", "rate", "min"),
+    Column("speedup", "speedup", "speedup", "max"),
+)
+_NOT_A_DIFFERENCE = {"name"}  # the name column shows it (and may differ from the config)
+
+
+def compare(
+    engine: Engine,
+    records: Sequence[RunRecord],
+    *,
+    target: float | None = None,
+    baseline: RunRecord | None = None,
+    show_all: bool = False,
+) -> Comparison:
+    """The comparison table of ``records``; speedup is baseline time-to-target / the run's."""
+    if baseline is not None and target is None:
+        raise UsageError("--baseline compares time to target: give --target ACCURACY too")
+    measured = {r.summary.id: run_metrics(engine, r.summary.id, target=target) for r in records}
+    base_time = None
+    if baseline is not None:
+        base = measured.get(baseline.summary.id) or run_metrics(
+            engine, baseline.summary.id, target=target
+        )
+        base_time = base.time_to_target_s
+    config_keys = _config_columns(records, show_all)
+    rows = [_row(r, measured[r.summary.id], config_keys, base_time) for r in records]
+    metrics = [
+        c
+        for c in _METRICS
+        if (c.key != "time_to_target_s" or target is not None)
+        and (c.key != "speedup" or baseline is not None)
+    ]
+    config_columns = tuple(Column(k, k, "config") for k in config_keys)
+    return Comparison((*_HEAD, *config_columns, *metrics), rows)
+
+
+def _config_columns(records: Sequence[RunRecord], show_all: bool) -> list[str]:
+    flats = [{**flatten(r.config), **{f"tag.{k}": v for k, v in r.tags.items()}} for r in records]
+    keys = sorted({k for flat in flats for k in flat} - _NOT_A_DIFFERENCE)
+    if show_all:
+        return keys
+    return [k for k in keys if len({text(f.get(k, None)) for f in flats}) > 1]
+
+
+def _row(
+    record: RunRecord, metrics: RunMetrics, config_keys: list[str], base_time: float | None
+) -> dict[str, Any]:
+    run = record.summary
+    flat = {**flatten(record.config), **{f"tag.{k}": v for k, v in record.tags.items()}}
+    reached = metrics.time_to_target_s
+    return {
+        "id": run.id,
+        "name": run.name,
+        **{k: flat.get(k) for k in config_keys},
+        "status": run.status,
+        "wall_s": run.duration_s,
+        "final_accuracy": run.final_accuracy,
+        "best_accuracy": run.best_accuracy,
+        "time_to_target_s": reached,
+        "samples_per_s": metrics.samples_per_s,
+        "staleness_mean": metrics.staleness_mean,
+        "staleness_p95": metrics.staleness_p95,
+        "idle_fraction": metrics.idle_fraction,
+        "bytes_per_sample": metrics.bytes_per_sample,
+        "speedup": base_time / reached if base_time is not None and reached else None,
+    }
+
+
+def sort_rows(comparison: Comparison, sort_by: str | None, top: int | None) -> Comparison:
+    """Best first on a metric column (blanks last), ascending on any other; then the first N."""
+    rows = list(comparison.rows)
+    if sort_by is not None:
+        column = _find_column(comparison, sort_by)
+        present = [r for r in rows if r.get(column.key) is not None]
+        blank = [r for r in rows if r.get(column.key) is None]
+        present.sort(key=lambda r: _sort_key(r[column.key]), reverse=column.better == "max")
+        rows = present + blank
+    if top is not None:
+        rows = rows[: max(0, top)]
+    return Comparison(comparison.columns, rows)
+
+
+def _find_column(comparison: Comparison, name: str) -> Column:
+    aliases = {"time_to_target": "time_to_target_s", "wall": "wall_s", "throughput":
+               "samples_per_s", "accuracy": "final_accuracy"}
+    key = aliases.get(name, name)
+    for column in comparison.columns:
+        if key in (column.key, column.header):
+            return column
+    if key in ("time_to_target_s", "speedup"):
+        raise UsageError(f"sorting by {name} needs --target ACCURACY (and --baseline for speedup)")
+    keys = ", ".join(c.key for c in comparison.columns)
+    raise UsageError(f"cannot sort by {name!r}: the columns are {keys}")
+
+
+def _sort_key(value: Any) -> tuple[int, float, str]:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, text(value))
+
+
+def best_values(comparison: Comparison) -> dict[str, Any]:
+    """The best value of each metric column, where at least two runs have one."""
+    best: dict[str, Any] = {}
+    for column in comparison.columns:
+        values = [r[column.key] for r in comparison.rows if r.get(column.key) is not None]
+        if column.better is None or len(values) < 2 or len(set(values)) < 2:
+            continue
+        best[column.key] = max(values) if column.better == "max" else min(values)
+    return best

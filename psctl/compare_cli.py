@@ -1,0 +1,104 @@
+"""The ``psctl compare`` command: select runs, measure them, write one table, format or plot."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from psctl import settings
+from psctl.cliutil import DbOption, Handled, complete_run, err, fail, out
+from psctl.selection import UsageError
+
+if TYPE_CHECKING:  # the CLI imports these lazily, only when a command runs
+    from sqlalchemy import Engine
+
+    from engine.db.metrics import RunRecord
+    from psctl.compare import Comparison
+
+
+def compare_command(
+    runs: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="runs: id, unique id prefix, name, @last or @last~N [all runs]",
+            autocompletion=complete_run,
+            show_default=False,
+        ),
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option("--where", help="keep runs whose config key, column or tag KEY=VALUE"),
+    ] = None,
+    target: Annotated[
+        float | None, typer.Option(help="accuracy (0-1) for the time-to-target column")
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(help="run whose time to --target is speedup 1", autocompletion=complete_run),
+    ] = None,
+    show_all: Annotated[
+        bool,
+        typer.Option("--all/--only-changed", help="every config key, or only those that differ"),
+    ] = False,
+    sort_by: Annotated[str | None, typer.Option(help="column to sort by, best first")] = None,
+    top: Annotated[int | None, typer.Option(help="only the first N rows", min=0)] = None,
+    plot: Annotated[bool, typer.Option("--plot", help="chart a metric against wall time")] = False,
+    metric: Annotated[
+        str, typer.Option(help="--plot metric: accuracy, loss, step or epoch")
+    ] = "accuracy",
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout")] = False,
+    as_md: Annotated[bool, typer.Option("--md", help="a Markdown table on stdout")] = False,
+    db: DbOption = None,
+) -> None:
+    """Compare runs side by side: differing config, accuracy, time to target, speedup, idle time."""
+    from engine.db import open_engine
+    from engine.db.queries import resolve_run
+    from psctl.compare import compare, sort_rows
+    from psctl.selection import select_runs
+
+    try:
+        if sum((as_json, as_csv, as_md, plot)) > 1:
+            raise UsageError("choose one of --json, --csv, --md and --plot")
+        if target is not None and not 0 < target <= 1:
+            raise UsageError(f"--target is an accuracy between 0 and 1, not {target}")
+        engine = open_engine(settings.database_path(db), readonly=True)
+        crash_after = settings.crash_after_s()
+        records = select_runs(engine, runs or [], where or [], crash_after_s=crash_after)
+        if plot:
+            _print_plot(engine, records, metric)
+            return
+        base = None
+        if baseline is not None:
+            from engine.db.metrics import run_records
+
+            base_id = resolve_run(engine, baseline)
+            base = run_records(engine, [base_id], crash_after_s=crash_after)[0]
+        table = compare(engine, records, target=target, baseline=base, show_all=show_all)
+        table = sort_rows(table, sort_by, top)
+    except Handled as exc:
+        raise fail(exc) from None
+    _write(table, as_json=as_json, as_csv=as_csv, as_md=as_md)
+
+
+def _print_plot(engine: Engine, records: list[RunRecord], metric: str) -> None:
+    from psctl.plot import plot, want_color
+
+    color = want_color() and out.is_terminal
+    typer.echo(plot(engine, records, metric=metric, width=min(out.width, 120), color=color))
+
+
+def _write(table: Comparison, *, as_json: bool, as_csv: bool, as_md: bool) -> None:
+    from psctl.compare_render import csv_text, json_text, markdown, print_table
+
+    if as_json:
+        typer.echo(json_text(table))
+    elif as_csv:
+        typer.echo(csv_text(table), nl=False)
+    elif as_md:
+        typer.echo(markdown(table), nl=False)
+    else:
+        print_table(table, out)
+        if not table.rows:
+            err.print("no runs to show", highlight=False)

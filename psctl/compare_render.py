@@ -1,0 +1,109 @@
+"""Writing a comparison: a rich table, Markdown, CSV or JSON (the last two raw, for programs)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from psctl.compare import Column, Comparison, best_values
+from psctl.display import status_text
+from psctl.selection import text
+
+
+def fmt(column: Column, value: Any) -> str:
+    """A value as a person reads it; undefined values are blank, never zero."""
+    if value is None:
+        return ""
+    match column.kind:
+        case "pct":
+            return f"{100 * value:.2f}%"
+        case "secs":
+            return f"{value:.1f}"
+        case "rate":
+            return f"{value:,.0f}"
+        case "num":
+            return f"{value:.2f}"
+        case "speedup":
+            return f"{value:.2f}×"
+        case "int":
+            return str(value)
+    if column.key == "id":
+        return str(value)[:8]
+    return text(value)
+
+
+def _numeric(column: Column) -> bool:
+    return column.kind not in ("text", "config")
+
+
+def rich_table(comparison: Comparison) -> Table:
+    best = best_values(comparison)
+    table = Table(title=f"{len(comparison.rows)} run(s)", title_justify="left")
+    for column in comparison.columns:
+        table.add_column(column.header, justify="right" if _numeric(column) else "left")
+    for row in comparison.rows:
+        cells: list[Text] = []
+        for column in comparison.columns:
+            value = row.get(column.key)
+            if column.key == "status":
+                cells.append(status_text(str(value)))
+                continue
+            winner = column.key in best and value == best[column.key]
+            cells.append(Text(fmt(column, value), style="bold green" if winner else ""))
+        table.add_row(*cells)
+    return table
+
+
+def print_table(comparison: Comparison, console: Console) -> None:
+    """Print the table; on a terminal too narrow for it, page it at full width instead."""
+    table = rich_table(comparison)
+    width = console.measure(table).maximum
+    if width <= console.width or not console.is_terminal or not sys.stdin.isatty():
+        console.print(table)
+        return
+    # less -S scrolls sideways instead of wrapping each row over several lines.
+    os.environ.setdefault("LESS", "-RS")
+    wide = Console(width=width, force_terminal=True, no_color=console.no_color)
+    with wide.pager(styles=not console.no_color):
+        wide.print(table)
+
+
+def markdown(comparison: Comparison) -> str:
+    columns = comparison.columns
+    lines = [
+        "| " + " | ".join(c.header for c in columns) + " |",
+        "|" + "|".join("---:" if _numeric(c) else "---" for c in columns) + "|",
+    ]
+    for row in comparison.rows:
+        cells = [fmt(c, row.get(c.key)).replace("|", "\\|") for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(comparison: Comparison) -> str:
+    """Raw values: full ids, unrounded numbers, blank for undefined, JSON for lists."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([c.key for c in comparison.columns])
+    for row in comparison.rows:
+        writer.writerow([_csv_cell(row.get(c.key)) for c in comparison.columns])
+    return buffer.getvalue()
+
+
+def _csv_cell(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back as the same float
+    return text(value)
+
+
+def json_text(comparison: Comparison) -> str:
+    rows = [{c.key: row.get(c.key) for c in comparison.columns} for row in comparison.rows]
+    return json.dumps(rows, indent=2)

@@ -1,0 +1,106 @@
+"""The run page in real headless Chromium, while a real run is being recorded.
+
+Debian's ``chromium`` is driven by PyPI's ``playwright`` (``.ci/run`` installs both; no browser
+is downloaded). Every request that does not go to this machine is aborted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from engine.db import open_engine
+from engine.db.queries import list_runs
+from engine.errors import StoreError
+from tests.conftest import REPO
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
+                       "(.ci/run installs it: apt-get install chromium)"),
+    pytest.mark.timeout(180),
+]
+ARTIFACTS = REPO / "test-artifacts"
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+
+
+def _start_run(db: Path) -> subprocess.Popen[str]:
+    # Long enough to watch (stopped by --max-seconds or by the test), small enough for 2 cores.
+    args = ["launch", "--dataset", "digits", "--workers", "2", "--servers", "1", "--epochs",
+            "400", "--batch-size", "16", "--max-seconds", "40", "--name", "browser-run",
+            "--no-live"]
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    return subprocess.Popen([sys.executable, "-m", "psctl", *args], env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for_iterations(db: Path, proc: subprocess.Popen[str], timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "launch exited"
+        if db.exists():
+            try:
+                engine = open_engine(db, readonly=True)
+                runs = list_runs(engine)
+                engine.dispose()
+            except StoreError:
+                runs = []
+            if runs and runs[0].iterations > 0:
+                return runs[0].id
+        time.sleep(0.2)
+    raise AssertionError("the run recorded no iteration in time")
+
+
+def _block_foreign(route: object) -> None:
+    request = route.request  # type: ignore[attr-defined]
+    if urlparse(request.url).hostname in LOCAL_HOSTS or request.url.startswith("data:"):
+        route.continue_()  # type: ignore[attr-defined]
+    else:
+        route.abort()  # type: ignore[attr-defined]
+
+
+def test_run_page_receives_points_live(tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from webui.server import BackgroundServer
+
+    db = tmp_path / "experiments.db"
+    proc = _start_run(db)
+    server = BackgroundServer(db, port=0)
+    try:
+        base = server.start()
+        run_id = _wait_for_iterations(db, proc)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.route("**/*", _block_foreign)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"{base}/runs/{run_id}")
+            page.wait_for_selector("body[data-complete='1']", timeout=30_000)
+            page.evaluate("window.__sameDocument = true")
+            first = page.evaluate("window.__psctl.latestT")
+            points = int(page.get_attribute("#chart-thr", "data-points") or 0)
+            page.wait_for_function(f"window.__psctl.latestT > {first}", timeout=15_000)
+            page.wait_for_function(
+                f"Number(document.querySelector('#chart-thr').dataset.points) > {points}",
+                timeout=15_000)
+            assert page.evaluate("window.__sameDocument") is True  # no reload happened
+            assert page.inner_text("#live-badge") == "live"
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+            browser.close()
+        assert errors == []
+    finally:
+        server.stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)

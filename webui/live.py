@@ -1,0 +1,155 @@
+"""Pushing a run to the browser: one snapshot when a page connects, then only what changed.
+
+The websocket handler polls the database every ``POLL_S`` with a few index lookups
+(:func:`engine.db.series.run_marker`); only when something changed does it read the new rows,
+through per-worker iteration cursors, and send the buckets they fell into, new evaluations,
+events and barriers. The first message of every connection is a full snapshot, so a page that
+reconnects is never left with a gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import WebSocket, WebSocketDisconnect
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+
+from engine.db import series
+from engine.errors import PsctlError
+from webui.metrics import RECORD_FIELDS, derive
+
+POLL_S = 0.25
+ENDED_POLL_S = 1.0
+TIMELINE_EVERY_S = 1.0
+TIMELINE_WINDOW_S = 5.0
+RESNAPSHOT_FACTOR = 2  # once a live run outgrows its buckets this many times, coarsen them
+
+
+@dataclass
+class LiveState:
+    run_id: str
+    workers: int
+    width: float
+    origin: float
+    marker: dict[str, Any]
+    cursors: dict[int, int]
+    unreleased_sync: int = 0
+    timeline_at: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def snapshot(engine: Engine, run_id: str) -> tuple[dict[str, Any], LiveState]:
+    """Everything the run page draws, and the cursors deltas continue from."""
+    now = time.time()
+    marker = series.run_marker(engine, run_id, now)
+    header = series.run_header(engine, run_id, now)
+    workers = int(header["summary"]["workers"])
+    # Cursors before buckets: a row landing in between is counted in a later delta, never lost.
+    cursors = series.worker_cursors(engine, run_id, workers)
+    buckets = series.iteration_buckets(engine, run_id)
+    syncs = series.syncs_from(engine, run_id)
+    state = LiveState(run_id, workers, buckets.width, buckets.origin, marker, cursors,
+                      unreleased_sync=_first_unreleased(syncs, 0))
+    message = {
+        "type": "snapshot", **header, "record_fields": list(RECORD_FIELDS),
+        "origin": buckets.origin, "width": buckets.width, "total_rows": buckets.total_rows,
+        "records": derive(buckets), "last": series.last_points(engine, run_id, workers),
+        "evaluations": series.evaluations_since(engine, run_id),
+        "events": series.events_since(engine, run_id), "syncs": syncs,
+        "timeline": series.recent_iterations(engine, run_id, seconds=TIMELINE_WINDOW_S),
+    }
+    return message, state
+
+
+def staleness_message(engine: Engine, state: LiveState) -> dict[str, Any]:
+    """The staleness histogram up to the snapshot's cursors (sent after the first paint)."""
+    counts = series.staleness_histogram(engine, state.run_id, upto=state.cursors)
+    return {"type": "staleness", "counts": counts, "replace": True}
+
+
+def delta(engine: Engine, state: LiveState) -> dict[str, Any] | None:
+    """What changed since the last call, or None; advances ``state``."""
+    now = time.time()
+    marker = series.run_marker(engine, state.run_id, now)
+    old, state.marker = state.marker, marker
+    if _without_duration(marker) == _without_duration(old):
+        return None  # the duration of a live run grows by itself; the heartbeat says it lives
+    out: dict[str, Any] = {"type": "delta", "summary": marker["summary"]}
+    if marker["iterations"] != old["iterations"]:
+        _add_iterations(engine, state, out, now)
+    if marker["eval_id"] != old["eval_id"]:
+        out["evaluations"] = series.evaluations_since(engine, state.run_id, old["eval_id"])
+    if marker["event_id"] != old["event_id"]:
+        out["events"] = series.events_since(engine, state.run_id, old["event_id"])
+    if marker["syncs"] != old["syncs"]:
+        out["syncs"] = series.syncs_from(engine, state.run_id, state.unreleased_sync)
+        state.unreleased_sync = _first_unreleased(out["syncs"], state.unreleased_sync)
+    return out
+
+
+def _without_duration(marker: dict[str, Any]) -> dict[str, Any]:
+    summary = {k: v for k, v in marker["summary"].items() if k != "duration_s"}
+    return {**marker, "summary": summary}
+
+
+def _add_iterations(engine: Engine, state: LiveState, out: dict[str, Any], now: float) -> None:
+    fresh = series.new_rows(engine, state.run_id, state.workers, state.cursors)
+    state.cursors = fresh.cursors
+    if fresh.first_ended_at is None:
+        return
+    first_bucket = max(0, math.floor((fresh.first_ended_at - state.origin) / state.width))
+    tail = series.iteration_buckets(engine, state.run_id, width=state.width,
+                                    from_bucket=first_bucket)
+    out.update(records=derive(tail), from_bucket=first_bucket, total_rows=tail.total_rows,
+               staleness=fresh.staleness, last=series.last_points(engine, state.run_id,
+                                                                 state.workers))
+    last_bucket = max((r[1] for r in tail.rows), default=0)
+    out["resnapshot"] = last_bucket > RESNAPSHOT_FACTOR * series.DEFAULT_BUCKETS
+    if now - state.timeline_at >= TIMELINE_EVERY_S:
+        state.timeline_at = now
+        out["timeline"] = series.recent_iterations(engine, state.run_id,
+                                                   seconds=TIMELINE_WINDOW_S)
+
+
+def _first_unreleased(syncs: list[dict[str, Any]], default: int) -> int:
+    pending = [s["sync_index"] for s in syncs if s.get("released_at") is None]
+    if pending:
+        return min(pending)
+    return max((s["sync_index"] + 1 for s in syncs), default=default)
+
+
+async def serve(socket: WebSocket, engine: Engine, run_id: str) -> None:
+    """Send a snapshot, then deltas until the page goes away."""
+    await socket.accept()
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        try:
+            message, state = await run_in_threadpool(snapshot, engine, run_id)
+        except PsctlError as exc:
+            await socket.send_json({"type": "error", "message": str(exc)})
+            await socket.close()
+            return
+        await socket.send_json(message)
+        await socket.send_json(await run_in_threadpool(staleness_message, engine, state))
+        await _push_loop(socket, engine, state)
+
+
+async def _push_loop(socket: WebSocket, engine: Engine, state: LiveState) -> None:
+    while True:
+        status = state.marker["summary"]["status"]
+        await asyncio.sleep(POLL_S if status == "running" else ENDED_POLL_S)
+        change = await run_in_threadpool(delta, engine, state)
+        if change is None:
+            continue
+        if change.get("resnapshot"):
+            message, fresh = await run_in_threadpool(snapshot, engine, state.run_id)
+            state.__dict__.update(fresh.__dict__)
+            await socket.send_json(message)
+            await socket.send_json(await run_in_threadpool(staleness_message, engine, state))
+            continue
+        await socket.send_json(change)

@@ -1,0 +1,52 @@
+"""Serving the dashboard: in the foreground (``psctl ui``) or beside a run (``launch --ui``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+DEFAULT_HOST = "127.0.0.1"  # only this machine, unless asked otherwise
+DEFAULT_PORT = 8765
+
+
+def _config(db: Path, host: str, port: int) -> uvicorn.Config:
+    from uvicorn.config import WS_PROTOCOLS
+
+    from webui.app import create_app
+
+    # The sans-I/O implementation avoids the deprecated legacy websockets API where it exists.
+    ws = "websockets-sansio" if "websockets-sansio" in WS_PROTOCOLS else "auto"
+    return uvicorn.Config(create_app(db), host=host, port=port, log_level="warning", ws=ws,
+                          lifespan="on")
+
+
+def serve(db: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    """Serve until interrupted."""
+    uvicorn.Server(_config(db, host, port)).run()
+
+
+class BackgroundServer:
+    """The dashboard in a daemon thread of this process; ``stop()`` shuts it down."""
+
+    def __init__(self, db: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+        self.server = uvicorn.Server(_config(db, host, port))
+        # uvicorn takes signals only on the main thread, so Ctrl-C stays the launcher's.
+        self.thread = threading.Thread(target=self.server.run, name="psctl-ui", daemon=True)
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        """Start serving; the address once it listens (port 0 picks a free port)."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the dashboard did not start (is the port in use?)")
+            time.sleep(0.02)
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)

@@ -1,0 +1,53 @@
+// Shared chart helpers: one place decides titles, axis labels, units and x-axis choice.
+"use strict";
+const PS = {};
+PS.palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+  "#7f7f7f", "#bcbd22", "#17becf"];
+PS.color = (i) => PS.palette[((i % PS.palette.length) + PS.palette.length) % PS.palette.length];
+PS.xTitle = { elapsed: "time since start (s)", wall: "wall time", iteration: "iteration" };
+// x value of a point: wall time as a Date, relative seconds, or iteration number.
+PS.x = (mode, t, origin, it) => mode === "wall" ? new Date(t * 1000)
+  : mode === "iteration" ? it : t - origin;
+PS.layout = (title, xMode, yTitle, extra) => Object.assign({
+  title: { text: title, font: { size: 14 }, x: 0.02 },
+  margin: { l: 58, r: 12, t: 34, b: 48 },
+  xaxis: { title: { text: PS.xTitle[xMode] || xMode }, automargin: true },
+  yaxis: { title: { text: yTitle }, automargin: true, rangemode: "tozero" },
+  legend: { orientation: "h", y: -0.3, yanchor: "top", font: { size: 11 } },
+  hovermode: "closest", uirevision: "keep",
+}, extra || {});
+PS.config = { responsive: true, displaylogo: false };
+PS.draw = (div, traces, layout) => Plotly.react(div, traces, layout, PS.config);
+// TensorBoard-style debiased exponential moving average.
+PS.ema = (ys, weight) => {
+  let last = 0, n = 0;
+  return ys.map((y) => {
+    if (y === null || y === undefined || Number.isNaN(y)) return null;
+    last = last * weight + (1 - weight) * y; n += 1;
+    return last / (1 - Math.pow(weight, n));
+  });
+};
+PS.fmtS = (s) => s >= 3600 ? (s / 3600).toFixed(1) + " h" : s >= 60 ? (s / 60).toFixed(1) + " min"
+  : s.toFixed(1) + " s";
+PS.pct = (v) => v === null || v === undefined ? "–" : (100 * v).toFixed(2) + " %";
+PS.el = (tag, attrs, text) => {
+  const e = document.createElement(tag);
+  Object.entries(attrs || {}).forEach(([k, v]) => e.setAttribute(k, v));
+  if (text !== undefined) e.textContent = text;
+  return e;
+};
+// A chart card: the plot, then "showing N of M points" and download links.
+PS.card = (parent, id, downloads) => {
+  const box = PS.el("div", { class: "chart-box" });
+  const div = PS.el("div", { class: "chart", id: "chart-" + id });
+  const count = PS.el("p", { class: "count", id: "count-" + id });
+  const span = PS.el("span", { class: "shown" });
+  count.appendChild(span);
+  (downloads || []).forEach(([label, href]) => count.appendChild(PS.el("a", { href }, label)));
+  box.append(div, count); parent.appendChild(box);
+  return { div, span };
+};
+PS.setCount = (card, shown, total) => {
+  card.span.textContent = `showing ${shown.toLocaleString()} of ${total.toLocaleString()} points`;
+  card.div.dataset.points = String(shown);
+};

@@ -1,0 +1,217 @@
+// The run page: one websocket, a snapshot then deltas, every chart redrawn from local state.
+"use strict";
+(() => {
+  const RUN = window.PSCTL_RUN;
+  const api = (p) => `/api/runs/${RUN}/${p}`;
+  const dl = (m) => [["CSV", api(`series/${m}/full.csv`)], ["JSON", api(`series/${m}/full.json`)]];
+  const grid = document.getElementById("charts");
+  const cards = {};
+  [["acc", "accuracy"], ["tloss", "test_loss"], ["thr", "throughput"], ["loss", "loss"],
+    ["stale_t", "staleness"], ["stale_h", "staleness"], ["breakdown", "wait"],
+    ["idle", "idle_fraction"], ["timeline", null], ["elastic", null], ["bytes", "bytes_sent"]]
+    .forEach(([id, m]) => { cards[id] = PS.card(grid, id, m ? dl(m) : []); });
+  const S = { records: new Map(), evals: [], events: [], syncs: new Map(), stale: new Map(),
+    last: [], timeline: [], summary: null, origin: 0, width: 1, total: 0, f: {} };
+  const probe = window.__psctl = { firstPaint: null, renders: [], latestT: null, messages: 0 };
+  const xSel = document.getElementById("x-axis");
+  xSel.addEventListener("change", () => schedule());
+
+  function applySnapshot(m) {
+    S.f = Object.fromEntries(m.record_fields.map((n, i) => [n, i]));
+    S.records = new Map(); S.syncs = new Map(); S.stale = new Map();
+    S.origin = m.origin; S.width = m.width; S.evals = m.evaluations; S.events = m.events;
+    m.records.forEach((r) => S.records.set(r[0] + ":" + r[1], r));
+    m.syncs.forEach((s) => S.syncs.set(s.sync_index, s));
+    Object.assign(S, { last: m.last, timeline: m.timeline, summary: m.summary, total: m.total_rows });
+    document.getElementById("config").textContent = JSON.stringify(m.config, null, 2);
+    document.getElementById("run-title").textContent = `${m.summary.name} (${m.summary.id.slice(0, 8)})`;
+    if (m.reason) document.getElementById("run-summary").dataset.reason = m.reason;
+  }
+
+  function applyDelta(m) {
+    S.summary = m.summary;
+    if (m.records) {
+      for (const key of [...S.records.keys()]) if (S.records.get(key)[1] >= m.from_bucket) S.records.delete(key);
+      m.records.forEach((r) => S.records.set(r[0] + ":" + r[1], r));
+      S.total = m.total_rows; S.last = m.last;
+      m.staleness.forEach(([w, s, n]) => S.stale.set(w + ":" + s, (S.stale.get(w + ":" + s) || 0) + n));
+    }
+    if (m.timeline) S.timeline = m.timeline;
+    if (m.evaluations) S.evals = S.evals.concat(m.evaluations);
+    if (m.events) S.events = S.events.concat(m.events);
+    if (m.syncs) m.syncs.forEach((s) => S.syncs.set(s.sync_index, s));
+  }
+
+  // -- websocket with automatic reconnection -------------------------------------------------
+  const badge = document.getElementById("live-badge");
+  function setBadge(state) { badge.textContent = state; badge.className = "badge " + state; }
+  let retry = 500;
+  function connect() {
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/runs/${RUN}`);
+    probe.connectAt = probe.connectAt || performance.now();
+    ws.onmessage = (ev) => {
+      const m = JSON.parse(ev.data); probe.messages += 1; retry = 500;
+      if (probe.messages === 1) probe.firstMessage = performance.now();
+      if (m.type === "snapshot") applySnapshot(m);
+      else if (m.type === "delta") applyDelta(m);
+      else if (m.type === "staleness") { S.stale = new Map(); m.counts.forEach(([w, s, n]) => S.stale.set(w + ":" + s, n)); }
+      else if (m.type === "error") { document.getElementById("run-summary").textContent = m.message; return; }
+      setBadge(S.summary.status === "running" ? "live" : S.summary.status);
+      schedule();
+    };
+    ws.onclose = () => { setBadge("reconnecting"); setTimeout(connect, retry); retry = Math.min(retry * 2, 5000); };
+  }
+
+  let pending = false;
+  function schedule() { if (!pending) { pending = true; requestAnimationFrame(() => { pending = false; render(); }); } }
+
+  // -- series from bucket records --------------------------------------------------------------
+  function byWorker() {
+    const groups = new Map();
+    for (const r of S.records.values()) {
+      if (!groups.has(r[0])) groups.set(r[0], []);
+      groups.get(r[0]).push(r);
+    }
+    for (const rows of groups.values()) rows.sort((a, b) => a[1] - b[1]);
+    return new Map([...groups.entries()].sort((a, b) => a[0] - b[0]));
+  }
+  const label = (w) => w < 0 ? "all workers" : `worker ${w}`;
+  const xOf = (mode, r) => PS.x(mode, r[S.f.t], S.origin, r[S.f.it]);
+  // While the run is live its newest bucket is still filling: its rate would dip at the edge.
+  function lineTraces(groups, mode, col, opts) {
+    const out = []; let n = 0;
+    for (const [w, all] of groups) {
+      const rows = S.summary.status === "running" ? all.slice(0, -1) : all;
+      if ((opts.only === "all") !== (w < 0)) continue;
+      out.push({ type: "scatter", mode: "lines", name: label(w), line: { color: PS.color(w < 0 ? 9 : w), width: w < 0 ? 2.5 : 1.3 },
+        x: rows.map((r) => xOf(mode, r)), y: rows.map((r) => r[S.f[col]] * (opts.scale || 1)) });
+      n += rows.length;
+    }
+    return [out, n];
+  }
+  // Minimum and maximum of each bucket, one after the other: spikes stay visible.
+  function envelopeTraces(groups, mode, lo, hi, lastKey) {
+    const out = []; let n = 0;
+    for (const [w, rows] of groups) {
+      if (w < 0) continue;
+      const x = [], y = [];
+      rows.forEach((r) => { if (r[S.f[lo]] === null) return; const xv = xOf(mode, r); x.push(xv, xv); y.push(r[S.f[lo]], r[S.f[hi]]); });
+      const last = S.last.find((p) => p.worker === w);
+      if (last && last[lastKey] !== null) { x.push(PS.x(mode, last.ended_at, S.origin, last.iteration)); y.push(last[lastKey]); }
+      out.push({ type: "scatter", mode: "lines", name: label(w), line: { color: PS.color(w), width: 1 }, x, y });
+      n += x.length;
+    }
+    return [out, n];
+  }
+
+  function render() {
+    const mode = xSel.value, groups = byWorker(), sum = S.summary;
+    document.getElementById("run-summary").textContent = `${sum.status} · ${sum.sync} · ${sum.workers} workers × ${sum.servers} servers · ${sum.dataset} · ` +
+      `${sum.iterations.toLocaleString()} iterations · best accuracy ${PS.pct(sum.best_accuracy)} · ${PS.fmtS(sum.duration_s)}`;
+    const ex = (e) => PS.x(mode, e.at, S.origin, e.step);
+    PS.draw(cards.acc.div, [{ type: "scatter", mode: "lines+markers", name: "test accuracy", x: S.evals.map(ex), y: S.evals.map((e) => 100 * e.accuracy) }],
+      PS.layout("Test accuracy", mode, "accuracy (%)", { showlegend: false }));
+    PS.setCount(cards.acc, S.evals.length, S.evals.length);
+    PS.draw(cards.tloss.div, [{ type: "scatter", mode: "lines+markers", name: "test loss", x: S.evals.map(ex), y: S.evals.map((e) => e.loss) }],
+      PS.layout("Test loss", mode, "cross-entropy", { showlegend: false }));
+    PS.setCount(cards.tloss, S.evals.length, S.evals.length);
+    const [thrAll, nAll] = lineTraces(groups, mode, "throughput", { only: "all" });
+    const [thrW, nW] = lineTraces(groups, mode, "throughput", {});
+    PS.draw(cards.thr.div, thrAll.concat(thrW), PS.layout("Throughput", mode, "samples/s"));
+    PS.setCount(cards.thr, nAll + nW, S.total);
+    const [lossT, nLoss] = envelopeTraces(groups, mode, "loss_min", "loss_max", "loss");
+    PS.draw(cards.loss.div, lossT, PS.layout("Training loss (min and max per bucket)", mode, "cross-entropy"));
+    PS.setCount(cards.loss, nLoss, S.total);
+    // The charts above the fold are drawn first; the rest follow in the next task, so the page
+    // is readable before every chart is done.
+    if (probe.firstPaint === null) {
+      requestAnimationFrame(() => {
+        probe.firstPaint = performance.now(); document.body.dataset.painted = "1";
+        setTimeout(() => renderRest(mode, groups), 0);
+      });
+    } else renderRest(mode, groups);
+  }
+
+  function renderRest(mode, groups) {
+    const [stT, nSt] = envelopeTraces(groups, mode, "staleness_min", "staleness_max", "staleness");
+    PS.draw(cards.stale_t.div, stT, PS.layout("Staleness over time (min and max per bucket)", mode, "staleness (updates)"));
+    PS.setCount(cards.stale_t, nSt, S.total);
+    renderHistogram(); renderBreakdown(groups);
+    const [idleT, nIdle] = lineTraces(groups, mode, "idle_fraction", { scale: 100 });
+    PS.draw(cards.idle.div, idleT, PS.layout("Idle (wait) fraction per worker", mode, "idle (% of wall time)"));
+    PS.setCount(cards.idle, nIdle, S.total);
+    const all = (groups.get(-1) || []).slice(0, S.summary.status === "running" ? -1 : undefined);
+    PS.draw(cards.bytes.div, ["sent_per_s", "received_per_s"].map((c, i) => ({ type: "scatter", mode: "lines", name: c === "sent_per_s" ? "sent" : "received",
+      line: { color: PS.color(i), dash: i ? "solid" : "dash", width: i ? 1.5 : 2.5 }, x: all.map((r) => xOf(mode, r)), y: all.map((r) => r[S.f[c]]) })), PS.layout("Bytes on the wire (all workers)", mode, "bytes/s"));
+    PS.setCount(cards.bytes, 2 * all.length, S.total);
+    renderTimeline(); renderElastic(); renderEvents();
+    const latest = Math.max(...S.last.map((p) => p.ended_at), -Infinity);
+    probe.latestT = Number.isFinite(latest) ? latest : null;
+    probe.renders.push([Date.now() / 1000, probe.latestT]);
+    if (probe.renders.length > 500) probe.renders.shift();
+    if (probe.allPainted === undefined) { probe.allPainted = performance.now(); document.body.dataset.complete = "1"; }
+  }
+
+  function renderHistogram() {
+    const workers = new Map();
+    for (const [key, n] of S.stale) { const [w, s] = key.split(":").map(Number); if (!workers.has(w)) workers.set(w, new Map()); workers.get(w).set(s, n); }
+    const traces = [...workers.entries()].sort((a, b) => a[0] - b[0]).map(([w, m]) => {
+      const xs = [...m.keys()].sort((a, b) => a - b);
+      return { type: "bar", name: label(w), marker: { color: PS.color(w) }, x: xs, y: xs.map((s) => m.get(s)) };
+    });
+    PS.draw(cards.stale_h.div, traces, PS.layout("Staleness distribution", "staleness", "iterations",
+      { xaxis: { title: { text: "staleness (updates behind)" }, dtick: 1 }, barmode: "group" }));
+    const total = [...S.stale.values()].reduce((a, b) => a + b, 0);
+    PS.setCount(cards.stale_h, total, S.total);
+  }
+
+  function renderBreakdown(groups) {
+    const ws = [...groups.keys()].filter((w) => w >= 0);
+    const phases = [["compute", "#2ca02c"], ["push", "#1f77b4"], ["pull", "#9467bd"], ["wait", "#d62728"]];
+    const traces = phases.map(([p, color]) => ({ type: "bar", orientation: "h", name: p, marker: { color },
+      y: ws.map(label), x: ws.map((w) => groups.get(w).reduce((a, r) => a + r[S.f[p]], 0)) }));
+    PS.draw(cards.breakdown.div, traces, PS.layout("Time per worker: compute / push / pull / wait", "s", "",
+      { barmode: "stack", xaxis: { title: { text: "time blocked in phase (s)" } }, yaxis: { automargin: true, autorange: "reversed" } }));
+    PS.setCount(cards.breakdown, ws.length * 4, S.total);
+  }
+
+  function renderTimeline() {
+    const rows = S.timeline, wall = xSel.value === "wall";
+    const t = (v) => wall ? new Date(v * 1000) : v - S.origin;
+    const bar = (name, color, base, len) => ({ type: "bar", orientation: "h", name, marker: { color },
+      y: rows.map((r) => label(r.worker)), base: rows.map((r) => t(base(r))), x: rows.map((r) => wall ? len(r) * 1000 : len(r)),
+      customdata: rows.map((r) => r.iteration), hovertemplate: `${name} · iteration %{customdata}<extra>%{y}</extra>` });
+    const traces = rows.length ? [bar("working", "#2ca02c", (r) => r.started_at, (r) => r.ended_at - r.started_at - r.wait_s),
+      bar("waiting", "#d62728", (r) => r.ended_at - r.wait_s, (r) => r.wait_s)] : [];
+    const lo = rows.length ? rows[0].started_at : 0;
+    const shapes = [...S.syncs.values()].filter((s) => s.released_at && s.released_at >= lo).map((s) => ({
+      type: "line", xref: "x", yref: "paper", x0: t(s.released_at), x1: t(s.released_at), y0: 0, y1: 1, line: { color: "#333", dash: "dot", width: 1 } }));
+    PS.draw(cards.timeline.div, traces, PS.layout("Synchronisation timeline (last 5 s; dotted: barriers)", wall ? "wall" : "elapsed", "",
+      { barmode: "overlay", shapes, yaxis: { automargin: true, autorange: "reversed" }, bargap: 0.3 }));
+    PS.setCount(cards.timeline, rows.length, S.total);
+  }
+
+  function renderElastic() {
+    const syncs = [...S.syncs.values()].sort((a, b) => a.sync_index - b.sync_index);
+    const x = syncs.map((s) => s.sync_index);
+    const traces = [{ type: "scatter", mode: "lines+markers", name: "predicted wait", x, y: syncs.map((s) => s.predicted_wait) },
+      { type: "scatter", mode: "lines+markers", name: "actual wait", x, y: syncs.map((s) => s.actual_wait) }];
+    const note = syncs.length ? [] : [{ text: "no ElasticBSP barriers in this run", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }];
+    PS.draw(cards.elastic.div, traces, PS.layout("ElasticBSP: predicted vs actual wait per barrier", "barrier", "wait (s)",
+      { xaxis: { title: { text: "barrier (sync index)" } }, annotations: note }));
+    PS.setCount(cards.elastic, syncs.length, syncs.length);
+  }
+
+  function renderEvents() {
+    const body = document.querySelector("#events tbody");
+    if (body.childElementCount === S.events.length) return;
+    body.replaceChildren(...S.events.slice(-300).map((e) => {
+      const tr = document.createElement("tr");
+      tr.append(PS.el("td", {}, (e.at - S.origin).toFixed(2)), PS.el("td", {}, e.kind),
+        PS.el("td", { class: "detail" }, JSON.stringify(e.detail)));
+      return tr;
+    }));
+  }
+
+  connect();
+})();
