@@ -34,33 +34,23 @@ class _Task:
 
 
 class DelayedLoop(_PlainLoop):
-    def train(self, shard: Shard) -> int:
-        cfg, delay = self.worker.config.train, self.worker.config.sync.delay
-        self.last_clock = cfg.epochs * shard.iterations_per_epoch - 1
+    def begin(self) -> None:
+        self._tasks: deque[_Task] = deque()
+        delay = self.worker.config.sync.delay
         self._free = [np.empty_like(self.model.params_np) for _ in range(delay + 1)]
         pulled = self.client.wait(self.client.pull(self.worker.keys, self.model.params_np,
                                                    clock=ANY_CLOCK))
         assert isinstance(pulled, PullResult)
         self._newest = pulled
-        tasks: deque[_Task] = deque()
-        clock = 0
-        try:
-            for epoch in range(cfg.epochs):
-                rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
-                for batch in shard.batches(rng):
-                    if self.worker.should_stop():
-                        return clock
-                    tasks.append(self._task(shard, batch, epoch, clock, tasks, delay))
-                    clock += 1
-                self.worker.epoch_done(epoch)
-            return clock
-        except ShuttingDown as exc:
-            self.worker._stopping = self.worker._stopping or str(exc)
-            return clock
-        finally:
-            with contextlib.suppress(ShuttingDown):
-                while tasks:
-                    self._finish(tasks.popleft())
+
+    def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
+        self._tasks.append(self._task(shard, batch, epoch, clock, self._tasks,
+                                      self.worker.config.sync.delay))
+
+    def end(self) -> None:
+        with contextlib.suppress(ShuttingDown):
+            while self._tasks:
+                self._finish(self._tasks.popleft())
 
     def _task(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int,
               tasks: deque[_Task], delay: int) -> _Task:

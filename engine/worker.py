@@ -147,21 +147,35 @@ class _PlainLoop:
         return request, pushed_at
 
     def train(self, shard: Shard) -> int:
+        """Run the epochs, one ``step`` per batch; returns the iterations done. A run that is
+        stopping (the coordinator said so, or a server is draining) ends after the step."""
         cfg, clock = self.worker.config.train, 0
         self.last_clock = cfg.epochs * shard.iterations_per_epoch - 1
-        for epoch in range(cfg.epochs):
-            rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
-            for batch in shard.batches(rng):
-                if self.worker.should_stop():
-                    return clock
-                try:
-                    self.worker.record(self._iteration(shard, batch, epoch, clock))
-                except ShuttingDown as exc:
-                    self.worker._stopping = self.worker._stopping or str(exc)
-                    return clock
-                clock += 1
-            self.worker.epoch_done(epoch)
-        return clock
+        try:
+            self.begin()
+            for epoch in range(cfg.epochs):
+                rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
+                for batch in shard.batches(rng):
+                    if self.worker.should_stop():
+                        return clock
+                    self.step(shard, batch, epoch, clock)
+                    clock += 1
+                self.worker.epoch_done(epoch)
+            return clock
+        except ShuttingDown as exc:
+            self.worker._stopping = self.worker._stopping or str(exc)
+            return clock
+        finally:
+            self.end()
+
+    def begin(self) -> None:
+        """Before the first step (loops that keep requests in flight start them here)."""
+
+    def end(self) -> None:
+        """After the last step, also on a stop or an error: settle what is still in flight."""
+
+    def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
+        self.worker.record(self._iteration(shard, batch, epoch, clock))
 
     def _iteration(self, shard: Shard, batch: np.ndarray, epoch: int,
                    clock: int) -> IterationRecord:
@@ -190,44 +204,32 @@ class _OverlappedLoop(_PlainLoop):
     update stale; in exchange the round trip hides behind computation.
     """
 
-    def train(self, shard: Shard) -> int:
-        cfg, clock = self.worker.config.train, 0
-        staging = np.empty_like(self.model.params_np)
-        in_flight = self.client.pull(self.worker.keys, staging, clock=0)
-        unacked: tuple[int, PullResult, IterationRecord] | None = None
-        total = cfg.epochs * shard.iterations_per_epoch
-        self.last_clock = total - 1
-        try:
-            for epoch in range(cfg.epochs):
-                rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
-                for batch in shard.batches(rng):
-                    if self.worker.should_stop():
-                        return clock
-                    started, t0 = time.time(), time.perf_counter()
-                    pulled = self.client.wait(in_flight)
-                    assert isinstance(pulled, PullResult)
-                    np.copyto(self.model.params_np, staging)
-                    if clock + 1 < total:
-                        in_flight = self.client.pull(self.worker.keys, staging, clock=clock + 1)
-                    t1 = time.perf_counter()
-                    loss = self.compute(shard, batch)
-                    t2 = time.perf_counter()
-                    self._settle(unacked)
-                    wait_s = min(pulled.wait_s, t1 - t0)
-                    push_id, pushed_at = self.push(clock, pulled, wait_s)
-                    t3 = time.perf_counter()
-                    provisional = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1,
-                                       t3 - t2, t1 - t0 - wait_s, wait_s, None, pulled, loss,
-                                       len(batch)).model_copy(update={"pushed_at": pushed_at})
-                    unacked = (push_id, pulled, provisional)
-                    clock += 1
-                self.worker.epoch_done(epoch)
-            return clock
-        except ShuttingDown as exc:
-            self.worker._stopping = self.worker._stopping or str(exc)
-            return clock
-        finally:
-            self._settle(unacked)
+    def begin(self) -> None:
+        self._unacked: tuple[int, PullResult, IterationRecord] | None = None
+        self._staging = np.empty_like(self.model.params_np)
+        self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=0)
+
+    def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
+        started, t0 = time.time(), time.perf_counter()
+        pulled = self.client.wait(self._in_flight)
+        assert isinstance(pulled, PullResult)
+        np.copyto(self.model.params_np, self._staging)
+        if clock < self.last_clock:
+            self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=clock + 1)
+        t1 = time.perf_counter()
+        loss = self.compute(shard, batch)
+        t2 = time.perf_counter()
+        self._settle(self._unacked)
+        self._unacked = None
+        wait_s = min(pulled.wait_s, t1 - t0)
+        push_id, pushed_at = self.push(clock, pulled, wait_s)
+        t3 = time.perf_counter()
+        provisional = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                           t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
+        self._unacked = (push_id, pulled, provisional.model_copy(update={"pushed_at": pushed_at}))
+
+    def end(self) -> None:
+        self._settle(self._unacked)
 
     def _settle(self, unacked: tuple[int, PullResult, IterationRecord] | None) -> None:
         """Wait for the previous push's ack and record that iteration with its staleness."""

@@ -24,7 +24,7 @@ from engine.config import RunConfig, build_config
 from engine.coordinator import Coordinator
 from engine.datasets import load_dataset
 from engine.evaluator import run_evaluator
-from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus, SyncRecord
 from engine.roles.coordinator import model_spec
 from engine.roles.server import run_server
 from engine.transport import MemoryTransport
@@ -39,6 +39,7 @@ class Sink:
     """A RecorderSink that only keeps what it is given."""
 
     iterations: list[IterationRecord] = field(default_factory=list)
+    syncs: list[SyncRecord] = field(default_factory=list)
     evaluations: list[EvaluationRecord] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
 
@@ -50,6 +51,9 @@ class Sink:
 
     def record_event(self, row: EventRecord) -> None:
         self.events.append(row)
+
+    def record_sync(self, row: SyncRecord) -> None:
+        self.syncs.append(row)
 
     def kinds(self) -> list[str]:
         return [event.kind for event in self.events]
@@ -266,3 +270,30 @@ def test_asp_run_over_memory_shows_staleness() -> None:
     assert [s["version"] for s in stats] == [2 * per_worker] * 2  # one version per push
     assert outcome.sink.evaluations[-1].step == 2 * per_worker
     assert outcome.sink.evaluations[-1].accuracy > 0.7
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("model", "extra"), [
+    ("ssp", {"sync.staleness": 1}), ("dssp", {"sync.staleness": 0, "sync.range": 2}),
+    ("bounded-delay", {"sync.delay": 2}), ("elastic", {"sync.lookahead": 5}),
+    ("asp", {"train.overlap": True}),
+])
+def test_every_model_finishes_over_memory(model: str, extra: dict[str, object]) -> None:
+    outcome = run_cluster({"cluster.workers": 3, "cluster.servers": 2, "train.epochs": 2,
+                           "train.batch_size": 32, "sync.model": model, "model.hidden": [32],
+                           "heterogeneity.stragglers": [{"rank": 1, "factor": 4.0}], **extra})
+    assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
+    per_worker = 2 * iterations_per_epoch(3, 32)
+    assert outcome.worker_iterations == {0: per_worker, 1: per_worker, 2: per_worker}
+    rows = outcome.sink.iterations
+    assert len(rows) == 3 * per_worker
+    for row in rows:
+        assert row.pushed_at is not None and row.acked_at is not None
+        assert row.started_at <= row.pushed_at <= row.acked_at
+    syncs = outcome.sink.syncs
+    if model != "elastic":
+        assert syncs == []
+        return
+    completed = [s for s in syncs if s.released_at is not None]
+    assert syncs[0].predictor == "monitoring" and len(completed) >= 2
+    assert [s.sync_index for s in completed] == list(range(len(completed)))
