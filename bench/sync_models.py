@@ -19,6 +19,7 @@ Reproduce: ``python bench/sync_models.py --data-dir ../shared/data/mnist`` (abou
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--cap-s", type=float, default=240.0)
     parser.add_argument("--order", choices=("forward", "reverse"), default="forward")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the earlier passes in bench/results/sync_models.json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--db", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -131,19 +134,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{label}: {rows[-1]['time_to_target_s']} s to target, final "
               f"{rows[-1]['final_accuracy']}", flush=True)
     rows.sort(key=lambda r: list(MODELS).index(r["model"]))
-    payload = {"parameters": {k: v for k, v in vars(args).items() if k != "db"} | {"db": str(db)},
-               "machine": info, "results": rows}
+    this_pass = {"order": args.order, "machine": info, "db": str(db), "results": rows}
+    passes = [*(_earlier_passes() if args.append else []), this_pass]
+    payload = {"parameters": {k: v for k, v in vars(args).items() if k != "db"},
+               "passes": passes}
+    print("\n".join(table(rows, args.target)))
     if not args.quick:
         C.write_result("sync_models", payload)
-        body = [*table(rows, args.target), "",
-                f"Command: `python bench/sync_models.py --order {args.order}`; 4 workers, 2 "
-                "servers, worker 3 at 3x (`--straggler 3:3x`), MNIST MLP, batch 64, lr 0.1, "
-                f"momentum 0.9, evaluation every 2 s, at most {args.epochs} epochs.",
-                C.machine_note(info)]
         C.update_docs_section("Consistency models with a 3x straggler (MNIST)",
-                              "\n".join(C.wrap_lines(body)))
-    print("\n".join(table(rows, args.target)))
+                              "\n".join(C.wrap_lines(_docs_body(passes, args))))
     return payload
+
+
+def _earlier_passes() -> list[dict[str, Any]]:
+    path = C.RESULTS / "sync_models.json"
+    if not path.exists():
+        return []
+    return list(json.loads(path.read_text()).get("passes", []))
+
+
+def _docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    body = [f"Command: `python bench/sync_models.py [--order reverse] [--append]`; 4 workers, 2 "
+            "servers, worker 3 at 3x (`--straggler 3:3x`), MNIST MLP, batch 64, lr 0.1, momentum "
+            f"0.9, evaluation every 2 s (so times are within 2 s), {args.epochs} epochs. Each "
+            "pass runs the models one after another; the order alternates between passes.", ""]
+    for number, one in enumerate(passes, start=1):
+        load = one["machine"]["loadavg_at_start"][0]
+        body += [f"Pass {number} ({one['order']} order, load average {load:.2f} at its start):",
+                 "", *table(one["results"], args.target), ""]
+    body.append(C.machine_note(passes[-1]["machine"]))
+    return body
 
 
 if __name__ == "__main__":
