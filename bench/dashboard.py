@@ -94,6 +94,7 @@ def commit_lags(base: str, chromium: str, db: Path, start: float, samples: int) 
         page.goto(f"{base}/runs/{RUN}")
         page.wait_for_selector("body[data-complete='1']", timeout=60_000)
         conn = sqlite3.connect(db)
+        origin = conn.execute("SELECT started_at FROM runs").fetchone()[0]
         iteration = 10**6
         for _ in range(samples):
             time.sleep(0.7)  # let the page settle so each sample starts from a quiet page
@@ -104,8 +105,8 @@ def commit_lags(base: str, chromium: str, db: Path, start: float, samples: int) 
                           0.1, 64, 1, 1, now, now))
             conn.execute("UPDATE runs SET iteration_count = iteration_count + 1 WHERE id = ?",
                          (RUN,))
-            second = int(now - start)
-            conn.execute(REBUILD_ROLLUPS_SQL, {"run": RUN, "origin": start, "lo": second,
+            second = int(now - origin)
+            conn.execute(REBUILD_ROLLUPS_SQL, {"run": RUN, "origin": origin, "lo": second,
                                                "hi": second})
             conn.commit()
             committed = time.time()

@@ -28,6 +28,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from engine.db.schema import (
+    ROLLUP_WIDTH_S,
     evaluations,
     events,
     iterations,
@@ -58,20 +59,23 @@ def _compile_iteration_insert() -> tuple[str, tuple[str, ...]]:
 _INSERT_ITERATIONS_SQL, _ITERATION_FIELDS = _compile_iteration_insert()
 _ENDED_AT = _ITERATION_FIELDS.index("ended_at") + 1  # in a pending row, after run_id
 
-# Rebuilds the iteration_rollups rows of seconds :lo..:hi (counted from the run's start :origin)
-# from the iterations rows themselves: exact whatever was skipped as a duplicate or arrived late,
-# and all in SQLite, so the writer thread holds no GIL while it runs. The ended_at bounds let the
-# (run_id, ended_at) index find the rows; the CAST decides the second exactly as readers do.
-REBUILD_ROLLUPS_SQL = """
+# Rebuilds the iteration_rollups rows of slots :lo..:hi (ROLLUP_WIDTH_S each, counted from the
+# run's start :origin) from the iterations rows themselves: exact whatever was skipped as a
+# duplicate or arrived late, and all in SQLite, so the writer thread holds no GIL meanwhile. The
+# ended_at bounds let the (run_id, ended_at) index find the rows; the CAST decides the slot
+# exactly as readers do.
+_SLOTS_PER_S = round(1 / ROLLUP_WIDTH_S)
+REBUILD_ROLLUPS_SQL = f"""
     INSERT OR REPLACE INTO iteration_rollups
-    SELECT run_id, worker, CAST(ended_at - :origin AS INTEGER) AS second, count(*),
-           max(ended_at), max(iteration), sum(samples), sum(compute_s), sum(push_s),
+    SELECT run_id, worker, CAST((ended_at - :origin) * {_SLOTS_PER_S} AS INTEGER) AS slot,
+           count(*), max(ended_at), max(iteration), sum(samples), sum(compute_s), sum(push_s),
            sum(pull_s), sum(wait_s), min(staleness), max(staleness), min(loss), max(loss),
            sum(bytes_sent), sum(bytes_received)
     FROM iterations
-    WHERE run_id = :run AND ended_at >= :origin + :lo - 1 AND ended_at < :origin + :hi + 2
-      AND CAST(ended_at - :origin AS INTEGER) BETWEEN :lo AND :hi
-    GROUP BY worker, second
+    WHERE run_id = :run AND ended_at >= :origin + (:lo - 1) * {ROLLUP_WIDTH_S}
+      AND ended_at < :origin + (:hi + 2) * {ROLLUP_WIDTH_S}
+      AND CAST((ended_at - :origin) * {_SLOTS_PER_S} AS INTEGER) BETWEEN :lo AND :hi
+    GROUP BY worker, slot
 """
 _iteration_values = attrgetter(*_ITERATION_FIELDS)
 DUPLICATE_EVENT = "duplicate_iterations"
@@ -389,7 +393,7 @@ class _Writer:
         self._rows: dict[str, list[dict[str, Any]]] = {"evaluations": [], "events": [],
                                                        "syncs": []}
         self._run_id: str | None = None
-        self._origins: dict[str, float] = {}  # runs.started_at: rollup seconds count from it
+        self._origins: dict[str, float] = {}  # runs.started_at: rollup slots count from it
         self._last_commit = time.monotonic()
         self._last_heartbeat = time.monotonic()
         self._failed = False
@@ -515,9 +519,9 @@ class _Writer:
             if origin is None:
                 return  # no such run: the insert above already failed on the foreign key
             self._origins[run_id] = origin = float(origin)
-        seconds = [int(row[_ENDED_AT] - origin) for row in rows]
+        slots = [int((row[_ENDED_AT] - origin) * _SLOTS_PER_S) for row in rows]
         conn.exec_driver_sql(REBUILD_ROLLUPS_SQL, {"run": run_id, "origin": origin,
-                                                  "lo": min(seconds), "hi": max(seconds)})
+                                                  "lo": min(slots), "hi": max(slots)})
 
     def _record_duplicates(self, conn: Connection, run_id: str, count: int) -> None:
         log.warning("run %s: ignored %d duplicate iteration row(s)", run_id, count)

@@ -81,9 +81,9 @@ def _validated(times: np.ndarray) -> Times:
         raise ValueError(f"times is empty (shape {array.shape}): need >= 1 worker and iteration")
     if not np.isfinite(array).all():
         raise ValueError("times contains NaN or inf")
-    decreasing = np.argwhere(array[:, 1:] < array[:, :-1])
-    if decreasing.size:
-        worker, j = (int(k) for k in decreasing[0])
+    decreasing = array[:, 1:] < array[:, :-1]
+    if decreasing.any():
+        worker, j = (int(k) for k in np.unravel_index(np.argmax(decreasing), decreasing.shape))
         raise ValueError(
             f"times row {worker} decreases (times[{worker}, {j}] = {float(array[worker, j])!r} > "
             f"times[{worker}, {j + 1}] = {float(array[worker, j + 1])!r}); rows must be "
@@ -125,12 +125,11 @@ def _vectorized_window(times: Times) -> Window:
     kept = np.flatnonzero(flat <= last_left)
     order = kept[np.argsort(flat[kept])]
     lefts = flat[order]
-    # once L passes a time, its worker's next time becomes a candidate for the right end; a
-    # worker's last time is only kept when it equals last_left, so it never hands over
-    successors = np.empty_like(times)
-    successors[:, :-1] = times[:, 1:]
-    successors[:, -1] = np.inf
-    reach = np.maximum.accumulate(successors.ravel()[order])
+    # once L passes a time, its worker's next time (the next element of flat) becomes a
+    # candidate for the right end. A worker's last time is only kept when it equals last_left,
+    # the latest candidate, so what follows it in flat (another worker's) is never handed over.
+    successors = flat[np.minimum(order + 1, flat.size - 1)]
+    reach = np.maximum.accumulate(successors)
     run_starts = np.flatnonzero(np.concatenate(([True], lefts[1:] != lefts[:-1])))
     reach_of_earlier = np.concatenate(([-np.inf], reach))[run_starts]  # times strictly < L
     rights = np.maximum(reach_of_earlier, times[:, 0].max())  # first iterations always count

@@ -7,6 +7,8 @@ contacted and no third-party JavaScript lives in this repository.
 
 from __future__ import annotations
 
+import sys
+import sysconfig
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +28,25 @@ from webui import live
 from webui.api import router
 
 HERE = Path(__file__).resolve().parent
-templates = Jinja2Templates(directory=HERE / "templates")
+
+
+def templates_dir() -> Path:
+    """The project's top-level ``templates/`` folder.
+
+    From a checkout (and so an editable install) it lies beside this package; a wheel installs
+    it as data files under ``<prefix>/share/psctl/templates`` (see pyproject.toml).
+    """
+    candidates = (HERE.parent / "templates",
+                  Path(sysconfig.get_path("data")) / "share" / "psctl" / "templates",
+                  Path(sys.prefix) / "share" / "psctl" / "templates")
+    for folder in candidates:
+        if (folder / "base.html").is_file():
+            return folder
+    raise RuntimeError(f"the dashboard's templates are missing (looked in "
+                       f"{', '.join(map(str, candidates))}); reinstall psctl")
+
+
+templates = Jinja2Templates(directory=templates_dir())
 
 
 def plotly_js() -> Path:
@@ -95,16 +115,28 @@ def _add_pages(app: FastAPI, engine: _LazyEngine) -> None:
         ids = [_resolve(engine, s) for s in runs.split(",") if s.strip()]
         return templates.TemplateResponse(request, "compare.html", {"run_ids": ids})
 
+    @app.websocket("/ws/runs")
+    async def runs_socket(socket: WebSocket) -> None:
+        store = await _store_or_close(engine, socket)
+        if store is not None:
+            await live.serve_runs(socket, store)
+
     @app.websocket("/ws/runs/{run_id}")
     async def run_socket(socket: WebSocket, run_id: str) -> None:
-        try:
-            store = engine()
-        except PsctlError as exc:
-            await socket.accept()
-            await socket.send_json({"type": "error", "message": str(exc)})
-            await socket.close()
-            return
-        await live.serve(socket, store, run_id)
+        store = await _store_or_close(engine, socket)
+        if store is not None:
+            await live.serve(socket, store, run_id)
+
+
+async def _store_or_close(engine: _LazyEngine, socket: WebSocket) -> Engine | None:
+    """The database, or None once the page has been told why there is none (no runs yet)."""
+    try:
+        return engine()
+    except PsctlError as exc:
+        await socket.accept()
+        await socket.send_json({"type": "error", "message": str(exc)})
+        await socket.close()
+        return None
 
 
 def _resolve(engine: _LazyEngine, selector: str) -> str:

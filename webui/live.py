@@ -20,15 +20,18 @@ from fastapi import WebSocket, WebSocketDisconnect
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
-from engine.db import series
+from engine.db import list_runs, series
 from engine.errors import PsctlError
 from webui.metrics import RECORD_FIELDS, derive
 
 POLL_S = 0.25
 ENDED_POLL_S = 1.0
 TIMELINE_EVERY_S = 1.0
-TIMELINE_WINDOW_S = 5.0
+TIMELINE_WINDOW_S = 20.0  # raw iterations of the last 20 s, at most TIMELINE_LIMIT of them
+TIMELINE_LIMIT = 3000
 RESNAPSHOT_FACTOR = 2  # once a live run outgrows its buckets this many times, coarsen them
+RUNS_POLL_S = 1.0  # the runs list: one small indexed query a second
+PAINT_WAIT_S = 2.0  # the longest the staleness histogram waits for the page's first charts
 
 
 @dataclass
@@ -62,7 +65,8 @@ def snapshot(engine: Engine, run_id: str) -> tuple[dict[str, Any], LiveState]:
         "records": derive(buckets), "last": series.last_points(engine, run_id, workers),
         "evaluations": series.evaluations_since(engine, run_id),
         "events": series.events_since(engine, run_id), "syncs": syncs,
-        "timeline": series.recent_iterations(engine, run_id, seconds=TIMELINE_WINDOW_S),
+        "timeline": _timeline(engine, run_id), "timeline_window_s": TIMELINE_WINDOW_S,
+        "timeline_limit": TIMELINE_LIMIT,
     }
     return message, state
 
@@ -113,8 +117,12 @@ def _add_iterations(engine: Engine, state: LiveState, out: dict[str, Any], now: 
     out["resnapshot"] = last_bucket > RESNAPSHOT_FACTOR * series.DEFAULT_BUCKETS
     if now - state.timeline_at >= TIMELINE_EVERY_S:
         state.timeline_at = now
-        out["timeline"] = series.recent_iterations(engine, state.run_id,
-                                                   seconds=TIMELINE_WINDOW_S)
+        out["timeline"] = _timeline(engine, state.run_id)
+
+
+def _timeline(engine: Engine, run_id: str) -> list[dict[str, Any]]:
+    return series.recent_iterations(engine, run_id, seconds=TIMELINE_WINDOW_S,
+                                    limit=TIMELINE_LIMIT)
 
 
 def _first_unreleased(syncs: list[dict[str, Any]], default: int) -> int:
@@ -135,8 +143,16 @@ async def serve(socket: WebSocket, engine: Engine, run_id: str) -> None:
             await socket.close()
             return
         await socket.send_json(message)
+        await _after_paint(socket)
         await socket.send_json(await run_in_threadpool(staleness_message, engine, state))
         await _push_loop(socket, engine, state)
+
+
+async def _after_paint(socket: WebSocket) -> None:
+    """Wait until the page says its first charts are drawn (or a while): the histogram scans
+    every row of the run and would otherwise compete with the browser for the CPU."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(socket.receive_text(), PAINT_WAIT_S)
 
 
 async def _push_loop(socket: WebSocket, engine: Engine, state: LiveState) -> None:
@@ -150,6 +166,28 @@ async def _push_loop(socket: WebSocket, engine: Engine, state: LiveState) -> Non
             message, fresh = await run_in_threadpool(snapshot, engine, state.run_id)
             state.__dict__.update(fresh.__dict__)
             await socket.send_json(message)
+            await _after_paint(socket)
             await socket.send_json(await run_in_threadpool(staleness_message, engine, state))
             continue
         await socket.send_json(change)
+
+
+async def serve_runs(socket: WebSocket, engine: Engine) -> None:
+    """The runs list, whole, whenever it changed (a live run's duration changes every poll).
+
+    The runs page and the compare page listen here; the list is small (one row per run, the
+    recorder keeps iteration counts in it), so resending it whole is simpler than diffing.
+    """
+    await socket.accept()
+    sent: list[dict[str, Any]] | None = None
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while True:
+            try:
+                runs = await run_in_threadpool(lambda: [r.to_dict() for r in list_runs(engine)])
+            except PsctlError as exc:
+                await socket.send_json({"type": "error", "message": str(exc)})
+                runs = None
+            if runs is not None and runs != sent:
+                await socket.send_json({"type": "runs", "runs": runs})
+                sent = runs
+            await asyncio.sleep(RUNS_POLL_S)

@@ -103,16 +103,19 @@ iterations = Table(
     sqlite_with_rowid=False,
 )
 
-# Per (run, worker, whole second since the run started): what the dashboard charts, summed so
-# that a page over a million iterations reads thousands of rows instead. Rebuilt by the recorder
-# from the iterations rows in the same transaction that inserts them, so it always agrees with
-# them; runs recorded before it existed have none, and readers then aggregate the iterations.
+# Per (run, worker, ROLLUP_WIDTH_S slot since the run started): what the dashboard charts, summed
+# so that a page over a million iterations reads tens of thousands of rows instead. Rebuilt by
+# the recorder from the iterations rows in the same transaction that inserts them, so it always
+# agrees with them; runs recorded before it existed have none, and readers then aggregate the
+# iterations. The slot is the dashboard's narrowest bucket, so every bucket width it picks
+# (0.5, 1, 2, 5 s...) is a whole number of slots.
+ROLLUP_WIDTH_S = 0.25
 iteration_rollups = Table(
     "iteration_rollups",
     metadata,
     Column("run_id", Text, _run_fk(), primary_key=True),
     Column("worker", Integer, primary_key=True),
-    Column("second", Integer, primary_key=True),  # floor(ended_at - runs.started_at)
+    Column("slot", Integer, primary_key=True),  # floor((ended_at - started_at) / width)
     Column("n", Integer, nullable=False),
     Column("last_ended_at", REAL, nullable=False),
     Column("last_iteration", Integer, nullable=False),

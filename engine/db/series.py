@@ -5,6 +5,8 @@ grouped by SQLite into time buckets of ``width`` seconds (counted from the run's
 ``ended_at``) per worker; every aggregate kept per bucket (counts, sums, minima, maxima) can be
 recomputed for any bucket from its rows alone, so a live view refreshes only the buckets that
 new rows fell into. Spikes survive because minima and maxima are kept, never means alone.
+Runs the recorder rolled up (``iteration_rollups``, 0.25 s slots) are bucketed from those
+slots, which is what keeps a run page over a million rows fast; older runs from the rows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sqlalchemy import Connection, Engine, func, select, text
 
 from engine.db.queries import CRASH_AFTER_S as _CRASH_AFTER_S
 from engine.db.queries import _fetch_run, _parse_json, _reading, _summary
-from engine.db.schema import evaluations, events, iterations, runs, syncs
+from engine.db.schema import ROLLUP_WIDTH_S, evaluations, events, iterations, runs, syncs
 
 DEFAULT_BUCKETS = 1000
 MIN_WIDTH_S = 0.25  # narrower buckets hold one iteration or none: rates would be all noise
@@ -47,16 +49,16 @@ _ALL_BUCKETS = text(_BUCKETS_SQL.format(since=""))
 _TAIL_BUCKETS = text(_BUCKETS_SQL.format(since="AND ended_at >= :start"))
 _SCAN_THREADS = 4
 
-# The same buckets from the recorder's per-second rollups, for whole-second widths: a run of a
-# million iterations has a few thousand rollup rows per worker and hour, so this reads those
-# instead of the iterations (``:k`` is the width in seconds; integer division groups them).
+# The same buckets from the recorder's rollups (ROLLUP_WIDTH_S slots): a run of a million
+# iterations has tens of thousands of rollup rows, so this reads those instead of the iterations
+# (``:k`` is the width in slots; integer division groups them).
 _ROLLUP_BUCKETS = text("""
-    SELECT worker, second / :k AS b, sum(n), max(last_ended_at), max(last_iteration),
+    SELECT worker, slot / :k AS b, sum(n), max(last_ended_at), max(last_iteration),
            sum(samples), sum(compute_s), sum(push_s), sum(pull_s), sum(wait_s),
            min(staleness_min), max(staleness_max), min(loss_min), max(loss_max),
            sum(bytes_sent), sum(bytes_received)
     FROM iteration_rollups
-    WHERE run_id = :run AND second >= :start
+    WHERE run_id = :run AND slot >= :start
     GROUP BY worker, b
 """)
 _ROLLUP_TOTALS = text("SELECT sum(n), max(last_ended_at) FROM iteration_rollups "
@@ -114,12 +116,10 @@ def iteration_buckets(
                     select(func.max(iterations.c.ended_at)).where(iterations.c.run_id == run_id)
                 ).scalar()
             width = choose_width((last or origin) - origin, buckets)
-            if rolled:
-                width = max(width, 1.0)  # rollups hold whole seconds; 1, 2, 5, 10... divide
         if since is not None:
             from_bucket = max(from_bucket, math.floor((since - origin) / width))
-        if rolled and width >= 1 and width == round(width):
-            k = round(width)
+        k = round(width / ROLLUP_WIDTH_S)
+        if rolled and k >= 1 and math.isclose(k * ROLLUP_WIDTH_S, width):
             params = {"run": run_id, "k": k, "start": from_bucket * k}
             rows = sorted((tuple(r) for r in conn.execute(_ROLLUP_BUCKETS, params)),
                           key=lambda r: (r[1], r[0]))

@@ -266,10 +266,11 @@ def test_rollups_agree_with_the_rows_despite_duplicates(recorder: Recorder, db: 
     recorder.record_iterations([iteration(0, 4), iteration(0, 5), iteration(1, 0),
                                 iteration(1, 1, staleness=7)])
     recorder.flush()
-    rolled = query(db, "SELECT worker, second, n, last_iteration, staleness_max, loss_min "
-                   "FROM iteration_rollups WHERE run_id = ? ORDER BY worker, second", run_id)
-    assert [r[:4] for r in rolled] == [(0, i, 1, i) for i in range(6)] + [(1, 0, 1, 0),
-                                                                          (1, 1, 1, 1)]
+    rolled = query(db, "SELECT worker, slot, n, last_iteration, staleness_max, loss_min "
+                   "FROM iteration_rollups WHERE run_id = ? ORDER BY worker, slot", run_id)
+    # Iteration i ends at 1000.5 + i: slot 4i + 2 of 0.25 s.
+    assert [r[:4] for r in rolled] == [(0, 4 * i + 2, 1, i) for i in range(6)] + [
+        (1, 2, 1, 0), (1, 6, 1, 1)]
     assert rolled[3][5] is None and rolled[-1][4] == 7
     assert query(db, "SELECT sum(n) FROM iteration_rollups")[0][0] == query(
         db, "SELECT iteration_count FROM runs")[0][0] == 8

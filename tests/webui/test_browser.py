@@ -97,6 +97,10 @@ def test_run_page_receives_points_live(tmp_path: Path) -> None:
             assert page.inner_text("#live-badge") == "live"
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+            # The runs page is pushed the list over its websocket (no polling).
+            page.goto(base)
+            page.wait_for_selector("body[data-live='1'] #runs-table a", timeout=15_000)
+            assert "browser-run" in page.inner_text("#runs-table")
             browser.close()
         assert errors == []
     finally:

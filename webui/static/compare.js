@@ -42,6 +42,29 @@
     document.body.dataset.painted = "1";
   }
 
+  // Live: the runs list is pushed over a websocket; when a compared run has new iterations,
+  // evaluations or a new status, its series are fetched again and the chart redrawn.
+  const seen = new Map();
+  let retry = 500;
+  function listen() {
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/runs`);
+    ws.onmessage = (ev) => {
+      const m = JSON.parse(ev.data); retry = 500;
+      if (m.type !== "runs") return;
+      let changed = false;
+      m.runs.filter((r) => RUNS.includes(r.id)).forEach((r) => {
+        const key = [r.status, r.iterations, r.best_accuracy].join("/");
+        if (seen.has(r.id) && seen.get(r.id) !== key) {
+          changed = true;
+          for (const k of [...cache.keys()]) if (k.startsWith(r.id + "/")) cache.delete(k);
+        }
+        seen.set(r.id, key);
+      });
+      if (changed) draw();
+    };
+    ws.onclose = () => { setTimeout(listen, retry); retry = Math.min(retry * 2, 5000); };
+  }
+
   [metricSel, xSel, smooth, weight].forEach((e) => e.addEventListener("change", draw));
-  if (RUNS.length) draw(); else document.getElementById("compare-runs").textContent = "Select runs on the Runs page to compare them.";
+  if (RUNS.length) { draw(); listen(); } else document.getElementById("compare-runs").textContent = "Select runs on the Runs page to compare them.";
 })();

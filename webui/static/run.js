@@ -22,7 +22,8 @@
     S.origin = m.origin; S.width = m.width; S.evals = m.evaluations; S.events = m.events;
     m.records.forEach((r) => S.records.set(r[0] + ":" + r[1], r));
     m.syncs.forEach((s) => S.syncs.set(s.sync_index, s));
-    Object.assign(S, { last: m.last, timeline: m.timeline, summary: m.summary, total: m.total_rows });
+    Object.assign(S, { last: m.last, timeline: m.timeline, summary: m.summary, total: m.total_rows,
+      timelineWindow: m.timeline_window_s, timelineLimit: m.timeline_limit });
     document.getElementById("config").textContent = JSON.stringify(m.config, null, 2);
     document.getElementById("run-title").textContent = `${m.summary.name} (${m.summary.id.slice(0, 8)})`;
     if (m.reason) document.getElementById("run-summary").dataset.reason = m.reason;
@@ -45,14 +46,17 @@
   // -- websocket with automatic reconnection -------------------------------------------------
   const badge = document.getElementById("live-badge");
   function setBadge(state) { badge.textContent = state; badge.className = "badge " + state; }
-  let retry = 500;
+  let retry = 500, socket = null;
   function connect() {
-    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/runs/${RUN}`);
+    // The page's head opened the first socket already (see run.html); reconnections open anew.
+    const early = window.__psctlEarly; window.__psctlEarly = null;
+    const ws = early ? early.ws : new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/runs/${RUN}`);
+    socket = ws;
     probe.connectAt = probe.connectAt || performance.now();
     ws.onmessage = (ev) => {
       const m = JSON.parse(ev.data); probe.messages += 1; retry = 500;
       if (probe.messages === 1) probe.firstMessage = performance.now();
-      if (m.type === "snapshot") applySnapshot(m);
+      if (m.type === "snapshot") { applySnapshot(m); ackDue = true; }
       else if (m.type === "delta") applyDelta(m);
       else if (m.type === "staleness") { S.stale = new Map(); m.counts.forEach(([w, s, n]) => S.stale.set(w + ":" + s, n)); }
       else if (m.type === "error") { document.getElementById("run-summary").textContent = m.message; return; }
@@ -60,6 +64,14 @@
       schedule();
     };
     ws.onclose = () => { setBadge("reconnecting"); setTimeout(connect, retry); retry = Math.min(retry * 2, 5000); };
+    if (early) { early.queue.forEach((ev) => ws.onmessage(ev)); if (ws.readyState === WebSocket.CLOSED) ws.onclose(); }
+  }
+  // The server holds back the staleness histogram (a scan of every row) until the first charts
+  // are on screen, so that scan does not compete with drawing them.
+  let ackDue = false;
+  function sayPainted() {
+    if (ackDue && socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "painted" }));
+    ackDue = false;
   }
 
   let pending = false;
@@ -126,10 +138,10 @@
     // is readable before every chart is done.
     if (probe.firstPaint === null) {
       requestAnimationFrame(() => {
-        probe.firstPaint = performance.now(); document.body.dataset.painted = "1";
+        probe.firstPaint = performance.now(); document.body.dataset.painted = "1"; sayPainted();
         setTimeout(() => renderRest(mode, groups), 0);
       });
-    } else renderRest(mode, groups);
+    } else { sayPainted(); renderRest(mode, groups); }
   }
 
   function renderRest(mode, groups) {
@@ -183,16 +195,28 @@
       customdata: rows.map((r) => r.iteration), hovertemplate: `${name} · iteration %{customdata}<extra>%{y}</extra>` });
     const traces = rows.length ? [bar("working", "#2ca02c", (r) => r.started_at, (r) => r.ended_at - r.started_at - r.wait_s),
       bar("waiting", "#d62728", (r) => r.ended_at - r.wait_s, (r) => r.wait_s)] : [];
-    const lo = rows.length ? rows[0].started_at : 0;
-    const shapes = [...S.syncs.values()].filter((s) => s.released_at && s.released_at >= lo).map((s) => ({
-      type: "line", xref: "x", yref: "paper", x0: t(s.released_at), x1: t(s.released_at), y0: 0, y1: 1, line: { color: "#333", dash: "dot", width: 1 } }));
-    PS.draw(cards.timeline.div, traces, PS.layout("Synchronisation timeline (last 5 s; dotted: barriers)", wall ? "wall" : "elapsed", "",
-      { barmode: "overlay", shapes, yaxis: { automargin: true, autorange: "reversed" }, bargap: 0.3 }));
+    const lo = rows.length ? Math.min(...rows.map((r) => r.started_at)) : 0;
+    // ElasticBSP barriers inside the window: a dotted line where each was released, and a
+    // marker on top whose hover says which barrier and how long its arrivals were spread.
+    const marks = [...S.syncs.values()].filter((s) => s.released_at && s.released_at >= lo);
+    const shapes = marks.map((s) => ({ type: "line", xref: "x", yref: "paper", x0: t(s.released_at), x1: t(s.released_at),
+      y0: 0, y1: 1, line: { color: "#333", dash: "dot", width: 1 } }));
+    if (marks.length) traces.push({ type: "scatter", mode: "markers", name: "barrier released", yaxis: "y2", marker: { symbol: "triangle-down", color: "#333", size: 9 },
+      x: marks.map((s) => t(s.released_at)), y: marks.map(() => 1), customdata: marks.map((s) => [s.sync_index, s.actual_wait === null ? "–" : (1000 * s.actual_wait).toFixed(1)]),
+      hovertemplate: "barrier %{customdata[0]} · actual wait %{customdata[1]} ms<extra></extra>" });
+    const span = S.timelineWindow ? ` (last ${S.timelineWindow} s` + (rows.length >= S.timelineLimit ? `, newest ${rows.length.toLocaleString()} rows)` : ")") : "";
+    PS.draw(cards.timeline.div, traces, PS.layout(`Synchronisation timeline${span}; ▼ dotted: barriers`, wall ? "wall" : "elapsed", "",
+      { barmode: "overlay", shapes, yaxis: { automargin: true, autorange: "reversed" }, bargap: 0.3,
+        yaxis2: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true } }));
     PS.setCount(cards.timeline, rows.length, S.total);
+    cards.timeline.div.dataset.barriers = String(marks.length);
   }
 
   function renderElastic() {
-    const syncs = [...S.syncs.values()].sort((a, b) => a.sync_index - b.sync_index);
+    // Sync 0 only watches the workers (nothing predicted); a barrier not yet reached has no
+    // actual wait: both are left out, so each point pairs a prediction with what happened.
+    const syncs = [...S.syncs.values()].filter((s) => s.predicted && s.predicted.length && s.actual_wait !== null)
+      .sort((a, b) => a.sync_index - b.sync_index);
     const x = syncs.map((s) => s.sync_index);
     const traces = [{ type: "scatter", mode: "lines+markers", name: "predicted wait", x, y: syncs.map((s) => s.predicted_wait) },
       { type: "scatter", mode: "lines+markers", name: "actual wait", x, y: syncs.map((s) => s.actual_wait) }];

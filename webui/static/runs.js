@@ -1,4 +1,5 @@
-// The runs page: the list refreshed every 2 s, filters, and a selection to compare.
+// The runs page: the list pushed over a websocket whenever it changes, filters, and a selection
+// to compare.
 "use strict";
 (() => {
   const body = document.querySelector("#runs-table tbody");
@@ -8,10 +9,10 @@
   const chosen = new Set();
   let runs = [];
 
-  async function load() {
-    const q = statusSel.value ? `?status=${encodeURIComponent(statusSel.value)}` : "";
-    const res = await fetch("/api/runs" + q);
-    runs = res.ok ? await res.json() : [];
+  // Every run arrives (the list is small); the status filter is applied here, on the effective
+  // status the server computed, so a run that crashes moves between filters by itself.
+  function receive(all) {
+    runs = all;
     const syncs = [...new Set(runs.map((r) => r.sync))].sort();
     const keep = syncSel.value;
     syncSel.replaceChildren(PS.el("option", { value: "" }, "all"), ...syncs.map((s) => PS.el("option", { value: s }, s)));
@@ -19,8 +20,20 @@
     draw();
   }
 
+  let retry = 500;
+  function connect() {
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/runs`);
+    ws.onmessage = (ev) => {
+      const m = JSON.parse(ev.data); retry = 500;
+      if (m.type === "runs") receive(m.runs);
+      else if (m.type === "error") { document.getElementById("runs-empty").textContent = m.message; receive([]); }
+      document.body.dataset.live = "1";
+    };
+    ws.onclose = () => { setTimeout(connect, retry); retry = Math.min(retry * 2, 5000); };
+  }
+
   function draw() {
-    const shown = runs.filter((r) => !syncSel.value || r.sync === syncSel.value);
+    const shown = runs.filter((r) => (!syncSel.value || r.sync === syncSel.value) && (!statusSel.value || r.status === statusSel.value));
     document.getElementById("runs-empty").hidden = shown.length > 0;
     body.replaceChildren(...shown.map((r) => {
       const tr = document.createElement("tr");
@@ -37,9 +50,8 @@
     }));
   }
 
-  statusSel.addEventListener("change", load);
+  statusSel.addEventListener("change", draw);
   syncSel.addEventListener("change", draw);
   button.addEventListener("click", () => { location.href = "/compare?runs=" + [...chosen].join(","); });
-  load();
-  setInterval(load, 2000);
+  connect();
 })();

@@ -12,7 +12,8 @@ from sqlalchemy.exc import OperationalError
 from engine.db.schema import SCHEMA_VERSION, meta, open_engine, runs
 from engine.errors import StoreError
 
-TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta", "syncs"}
+TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta", "syncs",
+          "iteration_rollups"}
 
 
 def _run_values(run_id: str = "a" * 32) -> dict[str, object]:

@@ -89,7 +89,7 @@ def _roll_up(db: Path) -> None:
         conn.execute(REBUILD_ROLLUPS_SQL, {"run": RUN, "origin": T0, "lo": 0, "hi": 10**6})
 
 
-@pytest.mark.parametrize("width", [1.0, 2.0, 5.0])
+@pytest.mark.parametrize("width", [0.5, 1.0, 2.0])
 def test_rollups_give_the_buckets_of_the_rows(db: Path, tmp_path: Path, width: float) -> None:
     raw_engine = open_engine(db, readonly=True)
     raw = series.iteration_buckets(raw_engine, RUN, width=width)
@@ -101,6 +101,3 @@ def test_rollups_give_the_buckets_of_the_rows(db: Path, tmp_path: Path, width: f
     assert len(rolled.rows) == len(raw.rows) and rolled.total_rows == raw.total_rows
     for got, want in zip(rolled.rows, raw.rows, strict=True):
         assert got == pytest.approx(want)
-    # Without a width, runs with rollups get whole-second buckets; others may get finer ones.
-    assert series.iteration_buckets(raw_engine, RUN).width < 1.0
-    assert series.iteration_buckets(open_engine(rolled_db, readonly=True), RUN).width == 1.0
