@@ -37,3 +37,13 @@ def test_quick_run_writes_results(tmp_path: Path) -> None:
     assert skipped == {(16, "brute")}  # 15**16 choices; 15**4 is measured
     assert set(payload["exponents_of_n"]) == set(VARIANTS) - {"brute"}
     assert payload["goal"] is None  # n = 1000, R = 150 is not part of a quick run
+
+
+def test_goal_line_reports_the_default_at_the_goal_size() -> None:
+    goal = bench_zipline.GOAL
+    row = {"n": goal["n"], "R": goal["R"], "variant": goal["variant"], "status": "measured"}
+    result = bench_zipline.goal_result([{**row, "median_ms": 0.5, "speedup_vs_zipline": 400.0}])
+    assert result is not None and result["met"] is True
+    (line,) = [x for x in bench_zipline._goal_lines(result) if x]
+    assert "measured 0.50 ms, met; 400.00x the speed of zipline" in line
+    assert bench_zipline.goal_result([{**row, "n": 4}]) is None
