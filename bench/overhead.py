@@ -54,6 +54,7 @@ class StandInControl:
     def __init__(self, io: Any) -> None:
         self._io = io
         self.sent: list[Any] = []
+        self._started = False
 
     def send(self, message: Any) -> None:
         self.sent.append(message)
@@ -64,7 +65,10 @@ class StandInControl:
         self.sent.append(message)
 
     def poll(self) -> list[Any]:
-        return []
+        from engine.messages import Start
+
+        started, self._started = self._started, True
+        return [] if started else [Start()]  # the only worker is ready: start at once
 
     def close(self) -> None:
         pass

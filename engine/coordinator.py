@@ -32,6 +32,7 @@ from engine.messages import (
     Ready,
     Serving,
     ShardInfo,
+    Start,
     Stop,
     Syncs,
     Welcome,
@@ -214,6 +215,10 @@ class Coordinator:
                 self.servers_ready.set()
         elif isinstance(message, Ready):
             self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
+            if len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
+                self._event("training_started")
+                for worker in [p for p in self.peers.values() if p.role == "worker"]:
+                    self._spawn(self._send(worker, Start()))
         elif isinstance(message, EpochDone):
             self._on_epoch_done(peer.rank, message.epoch)
         elif isinstance(message, Done):

@@ -83,6 +83,13 @@ class Ready(_Message):
     train_samples: int = Field(ge=1)
 
 
+class Start(_Message):
+    """To every worker once all of them are ready: training starts together, so that start-up
+    skew (process spawn, torch import, data load) is not counted as one worker leading."""
+
+    type: Literal["start"] = "start"
+
+
 class EpochDone(_Message):
     type: Literal["epoch_done"] = "epoch_done"
     epoch: int = Field(ge=0)
@@ -124,6 +131,7 @@ ControlMessage = Annotated[
     | Evaluation
     | Event
     | Syncs
+    | Start
     | EpochDone
     | Done
     | Fatal

@@ -26,7 +26,7 @@ from engine.datasets import load_dataset
 from engine.errors import RunFailed, ShuttingDown
 from engine.heterogeneity import Slowdown
 from engine.keys import KeyRange
-from engine.messages import Done, EpochDone, Exit, Hello, Iterations, Ready, Stop, Welcome
+from engine.messages import Done, EpochDone, Exit, Hello, Iterations, Ready, Start, Stop, Welcome
 from engine.model import FlatModel, train_step
 from engine.modelspec import MLPSpec
 from engine.protocol import Role
@@ -83,6 +83,7 @@ class Worker:
             self.client.wait(self.client.init(model.params_np))
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
                                 train_samples=len(shard.targets)))
+        self._await_start()
         done = self._loop_class()(self, model).train(shard)
         self._flush()
         self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
@@ -97,15 +98,33 @@ class Worker:
             return DelayedLoop
         return _PlainLoop
 
+    def _await_start(self) -> None:
+        """Block until the coordinator says every worker is ready (or the run ends first)."""
+        limit = self.config.cluster.connect_timeout_s
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            for message in self.control.poll():
+                if isinstance(message, Start):
+                    return
+                self._obey(message)
+            if self._stopping is not None:
+                return
+            time.sleep(0.005)
+        raise RunFailed(f"no start from the coordinator within {limit:.0f} s (cluster."
+                        "connect_timeout_s): another worker never became ready")
+
     def should_stop(self) -> bool:
         for message in self.control.poll():
-            if isinstance(message, Lost):
-                raise RunFailed(message.reason)
-            if isinstance(message, Exit):
-                raise RunFailed("the coordinator ended the run")
-            if isinstance(message, Stop):
-                self._stopping = message.reason
+            self._obey(message)
         return self._stopping is not None
+
+    def _obey(self, message: object) -> None:
+        if isinstance(message, Lost):
+            raise RunFailed(message.reason)
+        if isinstance(message, Exit):
+            raise RunFailed("the coordinator ended the run")
+        if isinstance(message, Stop):
+            self._stopping = message.reason
 
     def record(self, row: IterationRecord) -> None:
         self._pending.append(row)
