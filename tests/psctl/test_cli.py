@@ -108,6 +108,11 @@ def _parent_chain_has(pid: int, ancestor: int) -> bool:
 
 
 def test_cli_and_dashboard_never_import_torch() -> None:
-    code = ("import sys, psctl.cli, psctl.launch, psctl.display, engine.launcher, webui.app; "
+    # Every module of both packages, and what they import, so a new module cannot slip it in.
+    code = ("import importlib, pkgutil, sys, psctl, webui, engine.launcher, engine.replay\n"
+            "for package in (psctl, webui):\n"
+            "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+            "        if module.name != 'psctl.__main__':\n"
+            "            importlib.import_module(module.name)\n"
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
