@@ -67,6 +67,31 @@ def _block_foreign(route: object) -> None:
         route.abort()  # type: ignore[attr-defined]
 
 
+def _assert_charts_labelled(page: object) -> None:
+    """Every chart has a title and both axis titles (plotly draws them as SVG text)."""
+    labels = page.evaluate(  # type: ignore[attr-defined]
+        """() => [...document.querySelectorAll('.chart')].map((c) => ({
+            id: c.id,
+            title: c.querySelector('.gtitle')?.textContent || '',
+            x: c.querySelector('.xtitle')?.textContent || '',
+            y: c.querySelector('.ytitle')?.textContent || ''}))""")
+    assert len(labels) >= 5, labels
+    for chart in labels:
+        assert chart["title"] and chart["x"] and chart["y"], chart
+
+
+def _assert_fits_narrow_window(page: object) -> None:
+    """At phone width nothing scrolls sideways and every chart shrinks to the window."""
+    width = 400
+    page.set_viewport_size({"width": width, "height": 800})  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        f"[...document.querySelectorAll('.chart .main-svg')]"
+        f".every((svg) => svg.getBoundingClientRect().width <= {width})", timeout=10_000)
+    overflow = page.evaluate(  # type: ignore[attr-defined]
+        "document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the page scrolls sideways by {overflow} px at {width} px wide"
+
+
 def test_run_page_receives_points_live(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -97,6 +122,9 @@ def test_run_page_receives_points_live(tmp_path: Path) -> None:
             assert page.inner_text("#live-badge") == "live"
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+            _assert_charts_labelled(page)
+            _assert_fits_narrow_window(page)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-narrow.png"), full_page=True)
             # The runs page is pushed the list over its websocket (no polling).
             page.goto(base)
             page.wait_for_selector("body[data-live='1'] #runs-table a", timeout=15_000)

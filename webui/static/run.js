@@ -183,7 +183,7 @@
     const traces = phases.map(([p, color]) => ({ type: "bar", orientation: "h", name: p, marker: { color },
       y: ws.map(label), x: ws.map((w) => groups.get(w).reduce((a, r) => a + r[S.f[p]], 0)) }));
     PS.draw(cards.breakdown.div, traces, PS.layout("Time per worker: compute / push / pull / wait", "s", "",
-      { barmode: "stack", xaxis: { title: { text: "time blocked in phase (s)" } }, yaxis: { automargin: true, autorange: "reversed" } }));
+      { barmode: "stack", xaxis: { title: { text: "time blocked in phase (s)" } }, yaxis: { title: { text: "worker" }, automargin: true, autorange: "reversed" } }));
     PS.setCount(cards.breakdown, ws.length * 4, S.total);
   }
 
@@ -206,7 +206,7 @@
       hovertemplate: "barrier %{customdata[0]} · actual wait %{customdata[1]} ms<extra></extra>" });
     const span = S.timelineWindow ? ` (last ${S.timelineWindow} s` + (rows.length >= S.timelineLimit ? `, newest ${rows.length.toLocaleString()} rows)` : ")") : "";
     PS.draw(cards.timeline.div, traces, PS.layout(`Synchronisation timeline${span}; ▼ dotted: barriers`, wall ? "wall" : "elapsed", "",
-      { barmode: "overlay", shapes, yaxis: { automargin: true, autorange: "reversed" }, bargap: 0.3,
+      { barmode: "overlay", shapes, yaxis: { title: { text: "worker" }, automargin: true, autorange: "reversed" }, bargap: 0.3,
         yaxis2: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true } }));
     PS.setCount(cards.timeline, rows.length, S.total);
     cards.timeline.div.dataset.barriers = String(marks.length);
