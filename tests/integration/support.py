@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,16 @@ def config(**overrides: Any) -> RunConfig:
     values = {"cluster.connect_timeout_s": 60.0, "cluster.request_timeout_s": 60.0}
     values.update({key.replace("__", "."): value for key, value in overrides.items()})
     return build_config({}, values)
+
+
+def launch_in_background(db: Path, *extra: str) -> subprocess.Popen[str]:
+    """``psctl launch`` of a digits run long enough to interrupt or kill (2 workers, 1 server),
+    recording into ``db``; its output is captured in pipes."""
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    command = [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
+               "--servers", "1", "--epochs", "500", "--no-live", *extra]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def query(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

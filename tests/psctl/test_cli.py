@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from psctl.cli import app
 from tests.conftest import psctl
-from tests.integration.support import processes_with, query, wait_for
+from tests.integration.support import launch_in_background, processes_with, query, wait_for
 
 runner = CliRunner()
 pytestmark = pytest.mark.timeout(240)
@@ -79,11 +79,7 @@ def test_invalid_option_is_a_clear_config_error(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_every_process_within_5_s_and_marks_interrupted(tmp_path: Path) -> None:
     db = tmp_path / "experiments.db"
-    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
-         "--servers", "1", "--epochs", "500", "--no-live"], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launch = launch_in_background(db)
     wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 10,
              90, "training to start")
     token_holders = [pid for pid in processes_with("PSCTL_TOKEN")
@@ -91,7 +87,7 @@ def test_ctrl_c_stops_every_process_within_5_s_and_marks_interrupted(tmp_path: P
     assert len(token_holders) == 5  # coordinator, server, evaluator, two workers
     interrupted = time.monotonic()
     launch.send_signal(signal.SIGINT)
-    launch.wait(15)
+    launch.communicate(timeout=15)  # reaps it and closes its pipes
     assert time.monotonic() - interrupted < 5.0
     assert launch.returncode == 130
     assert query(db, "SELECT status FROM runs") == [("interrupted",)]

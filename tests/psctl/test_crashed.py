@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from psctl.cli import app
-from tests.integration.support import query, wait_for
+from tests.integration.support import launch_in_background, query, wait_for
 
 runner = CliRunner()
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -41,11 +39,7 @@ def _status(db: Path, *command: str, crash_after: str) -> list[str]:
 
 def test_sigkilled_run_reads_as_crashed_after_the_heartbeat_threshold(tmp_path: Path) -> None:
     db = tmp_path / "experiments.db"
-    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
-         "--servers", "1", "--epochs", "500", "--no-live"], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launch = launch_in_background(db)
     try:
         wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM runs WHERE "
                                                    "iteration_count > 5")[0][0] == 1,
@@ -54,7 +48,7 @@ def test_sigkilled_run_reads_as_crashed_after_the_heartbeat_threshold(tmp_path: 
         # Power loss: no process gets to say anything (each role runs in its own session).
         for pid in [*_children(launch.pid), launch.pid]:
             os.kill(pid, signal.SIGKILL)
-        launch.wait(10)
+        launch.communicate(timeout=10)  # reaps it and closes its pipes
     assert query(db, "SELECT status FROM runs") == [("running",)]  # as stored, forever
     assert _status(db, "runs", "ls", crash_after="15") == ["running"]  # heartbeat still fresh
     wait_for(lambda: _status(db, "runs", "ls", crash_after="2") == ["crashed"], 10,
