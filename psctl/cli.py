@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from engine.errors import PsctlError, RunNotFound
+from engine.errors import PsctlError
 from psctl import settings
-from psctl.cliutil import RunArgument
+from psctl.cliutil import DbOption, RunArgument, err, show
+from psctl.cliutil import fail as _fail
 
 app = typer.Typer(help="Parameter-server training runs: launch, watch, compare.",
                   no_args_is_help=True, add_completion=True)
@@ -22,16 +22,6 @@ zipline_app = typer.Typer(help="ElasticBSP's ZipLine barrier placement, offline.
                           no_args_is_help=True)
 app.add_typer(zipline_app, name="zipline")
 
-DbOption = Annotated[Path | None, typer.Option("--db", help="database file [env: PSCTL_DB; "
-                                               "default ./experiments.db]")]
-out = Console()
-err = Console(stderr=True)
-
-
-def _fail(exc: PsctlError) -> typer.Exit:
-    err.print(f"[red]error:[/] {exc}", highlight=False)
-    return typer.Exit(settings.EXIT_NOT_FOUND if isinstance(exc, RunNotFound)
-                      else settings.EXIT_ERROR)
 
 
 @app.command()
@@ -142,7 +132,7 @@ def runs_ls(
     if as_json:
         typer.echo(json.dumps([run.to_dict() for run in runs], indent=2))
     else:
-        out.print(runs_table(runs))
+        show(runs_table(runs))
 
 
 @runs_app.command("show")
@@ -165,7 +155,7 @@ def runs_show(
     if as_json:
         typer.echo(json.dumps(detail.to_dict(), indent=2))
     else:
-        out.print(detail_view(detail))
+        show(detail_view(detail))
 
 
 def _start_dashboard(db: Path) -> Any:
@@ -233,8 +223,8 @@ def zipline_replay(
     if as_json:
         typer.echo(json.dumps(replay, indent=2))
     else:
-        out.print(replay_table(replay))
-        out.print(replay_summary(replay))
+        show(replay_table(replay))
+        show(replay_summary(replay))
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from engine.errors import PsctlError, RunNotFound
 from psctl import settings
@@ -14,6 +14,20 @@ from psctl.selection import UsageError
 
 out = Console()
 err = Console(stderr=True)
+# Wider than any table psctl prints; a cap only so that measuring terminates quickly.
+_PIPE_WIDTH = 10_000
+
+
+def show(renderable: RenderableType, console: Console = out) -> None:
+    """Print to a terminal at its width; into a file or a pipe at the renderable's natural
+    width, since squeezing it to a nominal 80 columns would cut every value to "…"."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    options = console.options.update_width(_PIPE_WIDTH)
+    width = max(console.measure(renderable, options=options).maximum, console.width)
+    Console(file=console.file, width=width, no_color=console.no_color, highlight=False,
+            soft_wrap=False).print(renderable)
 
 
 def complete_run(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:

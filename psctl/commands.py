@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from psctl import settings
-from psctl.cliutil import DbOption, Handled, RunArgument, RunsArgument, err, fail, out
+from psctl.cliutil import DbOption, Handled, RunArgument, RunsArgument, err, fail, show
 from psctl.compare_cli import compare_command
 from psctl.selection import UsageError, parse_pairs
 
@@ -151,4 +151,4 @@ def config_show(
         table.add_column(column)
     for row in rows:
         table.add_row(row["key"], json.dumps(row["value"]), row["source"])
-    out.print(table)
+    show(table)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from psctl.cliutil import show
 from psctl.compare import Column, Comparison, best_values
 from psctl.display import status_text
 from psctl.selection import text
@@ -63,10 +64,15 @@ def rich_table(comparison: Comparison) -> Table:
 
 
 def print_table(comparison: Comparison, console: Console) -> None:
-    """Print the table; on a terminal too narrow for it, page it at full width instead."""
+    """Print the table; on a terminal too narrow for it, page it at full width instead, and
+    into a file or pipe, write it at full width."""
     table = rich_table(comparison)
-    width = console.measure(table).maximum
-    if width <= console.width or not console.is_terminal or not sys.stdin.isatty():
+    # Measured without the console's width as a cap, or it could never exceed it.
+    width = console.measure(table, options=console.options.update_width(10_000)).maximum
+    if not console.is_terminal:
+        show(table, console)
+        return
+    if width <= console.width or not sys.stdin.isatty():
         console.print(table)
         return
     # less -S scrolls sideways instead of wrapping each row over several lines.

@@ -154,3 +154,13 @@ def test_plot_draws_one_line_per_run_with_a_legend(compare_db: Path) -> None:
     assert "seconds since the run started" in result.stdout
     assert "test loss" in compare(compare_db, "@last", "--plot", "--metric", "loss").stdout
     assert compare(compare_db, "--plot", "--metric", "nope", code=2).exit_code == 2
+
+
+def test_table_into_a_pipe_is_not_squeezed_to_the_terminal_width(compare_db: Path) -> None:
+    result = runner.invoke(app, ["compare", "--all", "--db", str(compare_db)],
+                           env={"COLUMNS": "60"})
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.stdout.splitlines() if "┃ run" in line)
+    assert len(header) > 60 and "…" not in result.stdout
+    for name, _ in query(compare_db, "SELECT name, id FROM runs"):
+        assert name in result.stdout
