@@ -121,10 +121,18 @@ def sort_rows(comparison: Comparison, sort_by: str | None, top: int | None) -> C
     return Comparison(comparison.columns, rows)
 
 
+_SORT_ALIASES = {"time_to_target": "time_to_target_s", "wall": "wall_s",
+                 "throughput": "samples_per_s", "accuracy": "final_accuracy"}
+
+
+def sorts_by_time_to_target(sort_by: str | None) -> bool:
+    """Whether ``--sort-by`` names the time-to-target column, which exists only with a target."""
+    return sort_by is not None and _SORT_ALIASES.get(sort_by, sort_by) in (
+        "time_to_target_s", "to target s")
+
+
 def _find_column(comparison: Comparison, name: str) -> Column:
-    aliases = {"time_to_target": "time_to_target_s", "wall": "wall_s", "throughput":
-               "samples_per_s", "accuracy": "final_accuracy"}
-    key = aliases.get(name, name)
+    key = _SORT_ALIASES.get(name, name)
     for column in comparison.columns:
         if key in (column.key, column.header):
             return column

@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # the CLI imports these lazily, only when a command runs
     from engine.db.metrics import RunRecord
     from psctl.compare import Comparison
 
+# The accuracy the issue's own examples and bench/sync_models.py measure time to.
+DEFAULT_TARGET = 0.97
+
 
 def compare_command(
     runs: Annotated[
@@ -31,7 +34,12 @@ def compare_command(
         typer.Option("--where", help="keep runs whose config key, column or tag KEY=VALUE"),
     ] = None,
     target: Annotated[
-        float | None, typer.Option(help="accuracy (0-1) for the time-to-target column")
+        float | None,
+        typer.Option(
+            help="accuracy (0-1) for the time-to-target column "
+            f"[{DEFAULT_TARGET} where --baseline or --sort-by time_to_target needs one]",
+            show_default=False,
+        ),
     ] = None,
     baseline: Annotated[
         str | None,
@@ -55,7 +63,7 @@ def compare_command(
     """Compare runs side by side: differing config, accuracy, time to target, speedup, idle time."""
     from engine.db import open_engine
     from engine.db.queries import resolve_run
-    from psctl.compare import compare, sort_rows
+    from psctl.compare import compare, sort_rows, sorts_by_time_to_target
     from psctl.selection import select_runs
 
     try:
@@ -63,6 +71,10 @@ def compare_command(
             raise UsageError("choose one of --json, --csv, --md and --plot")
         if target is not None and not 0 < target <= 1:
             raise UsageError(f"--target is an accuracy between 0 and 1, not {target}")
+        if target is None and (baseline is not None or sorts_by_time_to_target(sort_by)):
+            target = DEFAULT_TARGET
+            err.print(f"no --target given: time to target is the time to {DEFAULT_TARGET:.0%} "
+                      "test accuracy", highlight=False)
         engine = open_engine(settings.database_path(db), readonly=True)
         crash_after = settings.crash_after_s()
         records = select_runs(engine, runs or [], where or [], crash_after_s=crash_after)

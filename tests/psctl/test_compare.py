@@ -93,8 +93,17 @@ def test_unreached_target_is_blank_not_zero(compare_db: Path) -> None:
     assert "| 0.0 |" not in table
 
 
-def test_baseline_needs_a_target(compare_db: Path) -> None:
-    assert "--target" in compare(compare_db, "--baseline", "@last", code=2).stderr
+def test_baseline_and_time_to_target_sorting_default_to_97_percent(compare_db: Path) -> None:
+    explicit = rows(compare_db, "--target", "0.97", "--baseline", "@last")
+    result = compare(compare_db, "--baseline", "@last", "--json")
+    assert "time to 97% test accuracy" in result.stderr
+    assert json.loads(result.stdout) == explicit
+    result = compare(compare_db, "--sort-by", "time_to_target", "--json")
+    assert "time to 97% test accuracy" in result.stderr
+    assert all("time_to_target_s" in row for row in json.loads(result.stdout))
+    plain = compare(compare_db, "--json")
+    assert "--target" not in plain.stderr
+    assert all("time_to_target_s" not in row for row in json.loads(plain.stdout))
 
 
 def test_metrics_match_the_iteration_rows(compare_db: Path) -> None:

@@ -153,3 +153,28 @@ def test_run_arguments_complete_from_the_database(compare_db: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "psctl"], env=env, capture_output=True,
                           text=True, check=False, timeout=60)
     assert done.stdout.split() == ["asp-run"]
+
+
+def test_installed_bash_completion_offers_run_names(compare_db: Path, tmp_path: Path) -> None:
+    """What a user gets from ``psctl --install-completion bash``, run by a real bash."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ, HOME=str(tmp_path), PSCTL_DB=str(compare_db),
+               PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    psctl_exe = shutil.which("psctl", path=env["PATH"])
+    assert psctl_exe is not None, "psctl is not installed in the test environment"
+    installed = subprocess.run([psctl_exe, "--install-completion", "bash"], env=env,
+                               capture_output=True, text=True, check=False, timeout=60)
+    assert installed.returncode == 0, installed.stderr
+    assert "psctl.sh" in (tmp_path / ".bashrc").read_text()
+    script = ('source ~/.bashrc; COMP_WORDS=(psctl runs show as); COMP_CWORD=3; '
+              '"$(complete -p psctl | sed "s/.*-F \\([^ ]*\\) .*/\\1/")" psctl; '
+              'printf "%s\\n" "${COMPREPLY[@]}"')
+    done = subprocess.run(["bash", "--norc", "-c", script], env=env, capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["asp-run"]
