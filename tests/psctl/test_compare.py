@@ -101,6 +101,7 @@ def test_baseline_and_time_to_target_sorting_default_to_97_percent(compare_db: P
     result = compare(compare_db, "--sort-by", "time_to_target", "--json")
     assert "time to 97% test accuracy" in result.stderr
     assert all("time_to_target_s" in row for row in json.loads(result.stdout))
+    assert "--baseline" in compare(compare_db, "--sort-by", "speedup", code=2).stderr
     plain = compare(compare_db, "--json")
     assert "--target" not in plain.stderr
     assert all("time_to_target_s" not in row for row in json.loads(plain.stdout))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -144,10 +148,6 @@ def test_config_errors_name_their_source(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_run_arguments_complete_from_the_database(compare_db: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, PSCTL_DB=str(compare_db), _PSCTL_COMPLETE="complete_bash",
                COMP_WORDS="psctl runs show as", COMP_CWORD="3")
     done = subprocess.run([sys.executable, "-m", "psctl"], env=env, capture_output=True,
@@ -157,11 +157,6 @@ def test_run_arguments_complete_from_the_database(compare_db: Path) -> None:
 
 def test_installed_bash_completion_offers_run_names(compare_db: Path, tmp_path: Path) -> None:
     """What a user gets from ``psctl --install-completion bash``, run by a real bash."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
     bin_dir = str(Path(sys.executable).parent)
     env = dict(os.environ, HOME=str(tmp_path), PSCTL_DB=str(compare_db),
                PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
