@@ -245,13 +245,13 @@ def _docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[s
 
 
 # Interpretation of the measured columns above; the numbers themselves are in the tables.
-WHY = """Reading the columns: ElasticBSP removes most of BSP's waiting (idle fraction 0.36 down to
-about 0.1), but on this 2-core machine the six processes then compete for the CPU, so gradients
-arrive only about 1.3-1.4x as fast, not the 2.5x that a 3x straggler allows in principle. And the
-gradients the fast workers push between barriers are applied one by one (each scaled by
-1/workers), which took about 1.4-1.5x as many of them to reach 97% as BSP's averaged rounds. The
-two cancel out. Whether the gap closes where workers do not share two cores (the paper's 1.77x is
-for VGG16 on a cluster) was not measured here."""
+WHY = """Reading the columns: ElasticBSP removes most of BSP's waiting (the idle fractions
+above), but on this 2-core machine the six processes then compete for the CPU, so gradients arrive
+only somewhat faster (the gradients/s column), not the 2.5x that a 3x straggler allows in
+principle. And the gradients the fast workers push between barriers are applied one by one (each
+scaled by 1/workers), so more of them are needed to reach the target than BSP's averaged rounds
+(the gradients-to-target column). The two cancel out. Whether the gap closes where workers do not
+share two cores (the paper's 1.77x is for VGG16 on a cluster) was not measured here."""
 
 
 def _verdict(passes: list[dict[str, Any]], target: float) -> str:
