@@ -106,14 +106,14 @@ def machine_info() -> dict[str, Any]:
 
 def frame_sizes(num_keys: int) -> dict[str, int]:
     """Bytes of each psctl frame for one request covering ``num_keys`` float32 keys."""
-    from engine.protocol import HEADER_BYTES
+    from engine.wire.protocol import HEADER_BYTES
 
     values = HEADER_BYTES + 8 + 4 * num_keys  # header, one shape dimension, payload
     return {"push": values, "ack": HEADER_BYTES, "pull": HEADER_BYTES, "values": values}
 
 
 def num_model_keys() -> int:
-    from engine.modelspec import MLPSpec
+    from engine.models.spec import MLPSpec
 
     return MLPSpec(INPUT_DIM, HIDDEN, CLASSES).num_keys
 
@@ -315,11 +315,11 @@ def _wait_for_stdin_eof(loop: asyncio.AbstractEventLoop, done: asyncio.Event) ->
 
 async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
     from engine.config import OptimizerConfig
-    from engine.consistency import make_controller
+    from engine.consistency.base import make_controller
     from engine.keys import KeyRange
-    from engine.optimizers import make_optimizer
-    from engine.server import ShardServer
-    from engine.shard import ShardState
+    from engine.server.optimizers import make_optimizer
+    from engine.server.service import ShardServer
+    from engine.server.shard import ShardState
     from engine.transport.websocket import WebSocketTransport
 
     keys = KeyRange(args.start, args.end)

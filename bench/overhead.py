@@ -3,7 +3,8 @@
 psctl: the real ``engine.worker.Worker`` running its real iteration loops (``_PlainLoop``: pull,
 ``train_step``, push, each waited for; ``_OverlappedLoop``: the next pull prefetched during the
 step, the push left in flight) against a fresh ``ShardServer`` process per pass. There is no
-coordinator: the worker's ``ParameterClient`` is built by ``engine.worker.connect_client`` from a
+coordinator: the worker's ``ParameterClient`` is built by
+``engine.roles.worker.connect_client`` from a
 hand-made ``Welcome``, and a stand-in for its control channel (``SyncControl``) never delivers a
 message, serialises what the worker reports on the worker's I/O loop (as the real channel does)
 and keeps it. The model is the MNIST MLP 784-512-512-512-10 (932,362 keys), batch 64 of random
@@ -65,7 +66,7 @@ class StandInControl:
         self.sent.append(message)
 
     def poll(self) -> list[Any]:
-        from engine.messages import Start
+        from engine.wire.messages import Start
 
         started, self._started = self._started, True
         return [] if started else [Start()]  # the only worker is ready: start at once
@@ -75,7 +76,7 @@ class StandInControl:
 
     @staticmethod
     async def _serialise(message: Any) -> None:
-        from engine.messages import dump_control
+        from engine.wire.messages import dump_control
 
         dump_control(message)
 
@@ -86,7 +87,7 @@ def pipelined_plain_loop() -> type:
     frames in order, so it applies the push before it reads the values for that pull: what the
     worker computes on is exactly what ``_PlainLoop`` gives it (BSP still holds the pull until
     the clock is complete); one round trip per iteration is saved."""
-    from engine import worker as w
+    from engine.worker import loops as w
 
     class PipelinedPlainLoop(w._PlainLoop):
         _next: int | None = None
@@ -148,13 +149,14 @@ def psctl_pass(
     """One fresh server process, one worker run of ``iterations``; seconds per iteration.
 
     ``plain_loop`` replaces ``engine.worker._PlainLoop`` for this pass (a proposed variant)."""
-    from engine import worker as worker_module
     from engine.aio import LoopThread
     from engine.config import RunConfig
-    from engine.messages import Iterations, ShardInfo, Welcome
-    from engine.protocol import Role
+    from engine.roles.worker import connect_client
     from engine.transport.websocket import WebSocketTransport
-    from engine.worker import Worker, connect_client, shard_for
+    from engine.wire.messages import Iterations, ShardInfo, Welcome
+    from engine.wire.protocol import Role
+    from engine.worker import loops as worker_module
+    from engine.worker.loops import Worker, shard_for
 
     num_keys = model.spec.num_keys
     config = RunConfig.model_validate(
@@ -240,7 +242,7 @@ class TorchLoop:
         import numpy as np
         import torch
 
-        from engine.model import MLP
+        from engine.models.flat import MLP
 
         torch.manual_seed(0)
         self.module = MLP(spec)
@@ -360,8 +362,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from engine.model import FlatModel
-    from engine.modelspec import MLPSpec
+    from engine.models.flat import FlatModel
+    from engine.models.spec import MLPSpec
 
     torch.set_num_threads(1)
     info = C.machine_info()
@@ -532,7 +534,7 @@ def _doc(rows: list[str], info: dict[str, Any], rounds: int, iterations: int) ->
     intro = C.paragraph(f"""
         Time per training iteration of one worker and one shard server process: the real
         `engine.worker.Worker` and its `_PlainLoop` / `_OverlappedLoop` (its client built by
-        `engine.worker.connect_client`; no coordinator: a stand-in control channel serialises
+        `engine.roles.worker.connect_client`; no coordinator: a stand-in control channel serialises
         the worker's reports on its I/O thread and delivers nothing), MNIST MLP
         784-512-512-512-10, batch 64 of random MNIST-shaped inputs, one torch thread, a fresh
         server process per pass (SGD, lr 0.1, momentum 0.9). Baselines in the same script: a

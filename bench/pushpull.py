@@ -140,10 +140,10 @@ def main() -> None:
     import numpy as np
 
     from engine.aio import LoopThread
-    from engine.client import ParameterClient, ShardAddress
     from engine.keys import KeyRange, RangePartitioner
-    from engine.protocol import Role
     from engine.transport.websocket import WebSocketTransport
+    from engine.wire.protocol import Role
+    from engine.worker.client import ParameterClient, ShardAddress
 
     num_keys = C.num_model_keys()
     everything = KeyRange(0, num_keys)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 
 from bench import _common as C
-from engine.zipline import DEFAULT_VARIANT, MAX_BRUTE_COMBINATIONS, VARIANTS, search
+from engine.consistency.zipline import DEFAULT_VARIANT, MAX_BRUTE_COMBINATIONS, VARIANTS, search
 
 NAME = "zipline"
 SECTION = "ZipLine barrier search (bench/zipline.py)"

@@ -26,7 +26,7 @@ from pathlib import Path
 from engine.config import RunConfig
 from engine.errors import LaunchError
 from engine.recorder import Recorder
-from engine.records import RunStatus
+from engine.wire.records import RunStatus
 
 ANNOUNCE_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 3.0

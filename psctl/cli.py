@@ -204,10 +204,10 @@ def zipline_replay(
 ) -> None:
     """Replay a recorded run's timings: per sync, predicted vs actual end times, the wait
     ZipLine would choose and the wait actually observed. Tune R and the predictor from it."""
+    from engine.analysis.replay import replay_run
+    from engine.consistency.timings import PREDICTORS
     from engine.db import open_engine
     from engine.db.queries import resolve_run
-    from engine.replay import replay_run
-    from engine.timings import PREDICTORS
     from psctl.replay_view import replay_summary, replay_table
 
     if predictor is not None and predictor not in PREDICTORS:

@@ -56,9 +56,9 @@ def sync_overrides(*, stragglers: list[str] | None, jitter: str | None, history:
 
 
 def read_history(db: Path, selector: str) -> Any:
+    from engine.analysis.replay import history_seed
     from engine.db import open_engine
     from engine.db.queries import resolve_run
-    from engine.replay import history_seed
 
     engine = open_engine(db, readonly=True)
     try:

@@ -41,7 +41,13 @@ from engine.recorder.writer import (
     _StartRun,
     _Writer,
 )
-from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus, SyncRecord
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    RunStatus,
+    SyncRecord,
+)
 
 __all__ = ["DUPLICATE_EVENT", "REBUILD_ROLLUPS_SQL", "Recorder", "delete_runs", "set_tags"]
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from engine.db.schema import (
     syncs,
 )
 from engine.errors import StoreError
-from engine.records import IterationRecord, RunStatus
+from engine.wire.records import IterationRecord, RunStatus
 
 log = logging.getLogger(__name__)
 

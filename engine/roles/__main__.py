@@ -64,11 +64,11 @@ def _run(args: argparse.Namespace, token: str) -> int:
         asyncio.run(run_server(transport, args.coordinator, args.rank, token=token,
                                host=args.host))
     elif args.role == "worker":
-        from engine.worker import run_worker
+        from engine.roles.worker import run_worker
 
         run_worker(transport, args.coordinator, args.rank, token=token)
     else:
-        from engine.evaluator import run_evaluator
+        from engine.roles.evaluator import run_evaluator
 
         run_evaluator(transport, args.coordinator, token=token)
     return 0

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import RunConfig
-from engine.coordinator import Coordinator
 from engine.datasets import get_spec
-from engine.modelspec import MLPSpec
+from engine.models.spec import MLPSpec
 from engine.recorder import Recorder
-from engine.records import EventRecord, RunStatus
+from engine.roles.coordination import Coordinator
 from engine.transport.base import Transport
+from engine.wire.records import EventRecord, RunStatus
 
 EXIT_CODES = {RunStatus.FINISHED: 0, RunStatus.FAILED: 1, RunStatus.INTERRUPTED: 130}
 

@@ -7,16 +7,16 @@ import contextlib
 import os
 
 from engine.config import RunConfig
-from engine.consistency import make_controller
+from engine.consistency.base import make_controller
 from engine.errors import ProtocolError, PsctlError, RunFailed
 from engine.keys import KeyRange
-from engine.messages import Event, Exit, Hello, Serving, Stop, Syncs
-from engine.optimizers import make_optimizer
-from engine.records import EventRecord, SyncRecord
 from engine.roles.control import ControlChannel
-from engine.server import ShardServer
-from engine.shard import ShardState
+from engine.server.optimizers import make_optimizer
+from engine.server.service import ShardServer
+from engine.server.shard import ShardState
 from engine.transport.base import Transport
+from engine.wire.messages import Event, Exit, Hello, Serving, Stop, Syncs
+from engine.wire.records import EventRecord, SyncRecord
 
 
 async def run_server(transport: Transport, coordinator: str, rank: int, *, token: str,

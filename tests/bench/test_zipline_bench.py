@@ -11,7 +11,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import zipline as bench_zipline  # noqa: E402
-from engine.zipline import VARIANTS  # noqa: E402
+from engine.consistency.zipline import VARIANTS  # noqa: E402
 
 
 def test_quick_run_writes_results(tmp_path: Path) -> None:

@@ -21,14 +21,20 @@ import torch
 
 from engine.aio import LoopThread
 from engine.config import RunConfig, build_config
-from engine.coordinator import Coordinator
 from engine.datasets import load_dataset
-from engine.evaluator import run_evaluator
-from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus, SyncRecord
+from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_spec
+from engine.roles.evaluator import run_evaluator
 from engine.roles.server import run_server
+from engine.roles.worker import run_worker
 from engine.transport import MemoryTransport
-from engine.worker import run_worker
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    RunStatus,
+    SyncRecord,
+)
 
 TOKEN = "cluster-test-token"
 DIGITS_TRAIN = 1438  # 1797 samples, 20 % held out for the test set

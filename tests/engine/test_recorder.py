@@ -14,7 +14,7 @@ import pytest
 
 from engine.errors import StoreError
 from engine.recorder import DUPLICATE_EVENT, Recorder
-from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
 
 
 def iteration(worker: int, number: int, **overrides: Any) -> IterationRecord:

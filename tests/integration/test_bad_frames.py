@@ -16,9 +16,9 @@ from websockets.asyncio.client import connect
 
 from engine.keys import KeyRange
 from engine.launcher import Launcher
-from engine.protocol import Frame, MsgType, Role, decode, encode
-from engine.records import RunStatus
 from engine.transport.websocket import TOKEN_HEADER
+from engine.wire.protocol import Frame, MsgType, Role, decode, encode
+from engine.wire.records import RunStatus
 from tests.integration.support import config, query, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

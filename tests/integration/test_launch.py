@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.launcher import Launcher
-from engine.records import RunStatus
+from engine.wire.records import RunStatus
 from tests.integration.support import config, processes_with, query
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

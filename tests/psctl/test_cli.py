@@ -105,7 +105,8 @@ def _parent_chain_has(pid: int, ancestor: int) -> bool:
 
 def test_cli_and_dashboard_never_import_torch() -> None:
     # Every module of both packages, and what they import, so a new module cannot slip it in.
-    code = ("import importlib, pkgutil, sys, psctl, webui, engine.launcher, engine.replay\n"
+    code = ("import importlib, pkgutil, sys, psctl, webui, engine.launcher\n"
+            "import engine.analysis.replay\n"
             "for package in (psctl, webui):\n"
             "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
             "        if module.name != 'psctl.__main__':\n"

@@ -21,7 +21,7 @@ from engine.db.queries import (
 from engine.db.schema import open_engine
 from engine.errors import AmbiguousRun, RunNotFound, StoreError
 from engine.recorder import Recorder
-from engine.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
 
 RUN_A = "aaaa1111" + "0" * 24
 RUN_B = "aaaa2222" + "0" * 24

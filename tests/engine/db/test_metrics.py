@@ -9,7 +9,7 @@ import pytest
 from engine.db import open_engine
 from engine.db.metrics import evaluation_series, run_metrics, run_records
 from engine.recorder import Recorder, delete_runs, set_tags
-from engine.records import EvaluationRecord, IterationRecord, RunStatus
+from engine.wire.records import EvaluationRecord, IterationRecord, RunStatus
 
 T0 = 1_700_000_000.0
 

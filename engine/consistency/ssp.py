@@ -1,0 +1,110 @@
+"""Stale synchronous parallel (SSP) and its dynamic variant (DSSP).
+
+SSP lets the fastest worker run at most ``staleness`` clocks ahead of the slowest. The server
+keeps a sliding window of the clocks that are still open: slot ``c mod (S+1)`` counts the workers
+that have pushed clock ``c``. The window's low bound is the slowest worker's clock; a push is
+checked against it in O(1) and the window shifts when the last worker of the low clock arrives,
+so memory is O(S), whatever the number of workers.
+
+DSSP (Zhao et al., ICDCS'19) chooses the bound at run time within [S, S+R]: a worker past S may
+go on only while its next iteration is predicted to end before the slowest worker's, because
+waiting then would be pure idle time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.consistency.base import NO_TIMING, PushTiming, _Scaled, _VectorClock
+from engine.consistency.timings import TimingHistory
+from engine.errors import ConfigError, ProtocolError
+
+
+class SlidingWindow:
+    """Counts of pushes per open clock; ``low`` is the first clock not every worker has pushed."""
+
+    def __init__(self, workers: int, width: int) -> None:
+        if width < 1:
+            raise ConfigError("an SSP window needs a width of at least 1")
+        self.workers, self.low = workers, 0
+        self._counts = [0] * width
+
+    @property
+    def width(self) -> int:
+        return len(self._counts)
+
+    def admits(self, clock: int) -> bool:
+        return clock < self.low + self.width
+
+    def check(self, clock: int) -> None:
+        if clock < self.low or not self.admits(clock):
+            raise ProtocolError(f"clock {clock} is outside the open window [{self.low}, "
+                                f"{self.low + self.width}): the worker ran past its staleness "
+                                "bound")
+
+    def add(self, clock: int) -> None:
+        self.check(clock)
+        self._counts[clock % self.width] += 1
+        while self._counts[self.low % self.width] == self.workers:
+            self._counts[self.low % self.width] = 0
+            self.low += 1
+
+
+class SSP(_Scaled, _VectorClock):
+    """The pull for clock c waits until c - (slowest worker's clock) <= staleness."""
+
+    name = "ssp"
+
+    def __init__(self, workers: int, staleness: int) -> None:
+        super().__init__(workers)
+        self.staleness = staleness
+        self.window = SlidingWindow(workers, staleness + 1)
+
+    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
+        return self.window.admits(clock)
+
+    def on_push(self, worker: int, clock: int, grad: np.ndarray,
+                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
+        self.window.check(clock)  # before the vector clock moves, so a refused push leaves no trace
+        self.tick(worker, clock)
+        self.window.add(clock)
+        return self.scaled(grad)
+
+
+class DSSP(SSP):
+    """SSP whose bound stretches from ``staleness`` up to ``staleness + extra`` when the leader
+    is predicted to finish its next iteration before the slowest worker finishes its own."""
+
+    name = "dssp"
+
+    def __init__(self, workers: int, staleness: int, extra: int) -> None:
+        _VectorClock.__init__(self, workers)
+        self.staleness, self.extra = staleness, extra
+        self.window = SlidingWindow(workers, staleness + extra + 1)
+        self.timings = TimingHistory(workers)
+
+    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
+        lead = clock - self.window.low
+        if lead <= self.staleness:
+            return True
+        if lead > self.staleness + self.extra:
+            return False
+        return self._ends_before_slowest(worker)
+
+    def on_push(self, worker: int, clock: int, grad: np.ndarray,
+                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
+        update = super().on_push(worker, clock, grad, timing)
+        self.timings.observe(worker, timing.pushed_at, timing.waited_s)
+        return update
+
+    def _ends_before_slowest(self, worker: int) -> bool:
+        pushed = self.clocks()
+        slowest = pushed.index(min(pushed))  # lowest rank among the slowest: deterministic
+        mine, theirs = self._next_end(worker), self._next_end(slowest)
+        return mine is not None and theirs is not None and mine <= theirs
+
+    def _next_end(self, worker: int) -> float | None:
+        last, interval = self.timings.last_push(worker), self.timings.estimate(worker, "ewma")
+        if last is None or interval is None:
+            return None
+        return last + interval

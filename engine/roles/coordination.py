@@ -1,0 +1,355 @@
+"""The coordinator: admits every role of a run, relays reports to the recorder, decides the end.
+
+Roles connect with the run's join token and say hello; servers get their key range, workers and
+the evaluator get the shard map once every server is listening. From then on the coordinator
+only listens: iteration rows, evaluations and events go to the recorder; epoch ends and a timer
+trigger evaluations; the run ends when every worker is done, a stop condition holds, a role
+fails or disconnects, or the user interrupts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.config import RunConfig
+from engine.errors import ConnectionClosed, ProtocolError, PsctlError
+from engine.keys import Partitioner, RangePartitioner
+from engine.transport.base import Connection, Listener, Transport
+from engine.wire.messages import (
+    ControlMessage,
+    Done,
+    EpochDone,
+    Evaluate,
+    Evaluation,
+    Event,
+    Exit,
+    Fatal,
+    Hello,
+    Iterations,
+    Ready,
+    Serving,
+    ShardInfo,
+    Start,
+    Stop,
+    Syncs,
+    Welcome,
+    dump_control,
+    parse_control,
+)
+from engine.wire.messages import _Message as Message
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    RunStatus,
+    SyncRecord,
+)
+
+
+class RecorderSink(Protocol):
+    """What the coordinator needs of the recorder (``engine.recorder.Recorder`` fits)."""
+
+    def record_iterations(self, rows: list[IterationRecord]) -> None: ...
+
+    def record_evaluation(self, row: EvaluationRecord) -> None: ...
+
+    def record_event(self, row: EventRecord) -> None: ...
+
+    def record_sync(self, row: SyncRecord) -> None: ...
+
+
+@dataclass
+class Peer:
+    role: str
+    rank: int
+    connection: Connection
+    leaving: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.rank}"
+
+
+@dataclass
+class _Progress:
+    iterations_per_epoch: dict[int, int] = field(default_factory=dict)
+    iterations: dict[int, int] = field(default_factory=dict)
+    epochs_done: dict[int, int] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+
+    def epoch(self, workers: int) -> float:
+        """Training progress in epochs, averaged over workers."""
+        fractions = [self.iterations.get(w, 0) / ipe
+                     for w, ipe in self.iterations_per_epoch.items()]
+        return sum(fractions) / workers if fractions else 0.0
+
+
+class Coordinator:
+    def __init__(self, config: RunConfig, *, run_id: str, token: str, num_keys: int,
+                 recorder: RecorderSink, partitioner: Partitioner | None = None) -> None:
+        self.config, self.run_id, self.token, self.recorder = config, run_id, token, recorder
+        self.num_keys = num_keys
+        self.ranges = (partitioner or RangePartitioner()).ranges(num_keys, config.cluster.servers)
+        self.peers: dict[tuple[str, int], Peer] = {}
+        self.addresses: dict[int, str] = {}
+        self.servers_ready = asyncio.Event()
+        self.progress = _Progress()
+        self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
+            asyncio.get_running_loop().create_future()
+        self.started_at = time.time()
+        self.best_accuracy = 0.0
+        self._stop_reason: str | None = None
+        self._eval_pending = False
+        self._final: asyncio.Future[EvaluationRecord] | None = None
+        self._all_done = asyncio.Event()
+        self._listener: Listener | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, transport: Transport, host: str, port: int) -> str:
+        self._listener = await transport.listen(host, port, self._serve, token=self.token)
+        self._tasks = [asyncio.create_task(coro) for coro in
+                       (self._watch_registration(), self._evaluation_timer(), self._deadline())]
+        return self._listener.address
+
+    async def run(self) -> tuple[RunStatus, str | None]:
+        """Wait for the run to end, wind every role down, and return (status, reason)."""
+        finisher = asyncio.create_task(self._finish_when_done())
+        status, reason = await self.outcome
+        finisher.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await self._dismiss_all()
+        if self._listener is not None:
+            await self._listener.close()
+        return status, reason
+
+    def fail(self, reason: str) -> None:
+        self._event("run_failed", reason=reason)
+        self._settle(RunStatus.FAILED, reason)
+
+    def interrupt(self) -> None:
+        self._event("interrupted")
+        self._settle(RunStatus.INTERRUPTED, "interrupted by the user")
+
+    def _settle(self, status: RunStatus, reason: str | None) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result((status, reason))
+
+    # -- connections ----------------------------------------------------------------------------
+
+    async def _serve(self, connection: Connection) -> None:
+        try:
+            peer = await self._admit(connection)
+        except PsctlError as exc:
+            with contextlib.suppress(PsctlError):
+                await connection.close(1008, str(exc))
+            self.fail(f"a process could not join: {exc}")
+            return
+        try:
+            while True:
+                self._on_message(peer, parse_control(await connection.recv()))
+        except ConnectionClosed as exc:
+            if not peer.leaving and not self.outcome.done():
+                self.fail(f"{peer} disconnected unexpectedly ({exc}); see its log")
+        except PsctlError as exc:
+            self.fail(f"{peer} sent an invalid message: {exc}")
+
+    async def _admit(self, connection: Connection) -> Peer:
+        timeout = self.config.cluster.connect_timeout_s
+        try:
+            hello = parse_control(await asyncio.wait_for(connection.recv(), timeout))
+        except TimeoutError:
+            raise ProtocolError("no hello within the connect timeout") from None
+        if not isinstance(hello, Hello):
+            raise ProtocolError(f"expected hello, got {hello.type}")
+        peer = self._register(hello, connection)
+        if hello.role == "server":
+            shard = self.ranges[hello.rank]
+            own = ShardInfo(index=hello.rank, address="", start=shard.start, end=shard.end)
+            await self._send(peer, self._welcome(shards=[], own=own))
+        else:
+            try:
+                await asyncio.wait_for(self.servers_ready.wait(), timeout)
+            except TimeoutError:
+                raise ProtocolError(f"shard servers did not start listening within "
+                                    f"{timeout:.0f} s") from None
+            await self._send(peer, self._welcome(shards=self._shard_map(), own=None))
+        return peer
+
+    def _register(self, hello: Hello, connection: Connection) -> Peer:
+        limit = {"server": self.config.cluster.servers, "worker": self.config.cluster.workers,
+                 "evaluator": 1}[hello.role]
+        if hello.rank >= limit:
+            raise ProtocolError(f"{hello.role} rank {hello.rank} is outside 0..{limit - 1}")
+        if (hello.role, hello.rank) in self.peers:
+            raise ProtocolError(f"{hello.role} {hello.rank} joined twice")
+        peer = Peer(hello.role, hello.rank, connection)
+        self.peers[(hello.role, hello.rank)] = peer
+        self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid)
+        return peer
+
+    def _welcome(self, *, shards: list[ShardInfo], own: ShardInfo | None) -> Welcome:
+        return Welcome(run_id=self.run_id, config=self.config.to_json_dict(),
+                       num_keys=self.num_keys, shards=shards, own_range=own,
+                       started_at=self.started_at)
+
+    def _shard_map(self) -> list[ShardInfo]:
+        return [ShardInfo(index=i, address=self.addresses[i], start=r.start, end=r.end)
+                for i, r in enumerate(self.ranges)]
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def _on_message(self, peer: Peer, message: ControlMessage) -> None:
+        if isinstance(message, Iterations):
+            self._on_iterations(peer, message.rows)
+        elif isinstance(message, Evaluation):
+            self._on_evaluation(message)
+        elif isinstance(message, Event):
+            self.recorder.record_event(message.row)
+        elif isinstance(message, Syncs):
+            for row in message.rows:
+                self.recorder.record_sync(row)
+        elif isinstance(message, Serving):
+            self.addresses[peer.rank] = message.address
+            self._event("server_listening", rank=peer.rank, address=message.address)
+            if len(self.addresses) == self.config.cluster.servers:
+                self.servers_ready.set()
+        elif isinstance(message, Ready):
+            self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
+            if len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
+                self._event("training_started")
+                for worker in [p for p in self.peers.values() if p.role == "worker"]:
+                    self._spawn(self._send(worker, Start()))
+        elif isinstance(message, EpochDone):
+            self._on_epoch_done(peer.rank, message.epoch)
+        elif isinstance(message, Done):
+            self._on_done(peer, message)
+        elif isinstance(message, Fatal):
+            self._event("process_error", role=peer.role, rank=peer.rank,
+                        message=message.message, traceback=message.traceback[-4000:])
+            self.fail(f"{peer} failed: {message.message}")
+        else:
+            raise ProtocolError(f"{peer} may not send {message.type}")
+
+    def _on_iterations(self, peer: Peer, rows: list[IterationRecord]) -> None:
+        if any(row.worker != peer.rank for row in rows):
+            raise ProtocolError(f"{peer} reported iterations of another worker")
+        self.recorder.record_iterations(rows)
+        if rows:
+            self.progress.iterations[peer.rank] = rows[-1].iteration + 1
+
+    def _on_evaluation(self, message: Evaluation) -> None:
+        self.recorder.record_evaluation(message.row)
+        self._eval_pending = False
+        self.best_accuracy = max(self.best_accuracy, message.row.accuracy)
+        target = self.config.stop.target_accuracy
+        if target is not None and message.row.accuracy >= target:
+            self._begin_stop(f"target accuracy {target:.4f} reached")
+        if message.final and self._final is not None and not self._final.done():
+            self._final.set_result(message.row)
+
+    def _on_epoch_done(self, rank: int, epoch: int) -> None:
+        workers = self.config.cluster.workers
+        before = min(self.progress.epochs_done.get(w, -1) for w in range(workers))
+        self.progress.epochs_done[rank] = epoch
+        after = min(self.progress.epochs_done.values())
+        if len(self.progress.epochs_done) == self.config.cluster.workers and after > before:
+            self._event("epoch_done", epoch=after)
+            if after + 1 < self.config.train.epochs:
+                self._request_evaluation(float(after + 1), final=False)
+
+    def _on_done(self, peer: Peer, message: Done) -> None:
+        peer.leaving = True  # a worker that is done closes its connection; that is no failure
+        self.progress.done.add(peer.rank)
+        self._event("worker_done", rank=peer.rank, iterations=message.iterations,
+                    reason=message.reason)
+        if len(self.progress.done) == self.config.cluster.workers:
+            self._all_done.set()
+
+    # -- ending ---------------------------------------------------------------------------------
+
+    def _begin_stop(self, reason: str) -> None:
+        if self._stop_reason is not None:
+            return
+        self._stop_reason = reason
+        self._event("stop", reason=reason)
+        for peer in list(self.peers.values()):
+            if peer.role in ("worker", "server"):
+                self._spawn(self._send(peer, Stop(reason=reason)))
+
+    async def _finish_when_done(self) -> None:
+        await self._all_done.wait()
+        if self._stop_reason is None:  # every epoch ran: freeze the model for the final test
+            self._begin_stop("all epochs done")
+        self._final = asyncio.get_running_loop().create_future()
+        self._request_evaluation(self.progress.epoch(self.config.cluster.workers), final=True)
+        try:
+            await asyncio.wait_for(self._final, self.config.cluster.request_timeout_s)
+        except TimeoutError:
+            self.fail("the evaluator did not deliver the final evaluation in time")
+            return
+        self._settle(RunStatus.FINISHED, self._stop_reason)
+
+    async def _dismiss_all(self) -> None:
+        for peer in self.peers.values():
+            peer.leaving = True
+        await asyncio.gather(*(self._send(peer, Exit()) for peer in self.peers.values()),
+                             return_exceptions=True)
+        # Give roles a moment to send their last events and close on their side.
+        await asyncio.sleep(0.2)
+        await asyncio.gather(*(peer.connection.close() for peer in self.peers.values()),
+                             return_exceptions=True)
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    async def _watch_registration(self) -> None:
+        await asyncio.sleep(self.config.cluster.connect_timeout_s)
+        expected = [("server", r) for r in range(self.config.cluster.servers)]
+        expected += [("worker", r) for r in range(self.config.cluster.workers)]
+        expected.append(("evaluator", 0))
+        missing = [f"{role} {rank}" for role, rank in expected if (role, rank) not in self.peers]
+        if missing:
+            self.fail(f"{', '.join(missing)} did not join within "
+                      f"{self.config.cluster.connect_timeout_s:.0f} s; see their logs")
+
+    async def _evaluation_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.eval.interval_s)
+            if self.progress.iterations and self._stop_reason is None:
+                self._request_evaluation(self.progress.epoch(self.config.cluster.workers),
+                                         final=False)
+
+    async def _deadline(self) -> None:
+        if self.config.stop.max_seconds is None:
+            return
+        await asyncio.sleep(self.config.stop.max_seconds)
+        self._begin_stop(f"time limit of {self.config.stop.max_seconds:g} s reached")
+
+    def _request_evaluation(self, epoch: float, *, final: bool) -> None:
+        evaluator = self.peers.get(("evaluator", 0))
+        if evaluator is None or (self._eval_pending and not final):
+            return
+        self._eval_pending = True
+        self._spawn(self._send(evaluator, Evaluate(epoch=epoch, final=final)))
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    async def _send(self, peer: Peer, message: Message) -> None:
+        try:
+            await peer.connection.send(dump_control(message))
+        except ConnectionClosed:
+            if not peer.leaving:
+                self.fail(f"{peer} disconnected unexpectedly")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.append(task)
+
+    def _event(self, kind: str, **detail: Any) -> None:
+        self.recorder.record_event(EventRecord(at=time.time(), kind=kind, detail=detail))
+

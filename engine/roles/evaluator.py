@@ -1,0 +1,87 @@
+"""The evaluator: on the coordinator's request, pull the current model and test it.
+
+It runs in its own process so that evaluating the full test set never stalls a worker; its pull
+uses ``ANY_CLOCK`` so no consistency model ever holds it back.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from pathlib import Path
+
+import torch
+
+from engine.aio import LoopThread
+from engine.config import RunConfig
+from engine.datasets import load_dataset
+from engine.errors import RunFailed
+from engine.keys import KeyRange
+from engine.models.flat import FlatModel, evaluate
+from engine.models.spec import MLPSpec
+from engine.roles.control import Lost, SyncControl
+from engine.roles.worker import connect_client
+from engine.transport.base import Transport
+from engine.wire.messages import Evaluate, Evaluation, Exit, Hello, Stop
+from engine.wire.protocol import ANY_CLOCK, Role
+from engine.wire.records import EvaluationRecord
+from engine.worker.client import ParameterClient, PullResult
+
+
+class Evaluator:
+    def __init__(self, model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor,
+                 client: ParameterClient, started_at: float) -> None:
+        self.model, self.inputs, self.targets = model, inputs, targets
+        self.client, self.started_at = client, started_at
+        self.keys = KeyRange(0, model.spec.num_keys)
+
+    def measure(self, epoch: float) -> EvaluationRecord:
+        pulled = self.client.wait(self.client.pull(self.keys, self.model.params_np,
+                                                   clock=ANY_CLOCK))
+        assert isinstance(pulled, PullResult)
+        accuracy, loss = evaluate(self.model.module, self.inputs, self.targets)
+        now = time.time()
+        return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0),
+                                step=max(pulled.versions.values()), accuracy=accuracy,
+                                loss=loss, epoch=epoch)
+
+
+def serve_requests(evaluator: Evaluator, control: SyncControl) -> None:
+    """Answer Evaluate requests until the coordinator says exit (or goes away)."""
+    while True:
+        try:
+            message = control.inbox.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if isinstance(message, Lost):
+            raise RunFailed(message.reason)
+        if isinstance(message, Exit):
+            return
+        if isinstance(message, Evaluate):
+            row = evaluator.measure(message.epoch)
+            control.send(Evaluation(row=row, final=message.final))
+        elif not isinstance(message, Stop):
+            raise RunFailed(f"the evaluator got an unexpected {message.type} message")
+
+
+def run_evaluator(transport: Transport, coordinator: str, *, token: str) -> None:
+    io = LoopThread("evaluator-io")
+    control, welcome = SyncControl.open(io, transport, coordinator,
+                                        Hello(role="evaluator", rank=0, pid=os.getpid()),
+                                        token=token, timeout=60.0)
+    config = RunConfig.model_validate(welcome.config)
+    torch.set_num_threads(config.train.torch_threads)
+    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+    dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
+    model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
+                              dataset.spec.num_classes), seed=config.train.seed)
+    client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io)
+    evaluator = Evaluator(model, torch.from_numpy(dataset.test_x),
+                          torch.from_numpy(dataset.test_y), client, welcome.started_at)
+    try:
+        serve_requests(evaluator, control)
+    finally:
+        client.close()
+        control.close()
+        io.stop()

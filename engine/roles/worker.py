@@ -1,0 +1,57 @@
+"""The worker role: join the coordinator, load this worker's data, train, report."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from engine.aio import LoopThread
+from engine.config import RunConfig
+from engine.datasets import load_dataset
+from engine.keys import KeyRange
+from engine.models.flat import FlatModel
+from engine.models.spec import MLPSpec
+from engine.roles.control import SyncControl
+from engine.transport.base import Transport
+from engine.wire.messages import Hello, Welcome
+from engine.wire.protocol import Role
+from engine.worker.client import ParameterClient, ShardAddress
+from engine.worker.loops import Worker, shard_for
+
+
+def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str) -> int:
+    """The worker role: join, load data, train, report. Returns the iterations done."""
+    io = LoopThread(f"worker-{rank}-io")
+    control, welcome = SyncControl.open(io, transport, coordinator,
+                                        Hello(role="worker", rank=rank, pid=os.getpid()),
+                                        token=token, timeout=60.0)
+    config = RunConfig.model_validate(welcome.config)
+    torch.set_num_threads(config.train.torch_threads)
+    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+    dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
+    shard = shard_for(dataset.train_x, dataset.train_y, rank=rank,
+                      workers=config.cluster.workers, seed=config.train.seed,
+                      batch_size=config.train.batch_size)
+    model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
+                              dataset.spec.num_classes), seed=config.train.seed)
+    client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io)
+    try:
+        return Worker(welcome, rank, control, client).run(shard, model)
+    finally:
+        client.close()
+        control.close()
+        io.stop()
+
+
+def connect_client(transport: Transport, welcome: Welcome, config: RunConfig, role: Role,
+                   rank: int, token: str, io: LoopThread) -> ParameterClient:
+    shards = [ShardAddress(s.index, s.address, KeyRange(s.start, s.end)) for s in welcome.shards]
+    client = ParameterClient(
+        transport, shards, token=token, run=bytes.fromhex(welcome.run_id)[:16], role=role,
+        rank=rank, connect_timeout_s=config.cluster.connect_timeout_s,
+        request_timeout_s=config.cluster.request_timeout_s,
+        max_frame_bytes=config.cluster.max_frame_bytes, io=io)
+    client.connect()
+    return client

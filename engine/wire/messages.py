@@ -1,0 +1,161 @@
+"""Control messages between the coordinator and the other roles: JSON in websocket text frames.
+
+Tensor traffic never goes here (see ``engine.wire.protocol``). Every message is parsed into one
+of the
+pydantic models below; anything else is refused with a ``ProtocolError`` naming the problem.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from engine.errors import ProtocolError
+from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, SyncRecord
+
+MAX_CONTROL_BYTES = 8 * 2**20
+RoleName = Literal["server", "worker", "evaluator"]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Hello(_Message):
+    type: Literal["hello"] = "hello"
+    role: RoleName
+    rank: int = Field(ge=0)
+    pid: int = Field(ge=0)
+
+
+class ShardInfo(_Message):
+    index: int = Field(ge=0)
+    address: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+class Welcome(_Message):
+    type: Literal["welcome"] = "welcome"
+    run_id: str
+    config: dict[str, Any]
+    num_keys: int = Field(ge=1)
+    shards: list[ShardInfo]  # empty for servers: they learn only their own range
+    own_range: ShardInfo | None = None
+    started_at: float
+
+
+class Iterations(_Message):
+    type: Literal["iterations"] = "iterations"
+    rows: list[IterationRecord]
+
+
+class Evaluation(_Message):
+    type: Literal["evaluation"] = "evaluation"
+    row: EvaluationRecord
+    final: bool = False
+
+
+class Event(_Message):
+    type: Literal["event"] = "event"
+    row: EventRecord
+
+
+class Syncs(_Message):
+    """ElasticBSP barrier decisions and completions, from shard server 0."""
+
+    type: Literal["syncs"] = "syncs"
+    rows: list[SyncRecord] = Field(min_length=1)
+
+
+class Serving(_Message):
+    """A shard server listens for workers at ``address``."""
+
+    type: Literal["serving"] = "serving"
+    address: str
+
+
+class Ready(_Message):
+    """A worker has its data and model and is about to train."""
+
+    type: Literal["ready"] = "ready"
+    iterations_per_epoch: int = Field(ge=1)
+    train_samples: int = Field(ge=1)
+
+
+class Start(_Message):
+    """To every worker once all of them are ready: training starts together, so that start-up
+    skew (process spawn, torch import, data load) is not counted as one worker leading."""
+
+    type: Literal["start"] = "start"
+
+
+class EpochDone(_Message):
+    type: Literal["epoch_done"] = "epoch_done"
+    epoch: int = Field(ge=0)
+
+
+class Done(_Message):
+    type: Literal["done"] = "done"
+    iterations: int = Field(ge=0)
+    reason: str
+
+
+class Fatal(_Message):
+    type: Literal["fatal"] = "fatal"
+    message: str
+    traceback: str = ""
+
+
+class Evaluate(_Message):
+    type: Literal["evaluate"] = "evaluate"
+    epoch: float = Field(ge=0)
+    final: bool = False
+
+
+class Stop(_Message):
+    type: Literal["stop"] = "stop"
+    reason: str
+
+
+class Exit(_Message):
+    type: Literal["exit"] = "exit"
+
+
+ControlMessage = Annotated[
+    Hello
+    | Welcome
+    | Serving
+    | Ready
+    | Iterations
+    | Evaluation
+    | Event
+    | Syncs
+    | Start
+    | EpochDone
+    | Done
+    | Fatal
+    | Evaluate
+    | Stop
+    | Exit,
+    Field(discriminator="type"),
+]
+_ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
+
+
+def parse_control(message: str | bytes) -> ControlMessage:
+    if isinstance(message, bytes):
+        raise ProtocolError("binary frame on the control connection: send JSON text")
+    if len(message) > MAX_CONTROL_BYTES:
+        raise ProtocolError(f"control message of {len(message)} bytes exceeds {MAX_CONTROL_BYTES}")
+    try:
+        return _ADAPTER.validate_json(message)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "message"
+        raise ProtocolError(f"invalid control message at {where}: {first['msg']}") from None
+
+
+def dump_control(message: _Message) -> str:
+    return message.model_dump_json()

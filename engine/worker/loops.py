@@ -1,0 +1,286 @@
+"""A worker: pull parameters, compute a gradient on its shard of the data, push it, report.
+
+Each iteration's wall time is split into the time the loop was blocked in each phase, so that
+compute_s + push_s + pull_s + wait_s equals it exactly (wait_s is the part of a pull the servers
+held back for consistency: idle time). With ``train.overlap`` (asp only) the pull for the next
+iteration is issued before computing, so communication runs while torch computes; bounded delay
+has its own loop (``engine.worker.delayed``). Injected slowness
+(``engine.worker.heterogeneity``) is slept
+inside the compute phase.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.config import RunConfig
+from engine.errors import RunFailed, ShuttingDown
+from engine.keys import KeyRange
+from engine.models.flat import FlatModel, train_step
+from engine.roles.control import Lost, SyncControl
+from engine.wire.messages import (
+    Done,
+    EpochDone,
+    Exit,
+    Iterations,
+    Ready,
+    Start,
+    Stop,
+    Welcome,
+)
+from engine.wire.records import IterationRecord
+from engine.worker.client import ParameterClient, PullResult, PushResult
+from engine.worker.heterogeneity import Slowdown
+
+REPORT_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This worker's part of the training set, and how it is cut into batches."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    batch_size: int
+
+    @property
+    def iterations_per_epoch(self) -> int:
+        return math.ceil(len(self.targets) / self.batch_size)
+
+    def batches(self, rng: np.random.Generator) -> list[np.ndarray]:
+        order = rng.permutation(len(self.targets))
+        return [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
+
+def shard_for(inputs: np.ndarray, targets: np.ndarray, *, rank: int, workers: int, seed: int,
+              batch_size: int) -> Shard:
+    """Equal-sized disjoint shards, so every worker runs the same number of iterations (which
+    BSP needs); at most ``workers - 1`` samples are left out."""
+    per_worker = len(targets) // workers
+    if per_worker == 0:
+        raise RunFailed(f"{len(targets)} training samples cannot feed {workers} workers")
+    order = np.random.default_rng(seed).permutation(len(targets))
+    mine = np.sort(order[rank * per_worker:(rank + 1) * per_worker])
+    return Shard(inputs[mine], targets[mine], batch_size)
+
+
+class Worker:
+    def __init__(self, welcome: Welcome, rank: int, control: SyncControl,
+                 client: ParameterClient) -> None:
+        self.config = RunConfig.model_validate(welcome.config)
+        self.rank, self.control, self.client = rank, control, client
+        self.keys = KeyRange(0, welcome.num_keys)
+        self._pending: list[IterationRecord] = []
+        self._last_report = time.monotonic()
+        self._stopping: str | None = None
+        self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
+
+    def run(self, shard: Shard, model: FlatModel) -> int:
+        """Train until the epochs are done or the coordinator says stop; returns iterations."""
+        if self.rank == 0:
+            self.client.wait(self.client.init(model.params_np))
+        self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
+                                train_samples=len(shard.targets)))
+        self._await_start()
+        done = self._loop_class()(self, model).train(shard)
+        self._flush()
+        self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
+        return done
+
+    def _loop_class(self) -> type[_PlainLoop]:
+        if self.config.train.overlap:
+            return _OverlappedLoop
+        if self.config.sync.model == "bounded-delay":
+            from engine.worker.delayed import DelayedLoop
+
+            return DelayedLoop
+        return _PlainLoop
+
+    def _await_start(self) -> None:
+        """Block until the coordinator says every worker is ready (or the run ends first)."""
+        limit = self.config.cluster.connect_timeout_s
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            for message in self.control.poll():
+                if isinstance(message, Start):
+                    return
+                self._obey(message)
+            if self._stopping is not None:
+                return
+            time.sleep(0.005)
+        raise RunFailed(f"no start from the coordinator within {limit:.0f} s (cluster."
+                        "connect_timeout_s): another worker never became ready")
+
+    def should_stop(self) -> bool:
+        for message in self.control.poll():
+            self._obey(message)
+        return self._stopping is not None
+
+    def _obey(self, message: object) -> None:
+        if isinstance(message, Lost):
+            raise RunFailed(message.reason)
+        if isinstance(message, Exit):
+            raise RunFailed("the coordinator ended the run")
+        if isinstance(message, Stop):
+            self._stopping = message.reason
+
+    def record(self, row: IterationRecord) -> None:
+        self._pending.append(row)
+        if time.monotonic() - self._last_report >= REPORT_EVERY_S:
+            self._flush()
+
+    def epoch_done(self, epoch: int) -> None:
+        self._flush()
+        self.control.send(EpochDone(epoch=epoch))
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.control.send(Iterations(rows=self._pending))
+            self._pending = []
+        self._last_report = time.monotonic()
+
+
+class _PlainLoop:
+    """pull -> compute -> push, each waited for: the textbook loop, right for every model."""
+
+    def __init__(self, worker: Worker, model: FlatModel) -> None:
+        self.worker, self.model = worker, model
+        self.client = worker.client
+        self.last_clock = -1
+
+    def compute(self, shard: Shard, batch: np.ndarray) -> float:
+        """One gradient into ``model.grads_np``, stretched by any injected slowness."""
+        started = time.perf_counter()
+        loss = _compute(self.model, shard, batch)
+        self.worker.slowdown.stretch(time.perf_counter() - started)
+        return loss
+
+    def push(self, clock: int, pulled: PullResult, waited_s: float) -> tuple[int, float]:
+        """Send this clock's gradient stamped with its timing; (request id, pushed_at)."""
+        pushed_at = time.time()
+        request = self.client.push(self.worker.keys, self.model.grads_np, clock=clock,
+                                   base_versions=pulled.versions, pushed_at=pushed_at,
+                                   waited_s=waited_s, final=clock == self.last_clock)
+        return request, pushed_at
+
+    def train(self, shard: Shard) -> int:
+        """Run the epochs, one ``step`` per batch; returns the iterations done. A run that is
+        stopping (the coordinator said so, or a server is draining) ends after the step."""
+        cfg, clock = self.worker.config.train, 0
+        self.last_clock = cfg.epochs * shard.iterations_per_epoch - 1
+        try:
+            self.begin()
+            for epoch in range(cfg.epochs):
+                rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
+                for batch in shard.batches(rng):
+                    if self.worker.should_stop():
+                        return clock
+                    self.step(shard, batch, epoch, clock)
+                    clock += 1
+                self.worker.epoch_done(epoch)
+            return clock
+        except ShuttingDown as exc:
+            self.worker._stopping = self.worker._stopping or str(exc)
+            return clock
+        finally:
+            self.end()
+
+    def begin(self) -> None:
+        """Before the first step (loops that keep requests in flight start them here)."""
+
+    def end(self) -> None:
+        """After the last step, also on a stop or an error: settle what is still in flight."""
+
+    def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
+        self.worker.record(self._iteration(shard, batch, epoch, clock))
+
+    def _iteration(self, shard: Shard, batch: np.ndarray, epoch: int,
+                   clock: int) -> IterationRecord:
+        started = time.time()
+        t0 = time.perf_counter()
+        pulled = self.client.wait(self.client.pull(self.worker.keys, self.model.params_np,
+                                                   clock=clock))
+        assert isinstance(pulled, PullResult)
+        t1 = time.perf_counter()
+        loss = self.compute(shard, batch)
+        t2 = time.perf_counter()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        request, pushed_at = self.push(clock, pulled, wait_s)
+        pushed = self.client.wait(request)
+        assert isinstance(pushed, PushResult)
+        t3 = time.perf_counter()
+        row = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                   t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
+        return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
+
+
+class _OverlappedLoop(_PlainLoop):
+    """Prefetch the next pull while computing and leave the push in flight (asp).
+
+    The next pull is issued before this iteration's push, so every gradient is at least one
+    update stale; in exchange the round trip hides behind computation.
+    """
+
+    def begin(self) -> None:
+        self._unacked: tuple[int, PullResult, IterationRecord] | None = None
+        self._staging = np.empty_like(self.model.params_np)
+        self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=0)
+
+    def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
+        started, t0 = time.time(), time.perf_counter()
+        pulled = self.client.wait(self._in_flight)
+        assert isinstance(pulled, PullResult)
+        np.copyto(self.model.params_np, self._staging)
+        if clock < self.last_clock:
+            self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=clock + 1)
+        t1 = time.perf_counter()
+        loss = self.compute(shard, batch)
+        t2 = time.perf_counter()
+        self._settle(self._unacked)
+        self._unacked = None
+        wait_s = min(pulled.wait_s, t1 - t0)
+        push_id, pushed_at = self.push(clock, pulled, wait_s)
+        t3 = time.perf_counter()
+        provisional = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                           t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
+        self._unacked = (push_id, pulled, provisional.model_copy(update={"pushed_at": pushed_at}))
+
+    def end(self) -> None:
+        self._settle(self._unacked)
+
+    def _settle(self, unacked: tuple[int, PullResult, IterationRecord] | None) -> None:
+        """Wait for the previous push's ack and record that iteration with its staleness."""
+        if unacked is None:
+            return
+        push_id, pulled, row = unacked
+        pushed = self.client.wait(push_id)
+        assert isinstance(pushed, PushResult)
+        self.worker.record(row.model_copy(update={
+            "staleness": pushed.staleness,
+            "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
+            "bytes_received": pushed.bytes_received + pulled.bytes_received,
+            "acked_at": pushed.answered_at,
+        }))
+
+
+def _compute(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
+    inputs = torch.from_numpy(shard.inputs[batch])
+    targets = torch.from_numpy(shard.targets[batch])
+    return train_step(model, inputs, targets)
+
+
+def _row(rank: int, clock: int, epoch: int, started: float, wall: float, compute: float,
+         push: float, pull: float, wait: float, pushed: PushResult | None, pulled: PullResult,
+         loss: float, samples: int) -> IterationRecord:
+    sent = pulled.bytes_sent + (pushed.bytes_sent if pushed else 0)
+    received = pulled.bytes_received + (pushed.bytes_received if pushed else 0)
+    return IterationRecord(
+        worker=rank, iteration=clock, epoch=epoch, started_at=started, ended_at=started + wall,
+        compute_s=compute, push_s=push, pull_s=max(pull, 0.0), wait_s=wait,
+        staleness=pushed.staleness if pushed else 0, loss=loss, samples=samples,
+        bytes_sent=sent, bytes_received=received)
