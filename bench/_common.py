@@ -315,8 +315,9 @@ def _wait_for_stdin_eof(loop: asyncio.AbstractEventLoop, done: asyncio.Event) ->
 
 async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
     from engine.config import OptimizerConfig
-    from engine.consistency.base import make_controller
+    from engine.consistency.registry import make_controller
     from engine.keys import KeyRange
+    from engine.models.spec import MLPSpec
     from engine.server.optimizers import make_optimizer
     from engine.server.service import ShardServer
     from engine.server.shard import ShardState
@@ -327,8 +328,11 @@ async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
     optimizer = (
         _NoOptimizer() if args.optimizer == "none" else make_optimizer(OptimizerConfig(), len(keys))
     )
+    # The clock ranges a real run's shard has: the MLP's layers cut at the shard's bounds.
+    ranges = MLPSpec(INPUT_DIM, HIDDEN, CLASSES).layout().clock_ranges(keys)
     state = ShardState(
-        keys, make_controller(args.sync, workers=args.workers, keys=len(keys)), optimizer
+        keys, make_controller(args.sync, workers=args.workers, ranges=len(ranges)), optimizer,
+        workers=args.workers, ranges=ranges,
     )
     server = ShardServer(state, run=RUN_ID, rank=args.rank, max_frame_bytes=MAX_FRAME_BYTES)
     address = await server.start(
@@ -345,7 +349,7 @@ async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
 class _NoOptimizer:
     """Diagnostic only: accepts every update and changes nothing (what SGD costs, by difference)."""
 
-    def step(self, params: Any, grad: Any) -> None:
+    def apply(self, params: Any, update: Any) -> None:
         pass
 
 

@@ -1,7 +1,7 @@
 """Per-iteration time of one psctl worker and one shard server versus what the parts cost alone.
 
-psctl: the real ``engine.worker.Worker`` running its real iteration loops (``_PlainLoop``: pull,
-``train_step``, push, each waited for; ``_OverlappedLoop``: the next pull prefetched during the
+psctl: the real ``engine.worker.Worker`` running its real iteration loops (``PlainLoop``: pull,
+``train_step``, push, each waited for; ``OverlappedLoop``: the next pull prefetched during the
 step, the push left in flight) against a fresh ``ShardServer`` process per pass. There is no
 coordinator: the worker's ``ParameterClient`` is built by
 ``engine.roles.worker.connect_client`` from a
@@ -82,14 +82,14 @@ class StandInControl:
 
 
 def pipelined_plain_loop() -> type:
-    """A PROPOSED variant of ``engine.worker._PlainLoop``, not part of psctl: pull(t + 1) is sent
+    """A PROPOSED variant of ``engine.worker.PlainLoop``, not part of psctl: pull(t + 1) is sent
     right behind push(t) instead of after push(t)'s ack. Every shard handles one connection's
     frames in order, so it applies the push before it reads the values for that pull: what the
-    worker computes on is exactly what ``_PlainLoop`` gives it (BSP still holds the pull until
+    worker computes on is exactly what ``PlainLoop`` gives it (BSP still holds the pull until
     the clock is complete); one round trip per iteration is saved."""
     from engine.worker import loops as w
 
-    class PipelinedPlainLoop(w._PlainLoop):
+    class PipelinedPlainLoop(w.PlainLoop):
         _next: int | None = None
         _total = 0
 
@@ -109,7 +109,7 @@ def pipelined_plain_loop() -> type:
             self._next = None
             pulled = self.client.wait(pending)
             t1 = time.perf_counter()
-            loss = w._compute(self.model, shard, batch)
+            loss = w.compute_gradient(self.model, shard, batch)
             t2 = time.perf_counter()
             push_id = self.client.push(
                 keys, self.model.grads_np, clock=clock, base_versions=pulled.versions
@@ -119,7 +119,7 @@ def pipelined_plain_loop() -> type:
             pushed = self.client.wait(push_id)
             t3 = time.perf_counter()
             wait_s = min(pulled.wait_s, t1 - t0)
-            return w._row(
+            return w.iteration_row(
                 self.worker.rank,
                 clock,
                 epoch,
@@ -148,7 +148,7 @@ def psctl_pass(
 ) -> dict[str, Any]:
     """One fresh server process, one worker run of ``iterations``; seconds per iteration.
 
-    ``plain_loop`` replaces ``engine.worker._PlainLoop`` for this pass (a proposed variant)."""
+    ``plain_loop`` replaces ``engine.worker.PlainLoop`` for this pass (a proposed variant)."""
     from engine.aio import LoopThread
     from engine.config import RunConfig
     from engine.roles.worker import connect_client
@@ -200,12 +200,12 @@ def psctl_pass(
         counters = C.Counters([server.pid])
         threads = {"main": threading.get_native_id(), "io": io._thread.native_id}
         before = {name: C.thread_cpu_s(tid) for name, tid in threads.items()}
-        original = worker_module._PlainLoop
-        worker_module._PlainLoop = plain_loop or original  # type: ignore[misc]
+        original = worker_module.PlainLoop
+        worker_module.PlainLoop = plain_loop or original  # type: ignore[misc]
         try:
             done = Worker(welcome, 0, control, client).run(shard, model)  # type: ignore[arg-type]
         finally:
-            worker_module._PlainLoop = original  # type: ignore[misc]
+            worker_module.PlainLoop = original  # type: ignore[misc]
         cpu = counters.per(done)
         for name, tid in threads.items():
             cpu[f"client_{name}_thread_cpu_ms"] = 1e3 * (C.thread_cpu_s(tid) - before[name]) / done
@@ -455,7 +455,7 @@ def main() -> None:
             "rounds": rounds,
             "torch_threads": 1,
             "server": "fresh ShardServer process per psctl pass; SGD lr 0.1 momentum 0.9",
-            "worker": "engine.worker.Worker with _PlainLoop/_OverlappedLoop; stand-in control",
+            "worker": "engine.worker.Worker with PlainLoop/OverlappedLoop; stand-in control",
             "frame_bytes": C.frame_sizes(spec.num_keys),
             "quick": args.quick,
             "malloc_env_in_all_processes": C.MALLOC_ENV,
@@ -505,8 +505,8 @@ def _findings(results: dict[str, Any]) -> str:
         f"The overlapped loop burns {cpu:.1f} ms of CPU per iteration (worker main and I/O "
         f"threads and server); on 2 vCPUs that alone needs at least {cpu / 2:.1f} ms of wall "
         f"time, {cpu / 2 / best:.2f}x the baseline, before any waiting. The proposed plain loop "
-        f"(pull(t+1) sent behind push(t), a bench-only subclass of `_PlainLoop`) takes "
-        f"{results['proposed_vs_plain_asp']:.2f}x the time of `_PlainLoop` (asp), median of the "
+        f"(pull(t+1) sent behind push(t), a bench-only subclass of `PlainLoop`) takes "
+        f"{results['proposed_vs_plain_asp']:.2f}x the time of `PlainLoop` (asp), median of the "
         "per-round ratios."
     )
 
@@ -533,7 +533,7 @@ def _cpu_line(results: dict[str, Any]) -> str:
 def _doc(rows: list[str], info: dict[str, Any], rounds: int, iterations: int) -> str:
     intro = C.paragraph(f"""
         Time per training iteration of one worker and one shard server process: the real
-        `engine.worker.Worker` and its `_PlainLoop` / `_OverlappedLoop` (its client built by
+        `engine.worker.Worker` and its `PlainLoop` / `OverlappedLoop` (its client built by
         `engine.roles.worker.connect_client`; no coordinator: a stand-in control channel serialises
         the worker's reports on its I/O thread and delivers nothing), MNIST MLP
         784-512-512-512-10, batch 64 of random MNIST-shaped inputs, one torch thread, a fresh

@@ -11,12 +11,35 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from engine.errors import ConfigError
+from engine.registry import Registry
 
-SyncModel = Literal["bsp", "asp", "ssp", "bounded-delay", "dssp", "elastic"]
-SYNC_MODELS: tuple[str, ...] = ("bsp", "asp", "ssp", "bounded-delay", "dssp", "elastic")
+
+def _registered(kind: str, name: str) -> str:
+    """``name`` if the registry of ``kind`` knows it; the error lists the known names. The
+    registries are imported here, lazily, because their policies import this module."""
+    from engine.consistency.registry import CONSISTENCY_MODELS
+    from engine.server.aggregation import AGGREGATION_RULES
+    from engine.server.optimizers import SERVER_OPTIMIZERS
+    from engine.worker.registry import WORKER_LOOPS
+
+    registries: dict[str, Registry[Any]] = {
+        "sync": CONSISTENCY_MODELS, "optimizer": SERVER_OPTIMIZERS,
+        "aggregation": AGGREGATION_RULES, "loop": WORKER_LOOPS}
+    registry = registries[kind]
+    if name not in registry and not (kind == "loop" and name == "auto"):
+        known = ", ".join((("auto",) if kind == "loop" else ()) + registry.names())
+        raise ValueError(f"unknown {registry.kind} {name!r} (known: {known})")
+    return name
 
 
 class _Frozen(BaseModel):
@@ -47,7 +70,7 @@ class HistorySeed(_Frozen):
 
 
 class SyncConfig(_Frozen):
-    model: SyncModel = Field("bsp", description="consistency model")
+    model: str = Field("bsp", description="consistency model (engine.consistency.registry)")
     staleness: int = Field(3, ge=0, le=10_000,
                            description="ssp, dssp: clocks the fastest worker may lead the slowest")
     range: int = Field(4, ge=0, le=10_000,
@@ -60,9 +83,20 @@ class SyncConfig(_Frozen):
         "ewma", description="elastic: last interval (the paper's) or a robust recent average")
     history: HistorySeed | None = Field(
         None, description="elastic: timings of a previous run that replace the monitoring phase")
-    push_scale: Literal["mean", "sum"] = Field("mean", description=(
+    push_scale: str = Field("mean", description=(
         "models that apply pushes one by one: each push applies 1/workers of its gradient (mean: "
-        "the same step per round as BSP's averaged update) or all of it (sum)"))
+        "the same step per round as BSP's averaged update) or all of it (sum); the "
+        "aggregation rule of engine.server.aggregation"))
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return _registered("sync", value)
+
+    @field_validator("push_scale")
+    @classmethod
+    def _known_rule(cls, value: str) -> str:
+        return _registered("aggregation", value)
 
 
 class Straggler(_Frozen):
@@ -96,11 +130,16 @@ class ModelConfig(_Frozen):
 
 
 class OptimizerConfig(_Frozen):
-    name: Literal["sgd"] = "sgd"
+    name: str = Field("sgd", description="server optimizer (engine.server.optimizers)")
     lr: float = Field(0.1, gt=0, description="server learning rate")
     momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = False
     weight_decay: float = Field(0.0, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        return _registered("optimizer", value)
 
 
 class TrainConfig(_Frozen):
@@ -111,6 +150,14 @@ class TrainConfig(_Frozen):
         False, description="prefetch the next pull during compute (asp only; adds staleness 1)"
     )
     torch_threads: int = Field(1, ge=1, description="intra-op threads per worker")
+    loop: str = Field("auto", description=(
+        "worker loop (engine.worker.registry); auto: overlapped, delayed or plain as the "
+        "settings need"))
+
+    @field_validator("loop")
+    @classmethod
+    def _known_loop(cls, value: str) -> str:
+        return _registered("loop", value)
 
 
 class StopConfig(_Frozen):
@@ -138,6 +185,12 @@ class RunConfig(_Frozen):
     def _coherent(self) -> RunConfig:
         if self.train.overlap and self.sync.model != "asp":
             raise ValueError(f"train.overlap needs asp; {self.sync.model} must wait for its pulls")
+        loop, model = self.train.loop, self.sync.model
+        if loop == "overlapped" and model != "asp":
+            raise ValueError(f"train.loop overlapped needs asp; {model} must wait for its pulls")
+        if (loop == "delayed") != (model == "bounded-delay") and loop != "auto":
+            raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
+                             "runs the delayed loop, and only it does")
         ranks = [s.rank for s in self.heterogeneity.stragglers]
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"a worker is named twice in heterogeneity.stragglers: {ranks}")

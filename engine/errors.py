@@ -106,3 +106,7 @@ class RunNotFound(StoreError):
 
 class AmbiguousRun(RunNotFound):
     """A run id prefix or name matches more than one run; the message lists the candidates."""
+
+
+class DuplicatePush(ProtocolError):
+    """A worker pushed a clock it has already committed on that key range; refused and counted."""

@@ -1,14 +1,18 @@
-"""Key ranges and partitioners: which shard server owns which parameter keys.
+"""Key space, key layout and partitioners: which shard server owns which parameter keys.
 
-Parameters are one flat float32 vector; a key is an index into it. A shard owns a contiguous
-``KeyRange``. The partitioner is a policy (ranged now, consistent hashing later) passed to whoever
-needs it, never looked up globally.
+Parameters are one flat float32 vector; a key is an index into it. The ``KeyLayout`` names its
+segments (one per parameter tensor). A shard owns a contiguous ``KeyRange``; its *clock ranges*
+are the pieces of segments that fall on it, each with its own vector clock, so one worker's
+layers may be at different clocks. The partitioner is a policy passed to whoever needs it.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 from engine.errors import ConfigError
 
@@ -37,6 +41,88 @@ class KeyRange:
     def local(self, other: KeyRange) -> slice:
         """Slice of ``other`` within an array that holds exactly this range."""
         return slice(other.start - self.start, other.end - self.start)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One parameter tensor's place in the flat key space."""
+
+    name: str
+    shape: tuple[int, ...]
+    keys: KeyRange
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLayout:
+    """The model's key space as named, contiguous segments in ``named_parameters()`` order."""
+
+    segments: tuple[Segment, ...]
+
+    def __post_init__(self) -> None:
+        end = 0
+        for segment in self.segments:
+            if segment.keys.start != end or len(segment.keys) == 0:
+                raise ConfigError(f"segment {segment.name!r} at [{segment.keys.start}, "
+                                  f"{segment.keys.end}) does not follow on from key {end}")
+            end = segment.keys.end
+
+    @classmethod
+    def single(cls, num_keys: int) -> KeyLayout:
+        """One anonymous segment: the whole key space is one clock range."""
+        return cls((Segment("all", (num_keys,), KeyRange(0, num_keys)),))
+
+    @property
+    def num_keys(self) -> int:
+        return self.segments[-1].keys.end if self.segments else 0
+
+    def segment(self, name: str) -> Segment:
+        for segment in self.segments:
+            if segment.name == name:
+                return segment
+        raise ConfigError(f"no segment named {name!r} (known: "
+                          f"{', '.join(s.name for s in self.segments)})")
+
+    def clock_ranges(self, shard: KeyRange) -> list[KeyRange]:
+        """The pieces of segments on ``shard``, in key order; they cover it exactly."""
+        pieces = [p for s in self.segments if (p := s.keys.intersect(shard)) is not None]
+        if sum(len(p) for p in pieces) != len(shard):
+            raise ConfigError(f"the layout does not cover shard [{shard.start}, {shard.end})")
+        return pieces
+
+
+class RangeIndex:
+    """Finds the clock ranges a key span touches, by bisection over their starts."""
+
+    def __init__(self, ranges: list[KeyRange]) -> None:
+        self.ranges = ranges
+        self._starts = [r.start for r in ranges]
+        self._ends = [r.end for r in ranges]
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def touched(self, span: KeyRange) -> range:
+        """Indices of the ranges that share at least one key with ``span`` (none if empty)."""
+        if len(span) == 0:
+            return range(0)
+        low = max(bisect.bisect_right(self._starts, span.start) - 1, 0)
+        return range(low, bisect.bisect_left(self._starts, span.end))
+
+    def covered(self, span: KeyRange) -> range:
+        """Indices of the ranges wholly inside ``span``."""
+        return range(bisect.bisect_left(self._starts, span.start),
+                     bisect.bisect_right(self._ends, span.end))
+
+
+def split_keys_by_shard(keys: np.ndarray, shards: list[KeyRange]) -> list[tuple[int, slice]]:
+    """For sorted keys: per shard that owns some, (shard index, slice of ``keys`` it owns)."""
+    starts = np.array([s.start for s in shards] + [shards[-1].end], dtype=np.int64)
+    bounds = np.searchsorted(keys, starts, side="left")
+    if len(keys) and (keys[0] < shards[0].start or keys[-1] >= shards[-1].end):
+        raise ConfigError(f"keys {int(keys[0])}..{int(keys[-1])} fall outside the key space "
+                          f"[{shards[0].start}, {shards[-1].end})")
+    return [(i, slice(int(bounds[i]), int(bounds[i + 1])))
+            for i in range(len(shards)) if bounds[i + 1] > bounds[i]]
 
 
 class Partitioner(Protocol):

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from engine.errors import PsctlError
-from psctl import settings
+from psctl import policies, settings
 from psctl.cliutil import DbOption, RunArgument, err, show
 from psctl.cliutil import fail as _fail
 
@@ -28,8 +28,7 @@ app.add_typer(zipline_app, name="zipline")
 def launch(
     workers: Annotated[int | None, typer.Option(help="worker processes [4]")] = None,
     servers: Annotated[int | None, typer.Option(help="shard server processes [2]")] = None,
-    sync: Annotated[str | None, typer.Option(
-        help="consistency model: bsp, asp, ssp, bounded-delay, dssp or elastic [bsp]")] = None,
+    sync: Annotated[str | None, typer.Option(help=policies.SYNC_HELP)] = None,
     staleness: Annotated[int | None, typer.Option(
         help="ssp, dssp: clocks the fastest worker may lead the slowest [3]")] = None,
     dssp_range: Annotated[int | None, typer.Option(
@@ -40,7 +39,7 @@ def launch(
     lookahead: Annotated[int | None, typer.Option(
         help="elastic: R, future iterations predicted per worker [15]")] = None,
     predictor: Annotated[str | None, typer.Option(
-        help="elastic: last (the paper's) or ewma (robust recent average) [ewma]")] = None,
+        help="elastic: last (the paper's) or ewma (robust recent average) \\[ewma]")] = None,
     history: Annotated[str | None, typer.Option(
         help="elastic: seed the predictor with a recorded run's timings (run selector)")] = None,
     straggler: Annotated[list[str] | None, typer.Option(
@@ -49,14 +48,17 @@ def launch(
     jitter: Annotated[str | None, typer.Option(
         help="per-iteration compute noise, DISTRIBUTION:SIGMA, e.g. lognormal:0.3")] = None,
     dataset: Annotated[str | None, typer.Option(
-        help="mnist, fashion-mnist, or digits (bundled, offline) [mnist]")] = None,
+        help="mnist, fashion-mnist, or digits (bundled, offline) \\[mnist]")] = None,
     data_dir: Annotated[Path | None, typer.Option(
-        help="folder with the data set's IDX files [env: PSCTL_DATA_DIR]")] = None,
+        help="folder with the data set's IDX files \\[env: PSCTL_DATA_DIR]")] = None,
     epochs: Annotated[int | None, typer.Option(help="passes over the training set [10]")] = None,
     batch_size: Annotated[int | None, typer.Option(help="samples per worker iteration [64]")] =
         None,
     lr: Annotated[float | None, typer.Option(help="server learning rate [0.1]")] = None,
     momentum: Annotated[float | None, typer.Option(help="server SGD momentum [0.9]")] = None,
+    optimizer: Annotated[str | None, typer.Option(help=policies.OPTIMIZER_HELP)] = None,
+    aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,
+    loop: Annotated[str | None, typer.Option(help=policies.LOOP_HELP)] = None,
     seed: Annotated[int | None, typer.Option(help="seed for initialisation and shuffling [0]")] =
         None,
     overlap: Annotated[bool | None, typer.Option(
@@ -70,9 +72,9 @@ def launch(
     max_seconds: Annotated[float | None, typer.Option(help="stop after S seconds")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
     config: Annotated[Path | None, typer.Option(
-        "--config", help="TOML file with [cluster], [sync], [train], ... sections")] = None,
+        "--config", help="TOML file with \\[cluster], \\[sync], \\[train], ... sections")] = None,
     no_config: Annotated[bool, typer.Option(
-        "--no-config", help="ignore ./psctl.toml, [tool.psctl] and the user config file")] =
+        "--no-config", help="ignore ./psctl.toml, \\[tool.psctl] and the user config file")] =
         False,
     db: DbOption = None,
     live: Annotated[bool, typer.Option(help="show live progress")] = True,
@@ -89,6 +91,7 @@ def launch(
         "data.data_dir": str(data_dir) if data_dir else None, "data.train_limit": train_limit,
         "train.epochs": epochs, "train.batch_size": batch_size, "train.seed": seed,
         "train.overlap": overlap, "optimizer.lr": lr, "optimizer.momentum": momentum,
+        "optimizer.name": optimizer, "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,
         "stop.max_seconds": max_seconds, "sync.staleness": staleness, "sync.range": dssp_range,
         "sync.delay": delay, "sync.lookahead": lookahead, "sync.predictor": predictor,
@@ -196,9 +199,9 @@ register(app, runs_app)
 def zipline_replay(
     run: Annotated[str, typer.Argument(help="run id, unique id prefix, name, @last or @last~N")],
     lookahead: Annotated[int | None, typer.Option(
-        min=1, help="R to replay with [the run's sync.lookahead, or 15]")] = None,
+        min=1, help="R to replay with \\[the run's sync.lookahead, or 15]")] = None,
     predictor: Annotated[str | None, typer.Option(
-        help="last or ewma [the run's sync.predictor, or ewma]")] = None,
+        help="last or ewma \\[the run's sync.predictor, or ewma]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
     db: DbOption = None,
 ) -> None:

@@ -36,3 +36,21 @@ def seeded_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
                  "--epochs", "2", "--name", "seed-run", "--no-live", db=db)
     assert done.returncode == 0, done.stderr
     return db
+
+
+# Fixtures that launch real runs, and test modules that start processes or a browser themselves:
+# every test using one is marked `integration`, so `pytest -m "not integration"` is the fast tier.
+LAUNCHING_FIXTURES = frozenset({"seeded_db", "compare_db", "writable_db", "elastic_db", "runs"})
+PROCESS_MODULES = frozenset({
+    "tests/integration", "tests/test_readme.py", "tests/test_docs_cli.py",
+    "tests/webui/test_browser.py", "tests/webui/test_launch_ui.py", "tests/psctl/test_cli.py",
+    "tests/psctl/test_crashed.py", "tests/psctl/test_pager.py",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.relative_to(REPO).as_posix()
+        launches = LAUNCHING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if launches or any(where == m or where.startswith(m + "/") for m in PROCESS_MODULES):
+            item.add_marker(pytest.mark.integration)

@@ -128,7 +128,7 @@ def _timeline(engine: Engine, run_id: str) -> list[dict[str, Any]]:
 def _first_unreleased(syncs: list[dict[str, Any]], default: int) -> int:
     pending = [s["sync_index"] for s in syncs if s.get("released_at") is None]
     if pending:
-        return min(pending)
+        return int(min(pending))
     return max((s["sync_index"] + 1 for s in syncs), default=default)
 
 

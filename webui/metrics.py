@@ -8,7 +8,7 @@ view can replace a bucket's records without recomputing the rest of the chart.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.db.series import BUCKET_FIELDS, Buckets
@@ -102,7 +102,7 @@ def raw_value(metric: str, row: dict[str, Any]) -> float | None:
     def per_s(value: float) -> float | None:
         return value / duration if duration > 0 else None
 
-    values = {
+    values: dict[str, Callable[[], float | None]] = {
         "throughput": lambda: per_s(row["samples"]),
         "idle_fraction": lambda: row["wait_s"] / duration if duration > 0 else None,
         "staleness": lambda: row["staleness"],

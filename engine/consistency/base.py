@@ -1,13 +1,19 @@
-"""Consistency controllers: when a shard may answer a pull, and when a push becomes an update.
+"""Consistency controllers decide *when*: when a pull may be answered, when a push is refused,
+and when the contributions of a round are released as an update. What an update is (sum, mean)
+is the aggregator's business (``engine.server.aggregation``); applying it is the optimizer's.
 
-A controller lives inside one shard server and sees only clocks (each worker's iteration number),
-the timings a push carries, and gradients. The server asks it two things: may this pull at this
-clock be answered now, and what should be applied for this push. Controllers keep a vector clock
-of the workers' pushes. Every shard runs its own controller over the same pushes with the same
-worker-stamped timings, so deterministic controllers agree across shards without talking.
+Clocks are kept per *clock range* (a segment's piece on the shard; OSDI'14 keeps vector clocks
+per key range), so a worker may push its layers as separate frames, in any order, and different
+layers of one worker may be at different clocks. ``RangeClocks`` (owned by the shard) checks that
+every worker commits each range's clocks in order and refuses duplicates; a controller sees
+``pull_ready`` for the ranges a pull touches, ``check_push`` before anything changes,
+``on_commit`` when a worker finishes a clock on some ranges, and ``on_clock`` when it has finished
+a clock on every range of the shard (the timing-driven models observe iteration times there).
 
-BSP and ASP live here; SSP and DSSP in ``engine.consistency.ssp``; ElasticBSP in
-``engine.consistency.elastic``.
+Every shard runs its own controller over the same pushes with the same worker-stamped timings,
+so deterministic controllers agree across shards without talking. BSP and ASP live here; SSP and
+DSSP in ``engine.consistency.ssp``; ElasticBSP in ``engine.consistency.elastic``; the registry of
+every model in ``engine.consistency.registry``.
 """
 
 from __future__ import annotations
@@ -17,10 +23,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from engine.errors import ConfigError, ProtocolError
+from engine.errors import ConfigError, DuplicatePush, ProtocolError
 
 if TYPE_CHECKING:
-    from engine.config import SyncConfig
     from engine.wire.records import SyncRecord
 
 
@@ -39,18 +44,25 @@ NO_TIMING = PushTiming()
 
 class ConsistencyController(Protocol):
     name: str
+    # True: contributions to a clock are summed and released when every worker has committed it
+    # (BSP); False: every push is applied on arrival.
+    accumulates: bool
 
-    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
-        """May a pull for iteration ``clock`` be answered while the shard is at ``version``?"""
+    def pull_ready(self, worker: int, clock: int, ranges: range) -> bool:
+        """May a pull for iteration ``clock`` over these clock ranges be answered now?"""
         ...
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray,
-                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
-        """Accept a gradient; return the gradient to apply now, or None to wait for more."""
+    def check_push(self, worker: int, clock: int, ranges: range) -> None:
+        """Raise ``ProtocolError`` if this push breaks the model's rules; change nothing."""
         ...
 
-    def clocks(self) -> list[int]:
-        """The vector clock: the number of pushes accepted from each worker."""
+    def on_commit(self, worker: int, clock: int, ranges: range) -> list[int]:
+        """``worker`` finished ``clock`` on ``ranges``; returns the ranges whose round is now
+        complete (their accumulated contributions are released), in order."""
+        ...
+
+    def on_clock(self, worker: int, clock: int, timing: PushTiming) -> None:
+        """``worker`` finished ``clock`` on every clock range of the shard."""
         ...
 
     def take_syncs(self) -> list[SyncRecord]:
@@ -58,119 +70,109 @@ class ConsistencyController(Protocol):
         ...
 
 
-class _VectorClock:
-    def __init__(self, workers: int) -> None:
+class RangeClocks:
+    """Per worker and clock range, the next clock the worker may push (its committed count)."""
+
+    def __init__(self, workers: int, ranges: int) -> None:
         if workers < 1:
             raise ConfigError("a consistency controller needs at least one worker")
-        self._pushed = [0] * workers
+        self.workers = workers
+        self.next = np.zeros((workers, max(ranges, 1)), dtype=np.int64)
+        self.duplicates = 0
 
-    def tick(self, worker: int, clock: int) -> None:
-        if not 0 <= worker < len(self._pushed):
-            raise ProtocolError(f"worker rank {worker} is outside 0..{len(self._pushed) - 1}")
-        if clock != self._pushed[worker]:
-            raise ProtocolError(
-                f"worker {worker} pushed clock {clock} but its next clock is {self._pushed[worker]}"
-            )
-        self._pushed[worker] += 1
+    def check(self, worker: int, clock: int, ranges: range) -> None:
+        if not 0 <= worker < self.workers:
+            raise ProtocolError(f"worker rank {worker} is outside 0..{self.workers - 1}")
+        expected = self.next[worker, ranges.start:ranges.stop]
+        if (expected == clock).all():
+            return
+        if (clock < expected).any():
+            self.duplicates += 1
+            raise DuplicatePush(f"worker {worker} already committed clock {clock} on clock "
+                                f"range {ranges.start + int(np.argmax(clock < expected))}")
+        at = ranges.start + int(np.argmax(expected != clock))
+        raise ProtocolError(f"worker {worker} pushed clock {clock} but its next clock is "
+                            f"{int(self.next[worker, at])} on clock range {at}")
 
-    def clocks(self) -> list[int]:
-        return list(self._pushed)
+    def commit(self, worker: int, ranges: range) -> bool:
+        """Advance; True if the worker's shard-wide clock (its slowest range) moved."""
+        before = int(self.next[worker].min())
+        self.next[worker, ranges.start:ranges.stop] += 1
+        return int(self.next[worker].min()) > before
+
+    def shard_clocks(self) -> list[int]:
+        """Per worker, the clocks finished on every range of the shard."""
+        return [int(c) for c in self.next.min(axis=1)]
+
+
+class ImmediateController:
+    """Shared by the models that apply every push on arrival: nothing to release on commit."""
+
+    name = "immediate"
+    accumulates = False
+
+    def on_commit(self, worker: int, clock: int, ranges: range) -> list[int]:
+        return []
+
+    def on_clock(self, worker: int, clock: int, timing: PushTiming) -> None:
+        return None
 
     def take_syncs(self) -> list[SyncRecord]:
         return []
 
 
-class BSP(_VectorClock):
-    """Bulk synchronous: one update per clock, the mean of every worker's gradient.
+class BSP:
+    """Bulk synchronous: per clock range, one update per clock, the mean of every worker's
+    contributions to it.
 
-    The pull for iteration t waits until the shard holds the update of clock t - 1, i.e. until
-    its version (one per completed clock) reaches t. So every gradient is computed on the model
-    of the current clock: staleness is always 0.
+    The pull for iteration t over some ranges waits until each of them holds the update of
+    clock t - 1, i.e. until its round reaches t. So every gradient is computed on the model of
+    the current clock (staleness 0), layer by layer.
     """
 
     name = "bsp"
+    accumulates = True
 
-    def __init__(self, workers: int, keys: int) -> None:
-        super().__init__(workers)
-        self._workers = workers
-        self._sum = np.zeros(keys, dtype=np.float32)
-        self._arrived = 0
-        self._round = 0
+    def __init__(self, workers: int, ranges: int = 1) -> None:
+        self.workers = workers
+        self.round = np.zeros(max(ranges, 1), dtype=np.int64)
+        self._arrived = np.zeros(max(ranges, 1), dtype=np.int64)
 
-    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
-        return version >= clock
+    def pull_ready(self, worker: int, clock: int, ranges: range) -> bool:
+        return bool((self.round[ranges.start:ranges.stop] >= clock).all())
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray,
-                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
-        if clock != self._round:  # an honest worker cannot: its pull for the next clock waits
+    def check_push(self, worker: int, clock: int, ranges: range) -> None:
+        rounds = self.round[ranges.start:ranges.stop]
+        if (rounds != clock).any():  # an honest worker cannot: its pull for the next clock waits
+            at = ranges.start + int(np.argmax(rounds != clock))
             raise ProtocolError(f"worker {worker} pushed clock {clock} during BSP round "
-                                f"{self._round}")
-        self.tick(worker, clock)
-        self._sum += grad
-        self._arrived += 1
-        if self._arrived < self._workers:
-            return None
-        self._arrived = 0
-        self._round += 1
-        mean = self._sum / np.float32(self._workers)
-        self._sum.fill(0.0)
-        return mean
+                                f"{int(self.round[at])} of clock range {at}")
+
+    def on_commit(self, worker: int, clock: int, ranges: range) -> list[int]:
+        arrived = self._arrived[ranges.start:ranges.stop]
+        arrived += 1
+        complete = np.flatnonzero(arrived == self.workers)
+        arrived[complete] = 0
+        self.round[ranges.start + complete] += 1
+        return [ranges.start + int(i) for i in complete]
+
+    def on_clock(self, worker: int, clock: int, timing: PushTiming) -> None:
+        return None
+
+    def take_syncs(self) -> list[SyncRecord]:
+        return []
 
 
-class _Scaled:
-    """Applies each push on its own, scaled: with 1/workers (``push_scale = "mean"``) a round of
-    pushes moves the model as far as BSP's averaged update, so one learning rate suits every
-    model; unscaled, n workers multiply the step by n, which diverges at BSP's usual rates."""
-
-    scale = np.float32(1.0)
-
-    def scaled(self, grad: np.ndarray) -> np.ndarray:
-        return grad if self.scale == 1.0 else grad * self.scale
-
-
-def push_scale(sync: SyncConfig, workers: int) -> np.float32:
-    return np.float32(1.0 / workers if sync.push_scale == "mean" else 1.0)
-
-
-class ASP(_Scaled, _VectorClock):
+class ASP(ImmediateController):
     """Asynchronous: every push is applied at once, every pull is answered at once."""
 
     name = "asp"
 
-    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def pull_ready(self, worker: int, clock: int, ranges: range) -> bool:
         return True
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray,
-                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
-        self.tick(worker, clock)
-        return self.scaled(grad)
-
-
-def make_controller(sync: str | SyncConfig, *, workers: int, keys: int) -> ConsistencyController:
-    """The controller for a sync model name (with defaults) or a whole ``SyncConfig``.
-
-    Bounded delay is enforced by each worker on its own iterations (OSDI'14: a task waits for
-    its tasks older than the delay), so its servers apply pushes as ASP does.
-    """
-    from engine.config import SYNC_MODELS, SyncConfig
-    from engine.consistency.elastic import ElasticBSP
-    from engine.consistency.ssp import DSSP, SSP
-
-    if isinstance(sync, str):
-        if sync not in SYNC_MODELS:
-            raise ConfigError(f"unknown consistency model {sync!r} (known: "
-                              f"{', '.join(SYNC_MODELS)})")
-        sync = SyncConfig.model_validate({"model": sync})
-    controller: BSP | ASP | SSP | DSSP | ElasticBSP
-    if sync.model == "bsp":
-        return BSP(workers, keys)
-    if sync.model in ("asp", "bounded-delay"):
-        controller = ASP(workers)
-    elif sync.model == "ssp":
-        controller = SSP(workers, sync.staleness)
-    elif sync.model == "dssp":
-        controller = DSSP(workers, sync.staleness, sync.range)
-    else:
-        controller = ElasticBSP(workers, sync)
-    controller.scale = push_scale(sync, workers)
-    return controller
+    def check_push(self, worker: int, clock: int, ranges: range) -> None:
+        return None

@@ -18,23 +18,30 @@ counts as arrived and takes no part in later barriers, so the others never wait 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from engine.config import SyncConfig
-from engine.consistency.base import NO_TIMING, PushTiming, _Scaled, _VectorClock
+from engine.consistency.base import ImmediateController, PushTiming
 from engine.consistency.timings import TimingHistory, predict_end_times
 from engine.consistency.zipline import search
+
+if TYPE_CHECKING:
+    from engine.config import SyncConfig
 from engine.errors import ProtocolError
 from engine.wire.records import SyncRecord
 
 MONITOR_CLOCK = 1  # the first barrier without history: two pushes per worker
 
 
-class ElasticBSP(_Scaled, _VectorClock):
+class ElasticBSP(ImmediateController):
+    """Barriers are per worker, not per clock range: a worker arrives at its barrier clock when
+    it has finished that clock on every range of the shard (``on_clock``)."""
+
     name = "elastic"
 
     def __init__(self, workers: int, sync: SyncConfig) -> None:
-        super().__init__(workers)
+        self.workers = workers
         self.lookahead, self.predictor = sync.lookahead, sync.predictor
         self.timings = TimingHistory(workers)
         self._finished = [False] * workers
@@ -52,15 +59,15 @@ class ElasticBSP(_Scaled, _VectorClock):
             self._barrier = [-1] * workers
             self._current = self._decide(0, start=0.0)
 
-    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
+    def pull_ready(self, worker: int, clock: int, ranges: range) -> bool:
         return clock <= self._barrier[worker]
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray,
-                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
-        if 0 <= worker < len(self._barrier) and clock > self._barrier[worker]:
+    def check_push(self, worker: int, clock: int, ranges: range) -> None:
+        if clock > self._barrier[worker]:
             raise ProtocolError(f"worker {worker} pushed clock {clock} past its barrier at clock "
                                 f"{self._barrier[worker]}")
-        self.tick(worker, clock)
+
+    def on_clock(self, worker: int, clock: int, timing: PushTiming) -> None:
         self.timings.observe(worker, timing.pushed_at, timing.waited_s)
         if timing.final:
             self._finished[worker] = True
@@ -68,7 +75,6 @@ class ElasticBSP(_Scaled, _VectorClock):
             self._arrivals[worker] = timing.pushed_at
         if all(self._arrivals[w] is not None for w in self._participants):
             self._complete()
-        return self.scaled(grad)
 
     def take_syncs(self) -> list[SyncRecord]:
         reports, self._reports = self._reports, []

@@ -1,10 +1,10 @@
 """Stale synchronous parallel (SSP) and its dynamic variant (DSSP).
 
-SSP lets the fastest worker run at most ``staleness`` clocks ahead of the slowest. The server
-keeps a sliding window of the clocks that are still open: slot ``c mod (S+1)`` counts the workers
-that have pushed clock ``c``. The window's low bound is the slowest worker's clock; a push is
-checked against it in O(1) and the window shifts when the last worker of the low clock arrives,
-so memory is O(S), whatever the number of workers.
+SSP lets the fastest worker run at most ``staleness`` clocks ahead of the slowest, per clock
+range. The server keeps, per range, a sliding window of the clocks that are still open: slot
+``c mod (S+1)`` counts the workers that have pushed clock ``c``. The window's low bound is the
+slowest worker's clock; a push is checked against it in O(1) and the window shifts when the last
+worker of the low clock arrives, so memory is O(S) per range, whatever the number of workers.
 
 DSSP (Zhao et al., ICDCS'19) chooses the bound at run time within [S, S+R]: a worker past S may
 go on only while its next iteration is predicted to end before the slowest worker's, because
@@ -13,9 +13,7 @@ waiting then would be pure idle time.
 
 from __future__ import annotations
 
-import numpy as np
-
-from engine.consistency.base import NO_TIMING, PushTiming, _Scaled, _VectorClock
+from engine.consistency.base import ImmediateController, PushTiming
 from engine.consistency.timings import TimingHistory
 from engine.errors import ConfigError, ProtocolError
 
@@ -50,25 +48,27 @@ class SlidingWindow:
             self.low += 1
 
 
-class SSP(_Scaled, _VectorClock):
-    """The pull for clock c waits until c - (slowest worker's clock) <= staleness."""
+class SSP(ImmediateController):
+    """Per clock range, the pull for clock c waits until c - (slowest worker's clock on that
+    range) <= staleness; every push is applied on arrival."""
 
     name = "ssp"
 
-    def __init__(self, workers: int, staleness: int) -> None:
-        super().__init__(workers)
-        self.staleness = staleness
-        self.window = SlidingWindow(workers, staleness + 1)
+    def __init__(self, workers: int, staleness: int, ranges: int = 1) -> None:
+        self.workers, self.staleness = workers, staleness
+        self.windows = [SlidingWindow(workers, staleness + 1) for _ in range(max(ranges, 1))]
 
-    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
-        return self.window.admits(clock)
+    def pull_ready(self, worker: int, clock: int, ranges: range) -> bool:
+        return all(self.windows[r].admits(clock) for r in ranges)
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray,
-                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
-        self.window.check(clock)  # before the vector clock moves, so a refused push leaves no trace
-        self.tick(worker, clock)
-        self.window.add(clock)
-        return self.scaled(grad)
+    def check_push(self, worker: int, clock: int, ranges: range) -> None:
+        for r in ranges:
+            self.windows[r].check(clock)
+
+    def on_commit(self, worker: int, clock: int, ranges: range) -> list[int]:
+        for r in ranges:
+            self.windows[r].add(clock)
+        return []
 
 
 class DSSP(SSP):
@@ -77,29 +77,28 @@ class DSSP(SSP):
 
     name = "dssp"
 
-    def __init__(self, workers: int, staleness: int, extra: int) -> None:
-        _VectorClock.__init__(self, workers)
-        self.staleness, self.extra = staleness, extra
-        self.window = SlidingWindow(workers, staleness + extra + 1)
+    def __init__(self, workers: int, staleness: int, extra: int, ranges: int = 1) -> None:
+        self.workers, self.staleness, self.extra = workers, staleness, extra
+        self.windows = [SlidingWindow(workers, staleness + extra + 1)
+                        for _ in range(max(ranges, 1))]
         self.timings = TimingHistory(workers)
+        self._finished = [0] * workers  # clocks finished on every range of the shard
 
-    def pull_ready(self, worker: int, clock: int, version: int) -> bool:
-        lead = clock - self.window.low
-        if lead <= self.staleness:
-            return True
-        if lead > self.staleness + self.extra:
-            return False
-        return self._ends_before_slowest(worker)
+    def pull_ready(self, worker: int, clock: int, ranges: range) -> bool:
+        for r in ranges:
+            lead = clock - self.windows[r].low
+            if lead > self.staleness + self.extra:
+                return False
+            if lead > self.staleness and not self._ends_before_slowest(worker):
+                return False
+        return True
 
-    def on_push(self, worker: int, clock: int, grad: np.ndarray,
-                timing: PushTiming = NO_TIMING) -> np.ndarray | None:
-        update = super().on_push(worker, clock, grad, timing)
+    def on_clock(self, worker: int, clock: int, timing: PushTiming) -> None:
+        self._finished[worker] = clock + 1
         self.timings.observe(worker, timing.pushed_at, timing.waited_s)
-        return update
 
     def _ends_before_slowest(self, worker: int) -> bool:
-        pushed = self.clocks()
-        slowest = pushed.index(min(pushed))  # lowest rank among the slowest: deterministic
+        slowest = self._finished.index(min(self._finished))  # lowest rank: deterministic
         mine, theirs = self._next_end(worker), self._next_end(slowest)
         return mine is not None and theirs is not None and mine <= theirs
 

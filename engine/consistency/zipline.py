@@ -98,7 +98,8 @@ def _validated(times: np.ndarray) -> Times:
 
 def _first_at_or_after(times: Times, left: float) -> Choice:
     """Each worker's earliest iteration ending at or after ``left`` (rows are sorted)."""
-    return np.count_nonzero(times < left, axis=1).astype(np.int64)
+    counts: np.ndarray = np.count_nonzero(times < left, axis=1).astype(np.int64)
+    return counts
 
 
 def _assign(times: Times, left: float) -> tuple[Choice, float]:

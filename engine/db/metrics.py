@@ -20,14 +20,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
-from engine.db.queries import CRASH_AFTER_S, RunSummary, _Dictable, run_summaries
+from engine.db.queries import CRASH_AFTER_S, Dictable, RunSummary, run_summaries
 from engine.db.schema import evaluations, iterations, runs, tags, translate_errors
 
 EVALUATION_METRICS = ("accuracy", "loss", "step", "epoch")
 
 
 @dataclass(frozen=True)
-class RunRecord(_Dictable):
+class RunRecord(Dictable):
     """What selecting and filtering runs needs: cheap to read for every run in the database."""
 
     summary: RunSummary
@@ -36,7 +36,7 @@ class RunRecord(_Dictable):
 
 
 @dataclass(frozen=True)
-class RunMetrics(_Dictable):
+class RunMetrics(Dictable):
     run_id: str
     samples: int
     train_wall_s: float | None

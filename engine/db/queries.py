@@ -42,14 +42,14 @@ _MAX_CANDIDATES = 10
 STATUSES = (*STORED_STATUSES, "crashed")
 
 
-class _Dictable:
+class Dictable:
     def to_dict(self) -> dict[str, Any]:
         """Plain dicts, lists and numbers, ready for ``json.dumps``."""
         return dataclasses.asdict(cast(Any, self))
 
 
 @dataclass(frozen=True)
-class RunSummary(_Dictable):
+class RunSummary(Dictable):
     id: str
     name: str
     status: str  # effective: one of STATUSES
@@ -67,7 +67,7 @@ class RunSummary(_Dictable):
 
 
 @dataclass(frozen=True)
-class WorkerStats(_Dictable):
+class WorkerStats(Dictable):
     worker: int
     iterations: int
     samples: int
@@ -92,7 +92,7 @@ class WorkerStats(_Dictable):
 
 
 @dataclass(frozen=True)
-class RunTotals(_Dictable):
+class RunTotals(Dictable):
     iterations: int
     samples: int
     wall_s: float  # last iteration end - first iteration start, over all workers
@@ -106,7 +106,7 @@ class RunTotals(_Dictable):
 
 
 @dataclass(frozen=True)
-class EvaluationPoint(_Dictable):
+class EvaluationPoint(Dictable):
     at: float
     elapsed_s: float
     step: int
@@ -116,14 +116,14 @@ class EvaluationPoint(_Dictable):
 
 
 @dataclass(frozen=True)
-class EventEntry(_Dictable):
+class EventEntry(Dictable):
     at: float
     kind: str
     detail: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class SyncSummary(_Dictable):
+class SyncSummary(Dictable):
     """ElasticBSP barriers that every worker reached (the monitoring one not counted)."""
 
     barriers: int
@@ -132,7 +132,7 @@ class SyncSummary(_Dictable):
 
 
 @dataclass(frozen=True)
-class RunDetail(_Dictable):
+class RunDetail(Dictable):
     summary: RunSummary
     reason: str | None
     config: dict[str, Any]
@@ -145,7 +145,7 @@ class RunDetail(_Dictable):
 
 
 @dataclass(frozen=True)
-class WorkerProgress(_Dictable):
+class WorkerProgress(Dictable):
     worker: int
     iteration: int  # the highest recorded
     epoch: int
@@ -156,7 +156,7 @@ class WorkerProgress(_Dictable):
 
 
 @dataclass(frozen=True)
-class Progress(_Dictable):
+class Progress(Dictable):
     run_id: str
     name: str
     status: str
@@ -207,7 +207,7 @@ def _summary_select() -> Select[Any]:
     return select(runs, best.label("best_accuracy"), final.label("final_accuracy"))
 
 
-def _summary(row: Row[Any], now: float, crash_after_s: float) -> RunSummary:
+def run_summary(row: Row[Any], now: float, crash_after_s: float) -> RunSummary:
     m = row._mapping
     status = effective_status(m["status"], m["heartbeat_at"], now, crash_after_s)
     return RunSummary(
@@ -241,7 +241,7 @@ def _duration(
 
 
 @contextmanager
-def _reading(engine: Engine, action: str) -> Iterator[Connection]:
+def reading(engine: Engine, action: str) -> Iterator[Connection]:
     # One connection, one read transaction: every query of a call sees the same snapshot.
     with _translate_errors(action), engine.connect() as conn:
         yield conn
@@ -262,8 +262,8 @@ def list_runs(
         stmt = stmt.where(_status_filter(status, now, crash_after_s))
     if limit is not None:
         stmt = stmt.limit(max(0, limit))
-    with _reading(engine, "listing runs") as conn:
-        return [_summary(row, now, crash_after_s) for row in conn.execute(stmt)]
+    with reading(engine, "listing runs") as conn:
+        return [run_summary(row, now, crash_after_s) for row in conn.execute(stmt)]
 
 
 def run_summaries(
@@ -276,8 +276,8 @@ def run_summaries(
     """Summaries of the given runs, in the order given; unknown ids raise RunNotFound."""
     now = time.time() if now is None else now
     stmt = _summary_select().where(runs.c.id.in_(list(run_ids)))
-    with _reading(engine, "reading runs") as conn:
-        found = {row.id: _summary(row, now, crash_after_s) for row in conn.execute(stmt)}
+    with reading(engine, "reading runs") as conn:
+        found = {row.id: run_summary(row, now, crash_after_s) for row in conn.execute(stmt)}
     missing = [run_id for run_id in run_ids if run_id not in found]
     if missing:
         raise RunNotFound(f"no run with id {missing[0]!r}")
@@ -298,7 +298,7 @@ def resolve_run(engine: Engine, selector: str) -> str:
     sel = selector.strip()
     if not sel:
         raise RunNotFound("an empty run selector matches no run; give an id, a name or @last")
-    with _reading(engine, f"resolving run {sel!r}") as conn:
+    with reading(engine, f"resolving run {sel!r}") as conn:
         if sel.startswith("@"):
             return _resolve_last(conn, sel)
         if conn.execute(select(runs.c.id).where(runs.c.id == sel)).first() is not None:
@@ -366,14 +366,14 @@ def run_detail(
 ) -> RunDetail:
     """Everything about one run; per-worker statistics are aggregated by SQLite in one pass."""
     now = time.time() if now is None else now
-    with _reading(engine, f"reading run {run_id}") as conn:
-        row = _fetch_run(conn, run_id)
+    with reading(engine, f"reading run {run_id}") as conn:
+        row = fetch_run(conn, run_id)
         workers = tuple(_worker_stats(r) for r in conn.execute(_worker_stats_select(run_id)))
         counts = conn.execute(_event_counts_select(run_id)).all()
         return RunDetail(
-            summary=_summary(row, now, crash_after_s),
+            summary=run_summary(row, now, crash_after_s),
             reason=row.reason,
-            config=_parse_json(row.config_json),
+            config=parse_json(row.config_json),
             workers=workers,
             totals=_totals(workers),
             evaluations=tuple(_evaluation_points(conn, run_id)),
@@ -391,7 +391,7 @@ def _sync_summary(conn: Connection, run_id: str) -> SyncSummary | None:
     return SyncSummary(count, predicted, actual) if count else None
 
 
-def _fetch_run(conn: Connection, run_id: str) -> Row[Any]:
+def fetch_run(conn: Connection, run_id: str) -> Row[Any]:
     row = conn.execute(_summary_select().where(runs.c.id == run_id)).first()
     if row is None:
         raise RunNotFound(f"no run with id {run_id!r}")
@@ -488,10 +488,10 @@ def _recent_events(conn: Connection, run_id: str) -> list[EventEntry]:
         .limit(RECENT_EVENTS)
     )
     rows = conn.execute(stmt).all()
-    return [EventEntry(at=r.at, kind=r.kind, detail=_parse_json(r.detail)) for r in reversed(rows)]
+    return [EventEntry(at=r.at, kind=r.kind, detail=parse_json(r.detail)) for r in reversed(rows)]
 
 
-def _parse_json(text: str) -> dict[str, Any]:
+def parse_json(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -517,8 +517,8 @@ def progress(
     live, and up to its end (or last heartbeat) once it is not.
     """
     now = time.time() if now is None else now
-    with _reading(engine, f"reading progress of run {run_id}") as conn:
-        summary = _summary(_fetch_run(conn, run_id), now, crash_after_s)
+    with reading(engine, f"reading progress of run {run_id}") as conn:
+        summary = run_summary(fetch_run(conn, run_id), now, crash_after_s)
         ref = _reference_time(summary, now)
         rates = _recent_counts(conn, run_id, ref, window_s)
         workers = tuple(

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, text
 
 from engine.db.queries import CRASH_AFTER_S as _CRASH_AFTER_S
-from engine.db.queries import _fetch_run, _parse_json, _reading, _summary
+from engine.db.queries import fetch_run, parse_json, reading, run_summary
 from engine.db.schema import ROLLUP_WIDTH_S, evaluations, events, iterations, runs, syncs
 
 DEFAULT_BUCKETS = 1000
@@ -90,7 +90,7 @@ def choose_width(span_s: float, buckets: int = DEFAULT_BUCKETS) -> float:
     """A bucket width giving at most ``buckets`` buckets over ``span_s``, rounded up to 1/2/5."""
     raw = max(span_s / max(1, buckets), MIN_WIDTH_S)
     scale = 10 ** math.floor(math.log10(raw))
-    return next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw * (1 - 1e-9))
+    return float(next(m * scale for m in (1, 2, 5, 10) if m * scale >= raw * (1 - 1e-9)))
 
 
 def iteration_buckets(
@@ -106,8 +106,8 @@ def iteration_buckets(
 
     Without ``width`` one is chosen so the whole run fits in about ``buckets`` buckets.
     """
-    with _reading(engine, f"reading series of run {run_id}") as conn:
-        run = _fetch_run(conn, run_id)
+    with reading(engine, f"reading series of run {run_id}") as conn:
+        run = fetch_run(conn, run_id)
         origin, count, workers = float(run.started_at), int(run.iteration_count), run.workers
         rolled, last = _rollups(conn, run_id, count)
         if width is None:
@@ -128,7 +128,7 @@ def iteration_buckets(
               "start": origin + from_bucket * width}
 
     def scan(worker: int) -> list[tuple[Any, ...]]:
-        with _reading(engine, f"reading series of run {run_id}") as conn:
+        with reading(engine, f"reading series of run {run_id}") as conn:
             sql = _TAIL_BUCKETS if from_bucket > 0 else _ALL_BUCKETS
             return [tuple(r) for r in conn.execute(sql, {**params, "worker": worker})]
 
@@ -154,8 +154,8 @@ def _rollups(conn: Connection, run_id: str, count: int) -> tuple[bool, float | N
 
 def run_marker(engine: Engine, run_id: str, now: float) -> dict[str, Any]:
     """A few indexed lookups that change whenever anything the dashboard shows changes."""
-    with _reading(engine, f"polling run {run_id}") as conn:
-        summary = _summary(_fetch_run(conn, run_id), now, _CRASH_AFTER_S)
+    with reading(engine, f"polling run {run_id}") as conn:
+        summary = run_summary(fetch_run(conn, run_id), now, _CRASH_AFTER_S)
         eval_id = conn.execute(
             select(func.max(evaluations.c.id)).where(evaluations.c.run_id == run_id)
         ).scalar()
@@ -190,7 +190,7 @@ def new_rows(engine: Engine, run_id: str, workers: int, cursors: dict[int, int])
     first: float | None = None
     moved = dict(cursors)
     counts: list[tuple[int, int, int]] = []
-    with _reading(engine, f"reading new rows of run {run_id}") as conn:
+    with reading(engine, f"reading new rows of run {run_id}") as conn:
         for worker in range(workers):
             after = cursors.get(worker, -1)
             where = (it.run_id == run_id, it.worker == worker, it.iteration > after)
@@ -211,15 +211,15 @@ def staleness_histogram(
     """(worker, staleness, count), over the whole run or up to per-worker iteration cursors."""
     it = iterations.c
     if upto is None:
-        with _reading(engine, f"reading run {run_id}") as conn:
-            workers = int(_fetch_run(conn, run_id).workers)
+        with reading(engine, f"reading run {run_id}") as conn:
+            workers = int(fetch_run(conn, run_id).workers)
         upto = {w: 2**62 for w in range(workers)}
 
     def scan(worker: int) -> list[tuple[int, int, int]]:
         stmt = (select(it.staleness, func.count())
                 .where(it.run_id == run_id, it.worker == worker, it.iteration <= upto[worker])
                 .group_by(it.staleness).order_by(it.staleness))
-        with _reading(engine, f"reading staleness of run {run_id}") as conn:
+        with reading(engine, f"reading staleness of run {run_id}") as conn:
             return [(worker, int(s), int(n)) for s, n in conn.execute(stmt)]
 
     with ThreadPoolExecutor(max_workers=max(1, min(_SCAN_THREADS, len(upto)))) as pool:
@@ -229,7 +229,7 @@ def staleness_histogram(
 def worker_cursors(engine: Engine, run_id: str, workers: int) -> dict[int, int]:
     """The highest iteration recorded per worker (index lookups), -1 for none yet."""
     it = iterations.c
-    with _reading(engine, f"reading cursors of run {run_id}") as conn:
+    with reading(engine, f"reading cursors of run {run_id}") as conn:
         out = {}
         for worker in range(workers):
             top = conn.execute(select(func.max(it.iteration))
@@ -242,7 +242,7 @@ def last_points(engine: Engine, run_id: str, workers: int) -> list[dict[str, Any
     """Each worker's latest raw row, so the newest value is shown even inside a bucket."""
     it = iterations.c
     cols = (it.worker, it.iteration, it.ended_at, it.loss, it.staleness)
-    with _reading(engine, f"reading last points of run {run_id}") as conn:
+    with reading(engine, f"reading last points of run {run_id}") as conn:
         found = []
         for worker in range(workers):
             row = conn.execute(select(*cols).where(it.run_id == run_id, it.worker == worker)
@@ -259,7 +259,7 @@ def evaluations_since(engine: Engine, run_id: str, after_id: int = 0) -> list[di
     ev = evaluations.c
     stmt = (select(ev.id, ev.at, ev.elapsed_s, ev.step, ev.epoch, ev.accuracy, ev.loss)
             .where(ev.run_id == run_id, ev.id > after_id).order_by(ev.at, ev.id))
-    with _reading(engine, f"reading evaluations of run {run_id}") as conn:
+    with reading(engine, f"reading evaluations of run {run_id}") as conn:
         return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
@@ -267,8 +267,8 @@ def events_since(engine: Engine, run_id: str, after_id: int = 0) -> list[dict[st
     ec = events.c
     stmt = (select(ec.id, ec.at, ec.kind, ec.detail)
             .where(ec.run_id == run_id, ec.id > after_id).order_by(ec.id))
-    with _reading(engine, f"reading events of run {run_id}") as conn:
-        return [{**dict(r._mapping), "detail": _parse_json(r.detail)} for r in conn.execute(stmt)]
+    with reading(engine, f"reading events of run {run_id}") as conn:
+        return [{**dict(r._mapping), "detail": parse_json(r.detail)} for r in conn.execute(stmt)]
 
 
 _SYNC_JSON = ("base_clocks", "predicted", "chosen", "barrier_clocks", "arrivals")
@@ -279,7 +279,7 @@ def syncs_from(engine: Engine, run_id: str, from_index: int = 0) -> list[dict[st
     sc = syncs.c
     stmt = (select(syncs).where(sc.run_id == run_id, sc.sync_index >= from_index)
             .order_by(sc.sync_index))
-    with _reading(engine, f"reading syncs of run {run_id}") as conn:
+    with reading(engine, f"reading syncs of run {run_id}") as conn:
         return [_sync_dict(dict(r._mapping)) for r in conn.execute(stmt)]
 
 
@@ -295,7 +295,7 @@ def recent_iterations(engine: Engine, run_id: str, *, seconds: float = 10.0,
                       limit: int = 3000) -> list[dict[str, Any]]:
     """Raw iterations of the last ``seconds`` before the newest one (the timeline's window)."""
     it = iterations.c
-    with _reading(engine, f"reading recent iterations of run {run_id}") as conn:
+    with reading(engine, f"reading recent iterations of run {run_id}") as conn:
         last = conn.execute(select(func.max(it.ended_at)).where(it.run_id == run_id)).scalar()
         if last is None:
             return []
@@ -308,10 +308,10 @@ def recent_iterations(engine: Engine, run_id: str, *, seconds: float = 10.0,
 
 def run_header(engine: Engine, run_id: str, now: float) -> dict[str, Any]:
     """Summary, reason and resolved config of one run, without scanning its iterations."""
-    with _reading(engine, f"reading run {run_id}") as conn:
-        row = _fetch_run(conn, run_id)
-        return {"summary": _summary(row, now, _CRASH_AFTER_S).to_dict(), "reason": row.reason,
-                "config": _parse_json(row.config_json)}
+    with reading(engine, f"reading run {run_id}") as conn:
+        row = fetch_run(conn, run_id)
+        return {"summary": run_summary(row, now, _CRASH_AFTER_S).to_dict(), "reason": row.reason,
+                "config": parse_json(row.config_json)}
 
 
 # -- full fidelity -------------------------------------------------------------------------------
@@ -324,12 +324,12 @@ def iter_iterations(engine: Engine, run_id: str, batch: int = 5000) -> Iterator[
     cols = [iterations.c[name] for name in ITERATION_COLUMNS]
     stmt = select(*cols).where(iterations.c.run_id == run_id).order_by(
         iterations.c.worker, iterations.c.iteration)
-    with _reading(engine, f"exporting run {run_id}") as conn:
+    with reading(engine, f"exporting run {run_id}") as conn:
         result = conn.execution_options(yield_per=batch).execute(stmt)
         for row in result:
             yield tuple(row)
 
 
 def run_exists(engine: Engine, run_id: str) -> bool:
-    with _reading(engine, f"reading run {run_id}") as conn:
+    with reading(engine, f"reading run {run_id}") as conn:
         return conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first() is not None

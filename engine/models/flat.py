@@ -7,6 +7,7 @@ gathering tensors: the key space of ``engine.models.spec`` is exactly the layout
 from __future__ import annotations
 
 import itertools
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,7 +28,8 @@ class MLP(nn.Module):
         hidden = inputs
         for layer in self.layers[:-1]:
             hidden = torch.relu(layer(hidden))
-        return self.layers[-1](hidden)
+        logits: torch.Tensor = self.layers[-1](hidden)
+        return logits
 
 
 class FlatModel:
@@ -63,8 +65,13 @@ def train_step(model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor) ->
     """Forward and backward; the gradient lands in ``model.grads``. Returns the batch loss."""
     model.zero_grad()
     loss = nn.functional.cross_entropy(model.module(inputs), targets)
-    loss.backward()
+    cast(Any, loss).backward()  # torch's stubs leave backward untyped
     return float(loss.detach())
+
+
+def train_step_np(model: FlatModel, inputs: np.ndarray, targets: np.ndarray) -> float:
+    """``train_step`` on numpy batches (shared memory, no copy)."""
+    return train_step(model, torch.from_numpy(inputs), torch.from_numpy(targets))
 
 
 @torch.no_grad()

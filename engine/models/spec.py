@@ -10,16 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from engine.keys import KeyRange
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """One parameter tensor's place in the flat key space."""
-
-    name: str
-    shape: tuple[int, ...]
-    keys: KeyRange
+from engine.keys import KeyLayout, KeyRange, Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +39,9 @@ class MLPSpec:
                 segments.append(Segment(name, shape, KeyRange(offset, offset + size)))
                 offset += size
         return segments
+
+    def layout(self) -> KeyLayout:
+        return KeyLayout(tuple(self.segments()))
 
     @property
     def num_keys(self) -> int:

@@ -27,19 +27,19 @@ from engine.db.schema import open_engine, runs, translate_errors
 from engine.errors import StoreError
 from engine.recorder.admin import delete_runs, set_tags
 from engine.recorder.writer import (
-    _ENDED,
-    _SYNC_JSON_COLUMNS,
     DUPLICATE_EVENT,
+    ENDED,
     REBUILD_ROLLUPS_SQL,
-    _Close,
-    _config_json,
-    _Finish,
-    _Flush,
-    _Iterations,
-    _Message,
-    _Row,
-    _StartRun,
-    _Writer,
+    SYNC_JSON_COLUMNS,
+    CloseRequest,
+    FinishRequest,
+    FlushRequest,
+    IterationsRequest,
+    MessageRequest,
+    RowRequest,
+    StartRunRequest,
+    Writer,
+    config_json,
 )
 from engine.wire.records import (
     EvaluationRecord,
@@ -65,13 +65,13 @@ class Recorder:
     ) -> None:
         self._db_path = Path(db_path)
         self._engine = open_engine(self._db_path)
-        self._queue: queue.Queue[_Message] = queue.Queue()
+        self._queue: queue.Queue[MessageRequest] = queue.Queue()
         self._lock = threading.Lock()
         self._run_id: str | None = None
         self._closed = False
         self._error: BaseException | None = None
         self._error_reported = False
-        self._writer = _Writer(
+        self._writer = Writer(
             self._engine, self._queue, self._set_error, flush_interval_s, heartbeat_interval_s
         )
         self._thread = threading.Thread(target=self._writer.run, name="psctl-recorder", daemon=True)
@@ -99,7 +99,7 @@ class Recorder:
             "status": RunStatus.RUNNING.value,
             "started_at": now if started_at is None else started_at,
             "heartbeat_at": now,
-            "config_json": _config_json(config),
+            "config_json": config_json(config),
             "sync": sync,
             "workers": workers,
             "servers": servers,
@@ -109,7 +109,7 @@ class Recorder:
             self._check_usable()
             if self._run_id is not None:
                 raise StoreError(f"run {self._run_id} is still open; finish it before starting")
-            self._queue.put(_StartRun(values))
+            self._queue.put(StartRunRequest(values))
             self._run_id = run_id
         try:
             self.flush()
@@ -121,37 +121,37 @@ class Recorder:
     def record_iterations(self, rows: Sequence[IterationRecord]) -> None:
         """Queue iteration rows; never blocks on the database."""
         if rows:
-            self._queue.put(_Iterations(self._open_run(), tuple(rows)))
+            self._queue.put(IterationsRequest(self._open_run(), tuple(rows)))
         else:
             self._open_run()
 
     def record_evaluation(self, row: EvaluationRecord) -> None:
         values = {"run_id": self._open_run(), **row.model_dump()}
-        self._queue.put(_Row("evaluations", values))
+        self._queue.put(RowRequest("evaluations", values))
 
     def record_event(self, row: EventRecord) -> None:
         # Serialised here, not in the writer, so an unserialisable detail fails its caller only.
         detail = json.dumps(row.detail, default=str)
         values = {"run_id": self._open_run(), "at": row.at, "kind": row.kind, "detail": detail}
-        self._queue.put(_Row("events", values))
+        self._queue.put(RowRequest("events", values))
 
     def record_sync(self, row: SyncRecord) -> None:
         """A barrier decision, or the same barrier again once completed (which updates it)."""
         values: dict[str, Any] = {"run_id": self._open_run(), **row.model_dump()}
-        for column in _SYNC_JSON_COLUMNS:
+        for column in SYNC_JSON_COLUMNS:
             if values[column] is not None:
                 values[column] = json.dumps(values[column])
-        self._queue.put(_Row("syncs", values))
+        self._queue.put(RowRequest("syncs", values))
 
     def finish(
         self, status: RunStatus, reason: str | None = None, *, timeout: float = 10.0
     ) -> None:
         """Write everything pending, then the run's final status; returns once committed."""
-        if status not in _ENDED:
-            raise ValueError(f"a run finishes as one of {[s.value for s in _ENDED]}, not {status}")
+        if status not in ENDED:
+            raise ValueError(f"a run finishes as one of {[s.value for s in ENDED]}, not {status}")
         with self._lock:
             run_id = self._require_run()
-            self._queue.put(_Finish(run_id, status.value, reason, time.time()))
+            self._queue.put(FinishRequest(run_id, status.value, reason, time.time()))
             self._run_id = None
         self.flush(timeout)
 
@@ -159,7 +159,7 @@ class Recorder:
         """Block until everything recorded so far is committed."""
         with self._lock:
             self._check_usable()
-            message = _Flush()
+            message = FlushRequest()
             self._queue.put(message)
         self._wait(message.done, timeout, "flushing")
         self._raise_if_failed()
@@ -178,7 +178,7 @@ class Recorder:
                 log.warning(
                     "recorder closed with run %s still open; it will read as crashed", self._run_id
                 )
-            message = _Close()
+            message = CloseRequest()
             self._queue.put(message)
         try:
             self._wait(message.done, timeout, "closing")
@@ -195,8 +195,8 @@ class Recorder:
         For the launcher, when the coordinator (and so its recorder) died before finishing. The
         run's end is taken to be now, when the death was noticed.
         """
-        if status not in _ENDED:
-            raise ValueError(f"a run ends as one of {[s.value for s in _ENDED]}, not {status}")
+        if status not in ENDED:
+            raise ValueError(f"a run ends as one of {[s.value for s in ENDED]}, not {status}")
         if not Path(db_path).is_file():
             return False
         engine = open_engine(Path(db_path))

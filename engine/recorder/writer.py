@@ -70,31 +70,31 @@ REBUILD_ROLLUPS_SQL = f"""
 """
 _iteration_values = attrgetter(*_ITERATION_FIELDS)
 DUPLICATE_EVENT = "duplicate_iterations"
-_ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED)
+ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED)
 
 
 # -- messages from callers to the writer thread ----------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _StartRun:
+class StartRunRequest:
     values: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class _Iterations:
+class IterationsRequest:
     run_id: str
     rows: tuple[IterationRecord, ...]
 
 
 @dataclass(frozen=True)
-class _Row:
+class RowRequest:
     table: str  # "evaluations", "events" or "syncs"
     values: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class _Finish:
+class FinishRequest:
     run_id: str
     status: str
     reason: str | None
@@ -102,19 +102,20 @@ class _Finish:
 
 
 @dataclass(frozen=True)
-class _Flush:
+class FlushRequest:
     done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
-class _Close:
+class CloseRequest:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-_Message = _StartRun | _Iterations | _Row | _Finish | _Flush | _Close
+MessageRequest = (StartRunRequest | IterationsRequest | RowRequest | FinishRequest | FlushRequest
+                  | CloseRequest)
 
 
-_SYNC_JSON_COLUMNS = ("base_clocks", "predicted", "chosen", "barrier_clocks", "arrivals")
+SYNC_JSON_COLUMNS = ("base_clocks", "predicted", "chosen", "barrier_clocks", "arrivals")
 
 
 def _upsert_sync(values: dict[str, Any]) -> Any:
@@ -124,20 +125,20 @@ def _upsert_sync(values: dict[str, Any]) -> Any:
                                            set_=completed)
 
 
-def _config_json(config: dict[str, Any]) -> str:
+def config_json(config: dict[str, Any]) -> str:
     try:
         return json.dumps(config, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"the run configuration cannot be stored as JSON: {exc}") from exc
 
 
-class _Writer:
+class Writer:
     """The writer thread's state; touched only by that thread."""
 
     def __init__(
         self,
         engine: Engine,
-        messages: queue.Queue[_Message],
+        messages: queue.Queue[MessageRequest],
         on_error: Callable[[BaseException], None],
         flush_interval_s: float,
         heartbeat_interval_s: float,
@@ -169,9 +170,9 @@ class _Writer:
                     self._handle(conn, message)
                 except Exception as exc:
                     self._fail(exc)
-            if isinstance(message, _Flush | _Close):
+            if isinstance(message, FlushRequest | CloseRequest):
                 message.done.set()
-            if isinstance(message, _Close):
+            if isinstance(message, CloseRequest):
                 break
         if conn is not None:
             conn.close()
@@ -186,7 +187,7 @@ class _Writer:
             pending.clear()
         self._on_error(exc)
 
-    def _next_message(self) -> _Message | None:
+    def _next_message(self) -> MessageRequest | None:
         timeout = self._seconds_to_next_write()
         try:
             if timeout <= 0:
@@ -208,14 +209,14 @@ class _Writer:
         pending_iterations = sum(len(p) for p in self._iterations.values())
         return pending_iterations + sum(len(p) for p in self._rows.values())
 
-    def _handle(self, conn: Connection, message: _Message | None) -> None:
+    def _handle(self, conn: Connection, message: MessageRequest | None) -> None:
         match message:
-            case _Iterations(run_id=run_id, rows=rows):
+            case IterationsRequest(run_id=run_id, rows=rows):
                 pending = self._iterations.setdefault(run_id, [])
                 pending.extend((run_id, *_iteration_values(r)) for r in rows)
-            case _Row(table=table, values=values):
+            case RowRequest(table=table, values=values):
                 self._rows[table].append(values)
-            case _StartRun() | _Finish() | _Flush() | _Close():
+            case StartRunRequest() | FinishRequest() | FlushRequest() | CloseRequest():
                 self._write(conn, message)
                 return
         if self._due():
@@ -230,16 +231,17 @@ class _Writer:
         return self._run_id is not None and now - self._last_heartbeat >= self._heartbeat_interval_s
 
     def _write(
-        self, conn: Connection, control: _StartRun | _Finish | _Flush | _Close | None
+        self, conn: Connection,
+        control: StartRunRequest | FinishRequest | FlushRequest | CloseRequest | None,
     ) -> None:
         """One transaction: pending rows first, then the control message, then the heartbeat."""
         with conn.begin():
             self._write_pending(conn)
-            if isinstance(control, _StartRun):
+            if isinstance(control, StartRunRequest):
                 conn.execute(insert(runs).values(control.values))
                 self._run_id = control.values["id"]
                 self._origins[control.values["id"]] = float(control.values["started_at"])
-            elif isinstance(control, _Finish):
+            elif isinstance(control, FinishRequest):
                 self._write_finish(conn, control)
             if self._run_id is not None:
                 now = time.time()
@@ -287,7 +289,7 @@ class _Writer:
         values = {"run_id": run_id, "at": time.time(), "kind": DUPLICATE_EVENT, "detail": detail}
         conn.execute(insert(events).values(values))
 
-    def _write_finish(self, conn: Connection, message: _Finish) -> None:
+    def _write_finish(self, conn: Connection, message: FinishRequest) -> None:
         conn.execute(
             update(runs)
             .where(runs.c.id == message.run_id)

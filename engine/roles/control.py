@@ -13,8 +13,14 @@ import queue
 from engine.aio import LoopThread
 from engine.errors import ConnectionClosed, LaunchError, ProtocolError, PsctlError
 from engine.transport.base import Connection, Transport
-from engine.wire.messages import ControlMessage, Hello, Welcome, dump_control, parse_control
-from engine.wire.messages import _Message as Message
+from engine.wire.messages import (
+    ControlMessage,
+    Hello,
+    Message,
+    Welcome,
+    dump_control,
+    parse_control,
+)
 
 
 class ControlChannel:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from engine.config import RunConfig
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError
-from engine.keys import Partitioner, RangePartitioner
+from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
     ControlMessage,
@@ -30,6 +30,7 @@ from engine.wire.messages import (
     Fatal,
     Hello,
     Iterations,
+    Message,
     Ready,
     Serving,
     ShardInfo,
@@ -38,9 +39,9 @@ from engine.wire.messages import (
     Syncs,
     Welcome,
     dump_control,
+    layout_info,
     parse_control,
 )
-from engine.wire.messages import _Message as Message
 from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
@@ -88,10 +89,11 @@ class _Progress:
 
 
 class Coordinator:
-    def __init__(self, config: RunConfig, *, run_id: str, token: str, num_keys: int,
+    def __init__(self, config: RunConfig, *, run_id: str, token: str, layout: KeyLayout,
                  recorder: RecorderSink, partitioner: Partitioner | None = None) -> None:
         self.config, self.run_id, self.token, self.recorder = config, run_id, token, recorder
-        self.num_keys = num_keys
+        self.layout = layout
+        num_keys = self.num_keys = layout.num_keys
         self.ranges = (partitioner or RangePartitioner()).ranges(num_keys, config.cluster.servers)
         self.peers: dict[tuple[str, int], Peer] = {}
         self.addresses: dict[int, str] = {}
@@ -195,7 +197,8 @@ class Coordinator:
 
     def _welcome(self, *, shards: list[ShardInfo], own: ShardInfo | None) -> Welcome:
         return Welcome(run_id=self.run_id, config=self.config.to_json_dict(),
-                       num_keys=self.num_keys, shards=shards, own_range=own,
+                       num_keys=self.num_keys, segments=layout_info(self.layout),
+                       shards=shards, own_range=own,
                        started_at=self.started_at)
 
     def _shard_map(self) -> list[ShardInfo]:

@@ -37,7 +37,7 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     reason: str | None = "coordinator stopped before the run ended"
     try:
         coordinator = Coordinator(config, run_id=run_id, token=token, recorder=recorder,
-                                  num_keys=model_spec(config).num_keys)
+                                  layout=model_spec(config).layout())
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)
         recorder.record_event(EventRecord(at=time.time(), kind="coordinator_listening",

@@ -7,15 +7,16 @@ import contextlib
 import os
 
 from engine.config import RunConfig
-from engine.consistency.base import make_controller
+from engine.consistency.registry import make_controller
 from engine.errors import ProtocolError, PsctlError, RunFailed
-from engine.keys import KeyRange
+from engine.keys import KeyLayout, KeyRange
 from engine.roles.control import ControlChannel
+from engine.server.aggregation import make_aggregator
 from engine.server.optimizers import make_optimizer
 from engine.server.service import ShardServer
 from engine.server.shard import ShardState
 from engine.transport.base import Transport
-from engine.wire.messages import Event, Exit, Hello, Serving, Stop, Syncs
+from engine.wire.messages import Event, Exit, Hello, Serving, Stop, Syncs, layout_of
 from engine.wire.records import EventRecord, SyncRecord
 
 
@@ -28,11 +29,7 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
         raise ProtocolError("the coordinator sent a server no key range")
     config = RunConfig.model_validate(welcome.config)
     keys = KeyRange(welcome.own_range.start, welcome.own_range.end)
-    state = ShardState(
-        keys,
-        make_controller(config.sync, workers=config.cluster.workers, keys=len(keys)),
-        make_optimizer(config.optimizer, len(keys)),
-    )
+    state = build_shard(config, keys, layout_of(welcome))
     # Every shard decides the same barriers; shard 0 alone reports them, in order.
     reports: asyncio.Queue[list[SyncRecord]] = asyncio.Queue()
     server = ShardServer(state, run=bytes.fromhex(welcome.run_id)[:16], rank=rank,
@@ -48,6 +45,21 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
         with contextlib.suppress(asyncio.CancelledError):
             await reporter
         await server.close()
+
+
+def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardState:
+    """A shard's state with the run's policies: clock ranges from the layout, the consistency
+    model, the aggregation rule and the server optimizer, each from its registry."""
+    ranges = layout.clock_ranges(keys)
+    workers = config.cluster.workers
+    return ShardState(
+        keys,
+        make_controller(config.sync, workers=workers, ranges=len(ranges)),
+        make_optimizer(config.optimizer, len(keys)),
+        workers=workers,
+        ranges=ranges,
+        aggregator=make_aggregator(config.sync.push_scale, keys, ranges, workers),
+    )
 
 
 async def _report_syncs(channel: ControlChannel, reports: asyncio.Queue[list[SyncRecord]]) -> None:
@@ -82,4 +94,6 @@ def _stats_event(server: ShardServer) -> EventRecord:
         "rank": server.rank, "version": server.state.version, "pushes": server.state.pushes,
         "frames_in": stats.frames_in, "bytes_in": stats.bytes_in, "bytes_out": stats.bytes_out,
         "bad_frames": stats.bad_frames, "errors": stats.errors_by_code,
+        "duplicates": server.state.duplicates,
+        "range_versions": server.state.versions.tolist(),
     })

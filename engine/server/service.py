@@ -19,6 +19,7 @@ from engine.errors import ConnectionClosed, ProtocolError, PsctlError
 from engine.server.shard import ShardState
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.protocol import (
+    FLAG_COMMIT,
     FLAG_FINAL,
     Frame,
     MsgType,
@@ -127,15 +128,15 @@ class ShardServer:
             self._push(connection, frame)
         elif frame.type is MsgType.INIT:
             applied = self.state.init(frame.keys, frame.values)
-            self._send(connection, self._ack(frame, self.state.version))
+            self._send(connection, self._ack(frame, self.state.version_of(frame.keys)))
             if applied:
                 self._release_ready_pulls()
         else:
             raise ProtocolError(f"a server does not accept {frame.type.name} frames")
 
     def _pull(self, connection: Connection, frame: Frame) -> None:
-        self.state.read(frame.keys)  # validates the range before the pull may wait
-        if self.state.pull_ready(frame.rank, frame.clock):
+        self.state.read(frame.keys, frame.index)  # validates the keys before the pull may wait
+        if self.state.pull_ready(frame.rank, frame.clock, frame.keys):
             self._answer_pull(connection, frame, waited_s=0.0)
         elif self._draining:
             self._reply_error(connection, frame.request_id, "shutting_down", "run is stopping")
@@ -150,7 +151,8 @@ class ShardServer:
             raise ProtocolError(f"only workers push; this frame comes from a {frame.role.name}")
         timing = PushTiming(from_ns(frame.stamp_ns), from_ns(frame.wait_ns),
                             bool(frame.flags & FLAG_FINAL))
-        accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing)
+        accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing,
+                                      index=frame.index, commit=bool(frame.flags & FLAG_COMMIT))
         self._send(connection, self._ack(frame, accepted_at))
         syncs = self.state.controller.take_syncs()
         if syncs and self._on_syncs is not None:
@@ -160,7 +162,7 @@ class ShardServer:
     def _release_ready_pulls(self) -> None:
         now, still_waiting = time.perf_counter(), []
         for pull in self._pending:
-            if self.state.pull_ready(pull.frame.rank, pull.frame.clock):
+            if self.state.pull_ready(pull.frame.rank, pull.frame.clock, pull.frame.keys):
                 self._answer_pull(pull.connection, pull.frame, waited_s=now - pull.since)
             else:
                 still_waiting.append(pull)
@@ -175,9 +177,10 @@ class ShardServer:
             role=Role.SERVER,
             rank=self.rank,
             clock=frame.clock,
-            version=self.state.version,
+            version=self.state.version_of(frame.keys),
             wait_ns=int(waited_s * 1e9),
-            payload=self.state.read(frame.keys),
+            payload=self.state.read(frame.keys, frame.index),
+            index=frame.index,
         )
         self._send(connection, reply)
 

@@ -1,35 +1,61 @@
 """One shard's state and rules, free of I/O so that it can be tested directly.
 
-The shard server (``engine.server.service``) wraps this with connections; everything that
-decides what
-the parameters are lives here: initialisation, the version counter, the consistency controller
-and the optimizer.
+The shard server (``engine.server.service``) wraps this with connections. A push goes through
+four small policies in turn: ``RangeClocks`` (is this the worker's next clock on those ranges, or
+a duplicate?), the consistency controller (when: may it be accepted, which rounds complete), the
+aggregator (what: the scaled push, or a round's mean) and the optimizer (apply it to those keys
+only). Hooks run after every applied update (replication, checkpoints and pull filters fit there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming
+from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming, RangeClocks
 from engine.errors import BadPayload, ProtocolError
-from engine.keys import KeyRange
+from engine.keys import KeyRange, RangeIndex
+from engine.server.aggregation import Aggregator, make_aggregator
 from engine.server.optimizers import ServerOptimizer
+from engine.server.update import Update
 from engine.wire.protocol import ANY_CLOCK
+
+UpdateHook = Callable[[Update], None]
 
 
 class ShardState:
-    """Parameters for ``keys``; ``version`` counts the updates applied so far."""
+    """Parameters for ``keys``, cut into clock ranges; each range counts its applied updates."""
 
     def __init__(
-        self, keys: KeyRange, controller: ConsistencyController, optimizer: ServerOptimizer
+        self,
+        keys: KeyRange,
+        controller: ConsistencyController,
+        optimizer: ServerOptimizer,
+        *,
+        workers: int = 1,
+        ranges: list[KeyRange] | None = None,
+        aggregator: Aggregator | None = None,
     ) -> None:
         self.keys = keys
         self.params = np.zeros(len(keys), dtype=np.float32)
-        self.controller = controller
-        self.optimizer = optimizer
-        self.version = 0
+        self.index = RangeIndex(ranges or [keys])
+        self.controller, self.optimizer = controller, optimizer
+        self.aggregator = aggregator or make_aggregator("mean", keys, self.index.ranges, workers)
+        self.clocks = RangeClocks(workers, len(self.index))
+        self.versions = np.zeros(len(self.index), dtype=np.int64)
         self.initialized = False
         self.pushes = 0
+        self.hooks: list[UpdateHook] = []
+
+    @property
+    def version(self) -> int:
+        """Updates every clock range has received (the slowest range's count)."""
+        return int(self.versions.min())
+
+    @property
+    def duplicates(self) -> int:
+        return self.clocks.duplicates
 
     def init(self, keys: KeyRange, values: np.ndarray) -> bool:
         """Set initial values; only the first complete initialisation counts. True if applied."""
@@ -44,36 +70,81 @@ class ShardState:
         self.initialized = True
         return True
 
-    def pull_ready(self, worker: int, clock: int) -> bool:
+    def pull_ready(self, worker: int, clock: int, span: KeyRange | None = None) -> bool:
         if not self.initialized:
             return False
-        return clock == ANY_CLOCK or self.controller.pull_ready(worker, clock, self.version)
+        ranges = self.index.touched(span or self.keys)
+        return clock == ANY_CLOCK or self.controller.pull_ready(worker, clock, ranges)
 
-    def read(self, keys: KeyRange) -> np.ndarray:
+    def version_of(self, span: KeyRange) -> int:
+        """The newest version among the clock ranges ``span`` touches: under BSP every one of
+        them is at the pulled clock, so a push's version minus its pull's is its staleness."""
+        ranges = self.index.touched(span)
+        return int(self.versions[ranges.start:ranges.stop].max()) if len(ranges) else 0
+
+    def read(self, keys: KeyRange, index: np.ndarray | None = None) -> np.ndarray:
         self._check_owned(keys)
-        return self.params[self.keys.local(keys)]
+        if index is None:
+            return self.params[self.keys.local(keys)]
+        values: np.ndarray = self.params[index - self.keys.start]
+        return values
 
     def push(self, worker: int, clock: int, keys: KeyRange, grad: np.ndarray,
-             timing: PushTiming = NO_TIMING) -> int:
-        """Hand a gradient to the controller; returns the version it was accepted at.
-
-        A worker pushes its whole shard slice once per clock, so partial ranges are refused:
-        the controllers count one push per worker per clock.
-        """
+             timing: PushTiming = NO_TIMING, *, index: np.ndarray | None = None,
+             commit: bool = True) -> int:
+        """Accept a gradient for ``keys`` (all of them, or the sorted keys ``index`` inside it);
+        with ``commit`` the worker is done with ``clock`` on every clock range ``keys`` covers.
+        Returns the version it was accepted at. Refused pushes change nothing."""
         if not self.initialized:
             raise ProtocolError("push before the shard was initialised")
-        if keys != self.keys:
-            raise BadPayload(
-                f"PUSH must cover the whole shard [{self.keys.start}, "
-                f"{self.keys.end}), got [{keys.start}, {keys.end})"
-            )
-        accepted_at = self.version
-        update = self.controller.on_push(worker, clock, grad, timing)
+        self._check_owned(keys)
+        ranges = self.index.touched(keys)
+        self.clocks.check(worker, clock, ranges)
+        self.controller.check_push(worker, clock, ranges)
+        if commit and self.index.covered(keys) != ranges:
+            raise BadPayload(f"a commit must cover whole clock ranges; [{keys.start}, "
+                             f"{keys.end}) cuts one: {self._describe(ranges)}")
+        accepted_at = self.version_of(keys)
         self.pushes += 1
-        if update is not None:
-            self.optimizer.step(self.params, update)
-            self.version += 1
+        if len(grad):
+            self._contribute(self._local(keys, grad, index, ranges))
+        if commit and len(ranges):
+            self._commit(worker, clock, ranges, timing)
         return accepted_at
+
+    def _contribute(self, update: Update) -> None:
+        if self.controller.accumulates:
+            self.aggregator.add(update)
+        else:
+            self._apply(self.aggregator.immediate(update))
+
+    def _commit(self, worker: int, clock: int, ranges: range, timing: PushTiming) -> None:
+        complete = self.controller.on_commit(worker, clock, ranges)
+        if complete:
+            for update in self.aggregator.release(complete):
+                self._apply(update, count=False)
+            # One version per completed round, even for a range nobody pushed a key of.
+            self.versions[complete] += 1
+        if self.clocks.commit(worker, ranges):
+            self.controller.on_clock(worker, clock, timing)
+
+    def _apply(self, update: Update, *, count: bool = True) -> None:
+        self.optimizer.apply(self.params, update)
+        if count:
+            self.versions[update.ranges.start:update.ranges.stop] += 1
+        for hook in self.hooks:
+            hook(update)
+
+    def _local(self, keys: KeyRange, grad: np.ndarray, index: np.ndarray | None,
+               ranges: range) -> Update:
+        span = self.keys.local(keys)
+        if index is None:
+            return Update(span, grad, None, ranges)
+        return Update(span, grad, index.astype(np.int64) - self.keys.start, ranges)
+
+    def _describe(self, ranges: range) -> str:
+        return ", ".join(f"[{self.index.ranges[r].start}, {self.index.ranges[r].end})"
+                         for r in ranges)
 
     def _check_owned(self, keys: KeyRange) -> None:
         if not self.keys.contains(keys):

@@ -12,71 +12,82 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine.errors import ProtocolError
+from engine.keys import KeyLayout, KeyRange, Segment
 from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, SyncRecord
 
 MAX_CONTROL_BYTES = 8 * 2**20
 RoleName = Literal["server", "worker", "evaluator"]
 
 
-class _Message(BaseModel):
+class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Hello(_Message):
+class Hello(Message):
     type: Literal["hello"] = "hello"
     role: RoleName
     rank: int = Field(ge=0)
     pid: int = Field(ge=0)
 
 
-class ShardInfo(_Message):
+class ShardInfo(Message):
     index: int = Field(ge=0)
     address: str
     start: int = Field(ge=0)
     end: int = Field(ge=0)
 
 
-class Welcome(_Message):
+class SegmentInfo(Message):
+    """One parameter tensor's keys: ``[start, end)`` of the flat key space, and its shape."""
+
+    name: str = Field(min_length=1, max_length=256)
+    shape: tuple[int, ...] = Field(max_length=8)
+    start: int = Field(ge=0)
+    end: int = Field(ge=1)
+
+
+class Welcome(Message):
     type: Literal["welcome"] = "welcome"
     run_id: str
     config: dict[str, Any]
     num_keys: int = Field(ge=1)
+    segments: list[SegmentInfo] = Field(min_length=1)  # the key layout, in key order
     shards: list[ShardInfo]  # empty for servers: they learn only their own range
     own_range: ShardInfo | None = None
     started_at: float
 
 
-class Iterations(_Message):
+class Iterations(Message):
     type: Literal["iterations"] = "iterations"
     rows: list[IterationRecord]
 
 
-class Evaluation(_Message):
+class Evaluation(Message):
     type: Literal["evaluation"] = "evaluation"
     row: EvaluationRecord
     final: bool = False
 
 
-class Event(_Message):
+class Event(Message):
     type: Literal["event"] = "event"
     row: EventRecord
 
 
-class Syncs(_Message):
+class Syncs(Message):
     """ElasticBSP barrier decisions and completions, from shard server 0."""
 
     type: Literal["syncs"] = "syncs"
     rows: list[SyncRecord] = Field(min_length=1)
 
 
-class Serving(_Message):
+class Serving(Message):
     """A shard server listens for workers at ``address``."""
 
     type: Literal["serving"] = "serving"
     address: str
 
 
-class Ready(_Message):
+class Ready(Message):
     """A worker has its data and model and is about to train."""
 
     type: Literal["ready"] = "ready"
@@ -84,42 +95,42 @@ class Ready(_Message):
     train_samples: int = Field(ge=1)
 
 
-class Start(_Message):
+class Start(Message):
     """To every worker once all of them are ready: training starts together, so that start-up
     skew (process spawn, torch import, data load) is not counted as one worker leading."""
 
     type: Literal["start"] = "start"
 
 
-class EpochDone(_Message):
+class EpochDone(Message):
     type: Literal["epoch_done"] = "epoch_done"
     epoch: int = Field(ge=0)
 
 
-class Done(_Message):
+class Done(Message):
     type: Literal["done"] = "done"
     iterations: int = Field(ge=0)
     reason: str
 
 
-class Fatal(_Message):
+class Fatal(Message):
     type: Literal["fatal"] = "fatal"
     message: str
     traceback: str = ""
 
 
-class Evaluate(_Message):
+class Evaluate(Message):
     type: Literal["evaluate"] = "evaluate"
     epoch: float = Field(ge=0)
     final: bool = False
 
 
-class Stop(_Message):
+class Stop(Message):
     type: Literal["stop"] = "stop"
     reason: str
 
 
-class Exit(_Message):
+class Exit(Message):
     type: Literal["exit"] = "exit"
 
 
@@ -157,5 +168,20 @@ def parse_control(message: str | bytes) -> ControlMessage:
         raise ProtocolError(f"invalid control message at {where}: {first['msg']}") from None
 
 
-def dump_control(message: _Message) -> str:
+def dump_control(message: Message) -> str:
     return message.model_dump_json()
+
+
+def layout_info(layout: KeyLayout) -> list[SegmentInfo]:
+    return [SegmentInfo(name=s.name, shape=s.shape, start=s.keys.start, end=s.keys.end)
+            for s in layout.segments]
+
+
+def layout_of(welcome: Welcome) -> KeyLayout:
+    """The key layout a welcome describes (validated: contiguous, covering every key)."""
+    layout = KeyLayout(tuple(Segment(s.name, s.shape, KeyRange(s.start, s.end))
+                             for s in welcome.segments))
+    if layout.num_keys != welcome.num_keys:
+        raise ProtocolError(f"the welcome's segments cover {layout.num_keys} keys, "
+                            f"not {welcome.num_keys}")
+    return layout

@@ -1,15 +1,23 @@
-"""The binary wire format for tensor traffic between workers and shard servers.
+"""The binary wire format for tensor traffic between workers and shard servers (version 3).
 
-A frame is a fixed little-endian header, ``ndim`` shape dimensions, then the raw array bytes::
+A frame is a fixed little-endian header, ``ndim`` shape dimensions, an optional key list, then the
+raw array bytes::
 
     magic "PS" | version | type | dtype | ndim | sender role | flags | sender rank
     run id (16 bytes) | request id | clock | version | key start | key end | wait ns | stamp ns |
-    payload bytes
-    shape[0..ndim) | payload
+    payload bytes | key kind | 3 pad bytes | key count
+    shape[0..ndim) | keys[0..key count) (uint32 or uint64) | payload
+
+``key start``/``key end`` is the frame's *span*. A ``RANGE`` frame addresses every key of the span
+and carries one value per key. A key-list frame (``U32`` or ``U64``) addresses a sorted, unique
+list of keys inside the span, one value per listed key; its span is what the frame speaks for
+(a PUSH with ``FLAG_COMMIT`` commits its clock for the clock ranges the span covers), so an
+empty list is a legal push that only advances the clock. The header is 104 bytes, so the
+keys and values that follow it stay 8-byte aligned.
 
 Nothing is pickled. ``decode`` validates everything a peer could get wrong (magic, version, type,
-dtype, shape against the key range and the byte count, size limit, finiteness of pushed values)
-and raises :class:`ProtocolError` with a reason that is sent back to the peer as-is.
+dtype, shape against the keys and the byte count, key order and bounds, size limit, finiteness of
+pushed values) and raises :class:`ProtocolError` with a reason that is sent back to the peer as-is.
 """
 
 from __future__ import annotations
@@ -26,9 +34,9 @@ from engine.errors import BadPayload, FrameTooLarge, ProtocolError
 from engine.keys import KeyRange
 
 MAGIC = b"PS"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_NDIM = 4
-_HEADER = struct.Struct("<2sBBBBBBI16sQqQQQQQQ")
+_HEADER = struct.Struct("<2sBBBBBBI16sQqQQQQQQB3xQ")
 _DIM = struct.Struct("<Q")
 HEADER_BYTES = _HEADER.size
 
@@ -50,6 +58,16 @@ class Role(IntEnum):
     CLIENT = 4  # tools and tests
 
 
+class KeyKind(IntEnum):
+    RANGE = 0  # every key of the span, in order
+    U32 = 1  # a sorted, unique uint32 key list follows the shape
+    U64 = 2  # the same with uint64 keys, for key spaces past 2**32
+
+
+_KEY_DTYPES: dict[KeyKind, np.dtype[Any]] = {
+    KeyKind.U32: np.dtype("<u4"), KeyKind.U64: np.dtype("<u8")}
+
+
 class DType(IntEnum):
     FLOAT32 = 1
     FLOAT64 = 2
@@ -64,9 +82,11 @@ _NUMPY: dict[DType, np.dtype[Any]] = {
     DType.BYTES: np.dtype("u1"),
 }
 _CARRIES_VALUES = {MsgType.PUSH, MsgType.INIT, MsgType.VALUES}
+_TAKES_KEY_LIST = {MsgType.PUSH, MsgType.PULL, MsgType.VALUES}
 ANY_CLOCK = -1  # a PULL with this clock is served at once, whatever the consistency model says
 FLAG_FINAL = 1  # on a PUSH: the worker's last iteration; it pushes nothing after this one
-_KNOWN_FLAGS = FLAG_FINAL
+FLAG_COMMIT = 2  # on a PUSH: the worker is done with this clock on every clock range of the span
+_KNOWN_FLAGS = FLAG_FINAL | FLAG_COMMIT
 
 
 def to_ns(seconds: float) -> int:
@@ -97,6 +117,11 @@ class Frame:
     flags: int = 0
     dtype: DType = DType.FLOAT32
     payload: np.ndarray | None = None
+    index: np.ndarray | None = None  # sorted unique keys inside ``keys``; None: all of ``keys``
+
+    @property
+    def key_count(self) -> int:
+        return len(self.keys) if self.index is None else len(self.index)
 
     @property
     def values(self) -> np.ndarray:
@@ -115,7 +140,9 @@ def encode(frame: Frame) -> bytearray:
     payload = frame.payload
     shape: tuple[int, ...] = () if payload is None else payload.shape
     nbytes = 0 if payload is None else payload.nbytes
-    buffer = bytearray(HEADER_BYTES + _DIM.size * len(shape) + nbytes)
+    kind, index = key_kind(frame), frame.index
+    index_bytes = 0 if index is None else len(index) * _KEY_DTYPES[kind].itemsize
+    buffer = bytearray(HEADER_BYTES + _DIM.size * len(shape) + index_bytes + nbytes)
     _HEADER.pack_into(
         buffer,
         0,
@@ -136,15 +163,28 @@ def encode(frame: Frame) -> bytearray:
         frame.wait_ns,
         frame.stamp_ns,
         nbytes,
+        kind,
+        0 if index is None else len(index),
     )
     offset = HEADER_BYTES
     for dim in shape:
         _DIM.pack_into(buffer, offset, dim)
         offset += _DIM.size
+    if index is not None:
+        target = np.frombuffer(buffer, dtype=_KEY_DTYPES[kind], offset=offset, count=len(index))
+        target[:] = index
+        offset += index_bytes
     if payload is not None:
         target = np.frombuffer(buffer, dtype=_NUMPY[frame.dtype], offset=offset, count=payload.size)
         np.copyto(target, payload.reshape(-1), casting="no")
     return buffer
+
+
+def key_kind(frame: Frame) -> KeyKind:
+    """How a frame's keys travel: a range, or a list in the narrowest type that holds them."""
+    if frame.index is None:
+        return KeyKind.RANGE
+    return KeyKind.U32 if frame.keys.end <= 2**32 else KeyKind.U64
 
 
 def error_frame(request_id: int, code: str, message: str, *, role: Role, rank: int) -> Frame:
@@ -195,6 +235,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         wait_ns,
         stamp_ns,
         nbytes,
+        raw_key_kind,
+        key_count,
     ) = fields
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}: not a psctl frame")
@@ -212,7 +254,9 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
     if key_end < key_start:
         raise ProtocolError(f"key range [{key_start}, {key_end}) is reversed")
     keys = KeyRange(key_start, key_end)
-    payload = _payload(data, kind, dt, ndim, nbytes, keys)
+    keying = _enum(KeyKind, raw_key_kind, "key kind")
+    index = _index(data, kind, keying, ndim, key_count, keys)
+    payload = _payload(data, kind, dt, ndim, nbytes, keys, index)
     return Frame(
         kind,
         request_id,
@@ -227,6 +271,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         flags=flags,
         dtype=dt,
         payload=payload,
+        index=index,
     )
 
 
@@ -240,6 +285,43 @@ def _enum(kind: type[_E], value: int, what: str) -> _E:
         raise ProtocolError(f"unknown {what} code {value}") from None
 
 
+def _index(
+    data: bytes | bytearray | memoryview,
+    kind: MsgType,
+    keying: KeyKind,
+    ndim: int,
+    count: int,
+    span: KeyRange,
+) -> np.ndarray | None:
+    """The frame's key list (a zero-copy view), checked: sorted, unique, inside the span."""
+    if keying is KeyKind.RANGE:
+        if count:
+            raise ProtocolError(f"a key-range frame declares a key count of {count}")
+        return None
+    if kind not in _TAKES_KEY_LIST:
+        raise ProtocolError(f"{kind.name} frames address a key range, not a key list")
+    if ndim > MAX_NDIM:
+        raise ProtocolError(f"{ndim} dimensions exceed the maximum of {MAX_NDIM}")
+    if keying is KeyKind.U32 and span.end > 2**32:
+        raise ProtocolError(f"span end {span.end} does not fit the frame's uint32 keys")
+    offset, dtype = HEADER_BYTES + _DIM.size * ndim, _KEY_DTYPES[keying]
+    if count > (len(data) - offset) // dtype.itemsize:
+        raise BadPayload(f"the frame declares {count} keys but holds room for at most "
+                         f"{max(len(data) - offset, 0) // dtype.itemsize}")
+    index = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    if count and (int(index[0]) < span.start or int(index[-1]) >= span.end):
+        raise BadPayload(f"keys {int(index[0])}..{int(index[-1])} are not all inside the span "
+                         f"[{span.start}, {span.end})")
+    if count > 1:
+        steps = np.diff(index.astype(np.int64, copy=False))
+        if (steps <= 0).any():
+            at = int(np.argmax(steps <= 0))
+            what = "duplicated" if steps[at] == 0 else "not sorted"
+            raise BadPayload(f"key list is {what}: key {int(index[at + 1])} at position "
+                             f"{at + 1} follows {int(index[at])}; keys must be strictly increasing")
+    return index
+
+
 def _payload(
     data: bytes | bytearray | memoryview,
     kind: MsgType,
@@ -247,10 +329,13 @@ def _payload(
     ndim: int,
     nbytes: int,
     keys: KeyRange,
+    index: np.ndarray | None,
 ) -> np.ndarray | None:
     if ndim > MAX_NDIM:
         raise ProtocolError(f"{ndim} dimensions exceed the maximum of {MAX_NDIM}")
     offset = HEADER_BYTES + _DIM.size * ndim
+    if index is not None:
+        offset += index.nbytes
     if len(data) != offset + nbytes:
         raise ProtocolError(
             f"frame holds {len(data) - offset} payload bytes but its header says {nbytes}"
@@ -269,18 +354,19 @@ def _payload(
             f"shape {shape} of {dtype.name} needs {count * itemsize} bytes, payload has {nbytes}"
         )
     if kind in _CARRIES_VALUES:
-        _check_values(kind, dtype, shape, keys)
+        _check_values(kind, dtype, shape, keys, index)
     array = np.frombuffer(data, dtype=_NUMPY[dtype], count=count, offset=offset)
     if kind in (MsgType.PUSH, MsgType.INIT) and not np.isfinite(array).all():
         raise BadPayload(f"{kind.name} values contain NaN or infinity")
     return array
 
 
-def _check_values(kind: MsgType, dtype: DType, shape: tuple[int, ...], keys: KeyRange) -> None:
+def _check_values(kind: MsgType, dtype: DType, shape: tuple[int, ...], keys: KeyRange,
+                  index: np.ndarray | None) -> None:
     if dtype is DType.BYTES:
         raise BadPayload(f"{kind.name} values must be floating point, got {dtype.name}")
-    if len(shape) != 1 or shape[0] != len(keys):
-        raise BadPayload(
-            f"{kind.name} shape {shape} does not match the {len(keys)} keys of "
-            f"[{keys.start}, {keys.end})"
-        )
+    count = len(keys) if index is None else len(index)
+    if len(shape) != 1 or shape[0] != count:
+        where = (f"[{keys.start}, {keys.end})" if index is None
+                 else f"the key list in [{keys.start}, {keys.end})")
+        raise BadPayload(f"{kind.name} shape {shape} does not match the {count} keys of {where}")

@@ -1,7 +1,10 @@
-"""The worker-side parameter client: non-blocking range push and pull over all shards.
+"""The worker-side parameter client: non-blocking push and pull of key ranges or sparse key
+lists over all shards.
 
-``push``, ``pull`` and ``init`` return a request id at once; ``wait(request_id, timeout)`` blocks
-until every shard involved has answered. Network I/O runs on an event loop in a background
+``push``, ``pull`` and ``init`` return a typed handle at once; ``wait(handle, timeout)`` blocks
+until every shard involved has answered and returns the matching result type. Keys are a
+``KeyRange`` (a layer, the whole model) or a sorted array of unique keys (a sparse gradient);
+either is cut per shard here. Network I/O runs on an event loop in a background
 thread (a ``LoopThread`` shared with the control channel), so a worker's computation overlaps
 its communication. Values passed to ``push`` are copied before the call returns: the caller may
 reuse its buffer at once.
@@ -14,8 +17,8 @@ import concurrent.futures
 import contextlib
 import itertools
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -28,9 +31,18 @@ from engine.errors import (
     RequestTimeout,
     ShuttingDown,
 )
-from engine.keys import KeyRange, split_by_shard
+from engine.keys import KeyRange, split_by_shard, split_keys_by_shard
 from engine.transport.base import Connection, Transport
-from engine.wire.protocol import FLAG_FINAL, Frame, MsgType, Role, decode, encode, to_ns
+from engine.wire.protocol import (
+    FLAG_COMMIT,
+    FLAG_FINAL,
+    Frame,
+    MsgType,
+    Role,
+    decode,
+    encode,
+    to_ns,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +71,40 @@ class PushResult:
 
 
 Result = PullResult | PushResult
+R = TypeVar("R", PullResult, PushResult)
+Keys = KeyRange | np.ndarray  # a contiguous range, or sorted unique keys (any integer dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class Handle(Generic[R]):
+    """A request in flight; ``ParameterClient.wait`` turns it into its result."""
+
+    request_id: int
+    kind: type[R]
+
+
+PullHandle = Handle[PullResult]
+PushHandle = Handle[PushResult]
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One shard's frame of a request (its request id is set when it is submitted)."""
+
+    shard: int
+    frame: Frame
+    out: np.ndarray | None  # where a pull's values go
+
+
+def _checked_keys(keys: np.ndarray, num_keys: int) -> np.ndarray:
+    """Sorted, unique, in-range integer keys, or a ProtocolError saying which rule failed."""
+    if keys.ndim != 1 or keys.dtype.kind not in "iu":
+        raise ProtocolError(f"keys must be a 1-d integer array, got {keys.dtype} {keys.shape}")
+    if len(keys) and (int(keys[0]) < 0 or int(keys[-1]) >= num_keys):
+        raise ProtocolError(f"keys must lie in [0, {num_keys})")
+    if len(keys) > 1 and (np.diff(keys.astype(np.int64, copy=False)) <= 0).any():
+        raise ProtocolError("keys must be sorted and unique")
+    return keys.astype(np.uint64 if num_keys > 2**32 else np.uint32, copy=False)
 
 
 class ParameterClient:
@@ -96,71 +142,113 @@ class ParameterClient:
         with contextlib.suppress(PsctlError):
             self._io.call(self._close_all(), 5, "closing shard connections")
 
-    def init(self, values: np.ndarray) -> int:
-        return self._submit(MsgType.INIT, KeyRange(0, values.size), values, clock=0, base={})
+    @property
+    def num_keys(self) -> int:
+        return self._shards[-1].keys.end
+
+    def init(self, values: np.ndarray) -> PushHandle:
+        request_id = self._submit(MsgType.INIT, self._range_parts(
+            MsgType.INIT, KeyRange(0, values.size), values, clock=0, base={}), {})
+        return Handle(request_id, PushResult)
 
     def push(
-        self, keys: KeyRange, values: np.ndarray, *, clock: int, base_versions: dict[int, int],
+        self, keys: Keys, values: np.ndarray, *, clock: int, base_versions: dict[int, int],
         pushed_at: float = 0.0, waited_s: float = 0.0, final: bool = False,
-    ) -> int:
-        """Send a gradient. ``pushed_at`` (unix s) and ``waited_s`` (how long this iteration's
-        pull was held back) travel with it for the timing-driven consistency models."""
-        timing = (to_ns(pushed_at), to_ns(waited_s))
-        return self._submit(MsgType.PUSH, keys, values, clock=clock, base=base_versions,
-                            timing=timing, flags=FLAG_FINAL if final else 0)
+        commit: bool = True, span: KeyRange | None = None,
+    ) -> PushHandle:
+        """Send a gradient for ``keys`` (one value per key). With ``commit`` (the default) this
+        worker is done with ``clock`` on every clock range of ``span`` (default: ``keys`` if it
+        is a range, else the whole key space): a shard in the span that gets no key still gets
+        an empty push, which advances the clock. ``pushed_at`` (unix s) and ``waited_s`` (how
+        long this iteration's pull was held back) travel with it for the timing-driven
+        consistency models."""
+        flags = (FLAG_FINAL if final else 0) | (FLAG_COMMIT if commit else 0)
+        header = {"clock": clock, "base": base_versions, "stamp_ns": to_ns(pushed_at),
+                  "wait_ns": to_ns(waited_s), "flags": flags}
+        if isinstance(keys, KeyRange):
+            parts = self._range_parts(MsgType.PUSH, span or keys, values, **header,
+                                      request=keys)
+        else:
+            parts = self._list_parts(MsgType.PUSH, keys, values, span, empty_ok=commit,
+                                     **header)
+        return Handle(self._submit(MsgType.PUSH, parts, base_versions), PushResult)
 
-    def pull(self, keys: KeyRange, out: np.ndarray, *, clock: int) -> int:
-        """Fill ``out`` (len(keys) float32) with the servers' values; see ``wait``."""
-        if out.shape != (len(keys),) or out.dtype != np.float32:
-            raise ProtocolError(f"pull buffer must be float32 of shape ({len(keys)},)")
-        return self._submit(MsgType.PULL, keys, out, clock=clock, base={})
+    def pull(self, keys: Keys, out: np.ndarray, *, clock: int) -> PullHandle:
+        """Fill ``out`` (float32, one value per key) with the servers' values; see ``wait``."""
+        count = len(keys)
+        if out.shape != (count,) or out.dtype != np.float32:
+            raise ProtocolError(f"pull buffer must be float32 of shape ({count},)")
+        if isinstance(keys, KeyRange):
+            parts = self._range_parts(MsgType.PULL, keys, out, clock=clock, base={})
+        else:
+            parts = self._list_parts(MsgType.PULL, keys, out, None, empty_ok=False,
+                                     clock=clock, base={})
+        return Handle(self._submit(MsgType.PULL, parts, {}), PullResult)
 
-    def done(self, request_id: int) -> bool:
+    def done(self, handle: Handle[Any]) -> bool:
         """Has the request been answered (so that ``wait`` returns at once)?"""
-        future = self._requests.get(request_id)
+        future = self._requests.get(handle.request_id)
         if future is None:
-            raise ProtocolError(f"unknown or already awaited request id {request_id}")
+            raise ProtocolError(f"unknown or already awaited request id {handle.request_id}")
         return future.done()
 
-    def wait(self, request_id: int, timeout: float | None = None) -> Result:
-        future = self._requests.pop(request_id, None)
+    def wait(self, handle: Handle[R], timeout: float | None = None) -> R:
+        future = self._requests.pop(handle.request_id, None)
         if future is None:
-            raise ProtocolError(f"unknown or already awaited request id {request_id}")
+            raise ProtocolError(f"unknown or already awaited request id {handle.request_id}")
         limit = self.request_timeout_s if timeout is None else timeout
         try:
-            return future.result(limit)
+            result = future.result(limit)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise RequestTimeout(
-                f"request {request_id} got no answer within {limit:.1f} s"
+                f"request {handle.request_id} got no answer within {limit:.1f} s"
             ) from None
+        if not isinstance(result, handle.kind):  # the request's own kind decided the result's
+            raise ProtocolError(f"request {handle.request_id} answered with the wrong kind")
+        return result
 
-    def _submit(
-        self, kind: MsgType, keys: KeyRange, values: np.ndarray, *, clock: int,
-        base: dict[int, int], timing: tuple[int, int] = (0, 0), flags: int = 0,
-    ) -> int:
+    def _part(self, kind: MsgType, shard: int, span: KeyRange, values: np.ndarray, *,
+              clock: int, base: dict[int, int], index: np.ndarray | None = None,
+              stamp_ns: int = 0, wait_ns: int = 0, flags: int = 0) -> _Part:
+        pull = kind is MsgType.PULL
+        frame = Frame(kind, 0, span, run=self._run, role=self._role, rank=self._rank,
+                      clock=clock, version=base.get(shard, 0), stamp_ns=stamp_ns,
+                      wait_ns=wait_ns, flags=flags, payload=None if pull else values,
+                      index=index)
+        return _Part(shard, frame, values if pull else None)
+
+    def _range_parts(self, kind: MsgType, span: KeyRange, values: np.ndarray, *,
+                     request: KeyRange | None = None, **header: Any) -> list[_Part]:
+        """One frame per shard that ``span`` reaches; the values are those of ``request``
+        (default: the span), which must lie inside it."""
+        request = request or span
+        if not span.contains(request):
+            raise ProtocolError(f"keys [{request.start}, {request.end}) are outside the span "
+                                f"[{span.start}, {span.end})")
+        if request != span and kind is MsgType.PUSH:
+            return self._list_parts(kind, np.arange(request.start, request.end), values, span,
+                                    empty_ok=True, **header)
+        return [self._part(kind, shard, piece, values[request.local(piece)], **header)
+                for shard, piece in split_by_shard(span, self.shard_keys)]
+
+    def _list_parts(self, kind: MsgType, keys: np.ndarray, values: np.ndarray,
+                    span: KeyRange | None, *, empty_ok: bool, **header: Any) -> list[_Part]:
+        keys = _checked_keys(keys, self.num_keys)
+        span = span or KeyRange(0, self.num_keys)
+        if len(keys) and (keys[0] < span.start or keys[-1] >= span.end):
+            raise ProtocolError(f"keys {int(keys[0])}..{int(keys[-1])} are outside the span "
+                                f"[{span.start}, {span.end})")
+        owned = dict(split_keys_by_shard(keys, self.shard_keys)) if len(keys) else {}
+        return [self._part(kind, shard, piece, values[mine], index=keys[mine], **header)
+                for shard, piece in split_by_shard(span, self.shard_keys)
+                if (mine := owned.get(shard, slice(0, 0) if empty_ok else None)) is not None]
+
+    def _submit(self, kind: MsgType, parts: list[_Part], base: dict[int, int]) -> int:
         request_id = next(self._ids)
-        parts = []
-        for index, piece in split_by_shard(keys, self.shard_keys):
-            local = keys.local(piece)
-            payload = None if kind is MsgType.PULL else values[local]
-            frame = Frame(
-                kind,
-                request_id,
-                piece,
-                run=self._run,
-                role=self._role,
-                rank=self._rank,
-                clock=clock,
-                version=base.get(index, 0),
-                stamp_ns=timing[0],
-                wait_ns=timing[1],
-                flags=flags,
-                payload=payload,
-            )
-            parts.append((index, encode(frame), values[local] if kind is MsgType.PULL else None))
-        coro = self._request(kind, request_id, parts, base)
-        self._requests[request_id] = self._io.submit(coro)
+        frames = [(part.shard, encode(replace(part.frame, request_id=request_id)), part.out)
+                  for part in parts]
+        self._requests[request_id] = self._io.submit(self._request(kind, request_id, frames, base))
         return request_id
 
     async def _request(
@@ -181,6 +269,9 @@ class ParameterClient:
         }
         if kind is MsgType.PULL:
             for (_, _, out), (reply, _) in zip(parts, replies, strict=True):
+                if reply.values.shape != out.shape:
+                    raise ProtocolError(f"request {request_id}: a shard answered "
+                                        f"{reply.values.shape[0]} values for {len(out)} keys")
                 np.copyto(out, reply.values)
             wait_s = max((reply.wait_ns for reply, _ in replies), default=0) / 1e9
             return PullResult(versions, wait_s, sent, received, answered_at)
@@ -236,7 +327,8 @@ class _ShardConnection:
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         await self._connection.send(data)
-        return await future
+        reply: tuple[Frame, int] = await future
+        return reply
 
     async def close(self) -> None:
         await self._connection.close()

@@ -20,27 +20,26 @@ import numpy as np
 from engine.errors import ShuttingDown
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
-from engine.worker.client import PullResult, PushResult
-from engine.worker.loops import Shard, _PlainLoop, _row
+from engine.worker.client import PullHandle, PushHandle
+from engine.worker.loops import PlainLoop, Shard, iteration_row
 
 
 @dataclass
 class _Task:
     clock: int
-    push: int
-    pull: int
+    pushes: list[PushHandle]
+    pull: PullHandle
     values: np.ndarray  # the buffer the pull fills
     row: IterationRecord  # provisional until the task is done
 
 
-class DelayedLoop(_PlainLoop):
+class DelayedLoop(PlainLoop):
     def begin(self) -> None:
         self._tasks: deque[_Task] = deque()
         delay = self.worker.config.sync.delay
         self._free = [np.empty_like(self.model.params_np) for _ in range(delay + 1)]
         pulled = self.client.wait(self.client.pull(self.worker.keys, self.model.params_np,
                                                    clock=ANY_CLOCK))
-        assert isinstance(pulled, PullResult)
         self._newest = pulled
 
     def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
@@ -62,20 +61,19 @@ class DelayedLoop(_PlainLoop):
         t1 = time.perf_counter()
         loss = self.compute(shard, batch)
         t2 = time.perf_counter()
-        push, pushed_at = self.push(clock, self._newest, t1 - t0)
+        pushes, pushed_at = self.push(clock, self._newest, t1 - t0)
         values = self._free.pop()
         pull = self.client.pull(self.worker.keys, values, clock=ANY_CLOCK)
         t3 = time.perf_counter()
-        row = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, 0.0,
-                   t1 - t0, None, self._newest, loss, len(batch))
-        return _Task(clock, push, pull, values, row.model_copy(update={"pushed_at": pushed_at}))
+        row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, 0.0,
+                            t1 - t0, None, self._newest, loss, len(batch))
+        return _Task(clock, pushes, pull, values, row.model_copy(update={"pushed_at": pushed_at}))
 
     def _done(self, task: _Task) -> bool:
-        return self.client.done(task.push) and self.client.done(task.pull)
+        return self.pushes_done(task.pushes) and self.client.done(task.pull)
 
     def _finish(self, task: _Task) -> None:
-        pushed, pulled = self.client.wait(task.push), self.client.wait(task.pull)
-        assert isinstance(pushed, PushResult) and isinstance(pulled, PullResult)
+        pushed, pulled = self.settle(task.pushes), self.client.wait(task.pull)
         np.copyto(self.model.params_np, task.values)
         self._free.append(task.values)
         self._newest = pulled

@@ -14,14 +14,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from engine.config import RunConfig
 from engine.errors import RunFailed, ShuttingDown
 from engine.keys import KeyRange
-from engine.models.flat import FlatModel, train_step
 from engine.roles.control import Lost, SyncControl
 from engine.wire.messages import (
     Done,
@@ -32,10 +31,14 @@ from engine.wire.messages import (
     Start,
     Stop,
     Welcome,
+    layout_of,
 )
 from engine.wire.records import IterationRecord
-from engine.worker.client import ParameterClient, PullResult, PushResult
+from engine.worker.client import ParameterClient, PullResult, PushHandle, PushResult
 from engine.worker.heterogeneity import Slowdown
+
+if TYPE_CHECKING:  # torch is imported by the worker role, not by whoever lists the loops
+    from engine.models.flat import FlatModel
 
 REPORT_EVERY_S = 0.5
 
@@ -75,6 +78,7 @@ class Worker:
         self.config = RunConfig.model_validate(welcome.config)
         self.rank, self.control, self.client = rank, control, client
         self.keys = KeyRange(0, welcome.num_keys)
+        self.layout = layout_of(welcome)
         self._pending: list[IterationRecord] = []
         self._last_report = time.monotonic()
         self._stopping: str | None = None
@@ -92,14 +96,10 @@ class Worker:
         self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
         return done
 
-    def _loop_class(self) -> type[_PlainLoop]:
-        if self.config.train.overlap:
-            return _OverlappedLoop
-        if self.config.sync.model == "bounded-delay":
-            from engine.worker.delayed import DelayedLoop
+    def _loop_class(self) -> type[PlainLoop]:
+        from engine.worker.registry import WORKER_LOOPS, loop_name
 
-            return DelayedLoop
-        return _PlainLoop
+        return WORKER_LOOPS.get(loop_name(self.config))
 
     def _await_start(self) -> None:
         """Block until the coordinator says every worker is ready (or the run ends first)."""
@@ -145,7 +145,7 @@ class Worker:
         self._last_report = time.monotonic()
 
 
-class _PlainLoop:
+class PlainLoop:
     """pull -> compute -> push, each waited for: the textbook loop, right for every model."""
 
     def __init__(self, worker: Worker, model: FlatModel) -> None:
@@ -156,17 +156,32 @@ class _PlainLoop:
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
         """One gradient into ``model.grads_np``, stretched by any injected slowness."""
         started = time.perf_counter()
-        loss = _compute(self.model, shard, batch)
+        loss = compute_gradient(self.model, shard, batch)
         self.worker.slowdown.stretch(time.perf_counter() - started)
         return loss
 
-    def push(self, clock: int, pulled: PullResult, waited_s: float) -> tuple[int, float]:
-        """Send this clock's gradient stamped with its timing; (request id, pushed_at)."""
+    def push(self, clock: int, pulled: PullResult,
+             waited_s: float) -> tuple[list[PushHandle], float]:
+        """Send this clock's gradient stamped with its timing, committing the clock on every
+        key; (the requests in flight, pushed_at)."""
         pushed_at = time.time()
-        request = self.client.push(self.worker.keys, self.model.grads_np, clock=clock,
-                                   base_versions=pulled.versions, pushed_at=pushed_at,
-                                   waited_s=waited_s, final=clock == self.last_clock)
-        return request, pushed_at
+        requests = [self.client.push(keys, self.model.grads_np[keys.start:keys.end],
+                                     clock=clock, base_versions=pulled.versions,
+                                     pushed_at=pushed_at, waited_s=waited_s,
+                                     final=clock == self.last_clock)
+                    for keys in self.push_order()]
+        return requests, pushed_at
+
+    def push_order(self) -> list[KeyRange]:
+        """The key ranges pushed per clock, one frame (per shard) each: the whole model."""
+        return [self.worker.keys]
+
+    def settle(self, requests: list[PushHandle]) -> PushResult:
+        """Wait for a clock's pushes; one result for all of them (worst staleness)."""
+        return merge_pushes([self.client.wait(request) for request in requests])
+
+    def pushes_done(self, requests: list[PushHandle]) -> bool:
+        return all(self.client.done(request) for request in requests)
 
     def train(self, shard: Shard) -> int:
         """Run the epochs, one ``step`` per batch; returns the iterations done. A run that is
@@ -205,21 +220,19 @@ class _PlainLoop:
         t0 = time.perf_counter()
         pulled = self.client.wait(self.client.pull(self.worker.keys, self.model.params_np,
                                                    clock=clock))
-        assert isinstance(pulled, PullResult)
         t1 = time.perf_counter()
         loss = self.compute(shard, batch)
         t2 = time.perf_counter()
         wait_s = min(pulled.wait_s, t1 - t0)
-        request, pushed_at = self.push(clock, pulled, wait_s)
-        pushed = self.client.wait(request)
-        assert isinstance(pushed, PushResult)
+        requests, pushed_at = self.push(clock, pulled, wait_s)
+        pushed = self.settle(requests)
         t3 = time.perf_counter()
-        row = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
-                   t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
+        row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, t1 -
+                            t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
         return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
 
 
-class _OverlappedLoop(_PlainLoop):
+class OverlappedLoop(PlainLoop):
     """Prefetch the next pull while computing and leave the push in flight (asp).
 
     The next pull is issued before this iteration's push, so every gradient is at least one
@@ -227,14 +240,13 @@ class _OverlappedLoop(_PlainLoop):
     """
 
     def begin(self) -> None:
-        self._unacked: tuple[int, PullResult, IterationRecord] | None = None
+        self._unacked: tuple[list[PushHandle], PullResult, IterationRecord] | None = None
         self._staging = np.empty_like(self.model.params_np)
         self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=0)
 
     def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
         started, t0 = time.time(), time.perf_counter()
         pulled = self.client.wait(self._in_flight)
-        assert isinstance(pulled, PullResult)
         np.copyto(self.model.params_np, self._staging)
         if clock < self.last_clock:
             self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=clock + 1)
@@ -244,22 +256,21 @@ class _OverlappedLoop(_PlainLoop):
         self._settle(self._unacked)
         self._unacked = None
         wait_s = min(pulled.wait_s, t1 - t0)
-        push_id, pushed_at = self.push(clock, pulled, wait_s)
+        requests, pushed_at = self.push(clock, pulled, wait_s)
         t3 = time.perf_counter()
-        provisional = _row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
-                           t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
-        self._unacked = (push_id, pulled, provisional.model_copy(update={"pushed_at": pushed_at}))
+        provisional = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 -
+                                    t2, t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
+        self._unacked = (requests, pulled, provisional.model_copy(update={"pushed_at": pushed_at}))
 
     def end(self) -> None:
         self._settle(self._unacked)
 
-    def _settle(self, unacked: tuple[int, PullResult, IterationRecord] | None) -> None:
+    def _settle(self, unacked: tuple[list[PushHandle], PullResult, IterationRecord] | None) -> None:
         """Wait for the previous push's ack and record that iteration with its staleness."""
         if unacked is None:
             return
-        push_id, pulled, row = unacked
-        pushed = self.client.wait(push_id)
-        assert isinstance(pushed, PushResult)
+        requests, pulled, row = unacked
+        pushed = self.settle(requests)
         self.worker.record(row.model_copy(update={
             "staleness": pushed.staleness,
             "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
@@ -268,15 +279,34 @@ class _OverlappedLoop(_PlainLoop):
         }))
 
 
-def _compute(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
-    inputs = torch.from_numpy(shard.inputs[batch])
-    targets = torch.from_numpy(shard.targets[batch])
-    return train_step(model, inputs, targets)
+class LayeredLoop(PlainLoop):
+    """The plain loop, but each layer's gradient is its own push frame, last layer first (the
+    order backward produces them), each committing that layer's clock on its own."""
+
+    def push_order(self) -> list[KeyRange]:
+        return [segment.keys for segment in reversed(self.worker.layout.segments)]
 
 
-def _row(rank: int, clock: int, epoch: int, started: float, wall: float, compute: float,
-         push: float, pull: float, wait: float, pushed: PushResult | None, pulled: PullResult,
-         loss: float, samples: int) -> IterationRecord:
+def merge_pushes(results: list[PushResult]) -> PushResult:
+    """Several pushes of one clock as one: worst staleness, bytes summed, last ack."""
+    versions: dict[int, int] = {}
+    for result in results:
+        for shard, version in result.versions.items():
+            versions[shard] = max(version, versions.get(shard, version))
+    return PushResult(versions, max(r.staleness for r in results),
+                      sum(r.bytes_sent for r in results), sum(r.bytes_received for r in results),
+                      max(r.answered_at for r in results))
+
+
+def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
+    from engine.models.flat import train_step_np
+
+    return train_step_np(model, shard.inputs[batch], shard.targets[batch])
+
+
+def iteration_row(rank: int, clock: int, epoch: int, started: float, wall: float, compute: float,
+                  push: float, pull: float, wait: float, pushed: PushResult | None, pulled:
+                  PullResult, loss: float, samples: int) -> IterationRecord:
     sent = pulled.bytes_sent + (pushed.bytes_sent if pushed else 0)
     received = pulled.bytes_received + (pushed.bytes_received if pushed else 0)
     return IterationRecord(

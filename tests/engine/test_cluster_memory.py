@@ -128,7 +128,7 @@ def run_cluster(overrides: dict[str, Any], *, timeout: float = 60.0) -> Outcome:
                 config,
                 run_id=uuid.uuid4().hex,
                 token=TOKEN,
-                num_keys=model_spec(config).num_keys,
+                layout=model_spec(config).layout(),
                 recorder=sink,
             )
             return coordinator, await coordinator.start(transport, "coordinator", 0)
@@ -282,7 +282,9 @@ def test_asp_run_over_memory_shows_staleness() -> None:
 @pytest.mark.parametrize(("model", "extra"), [
     ("ssp", {"sync.staleness": 1}), ("dssp", {"sync.staleness": 0, "sync.range": 2}),
     ("bounded-delay", {"sync.delay": 2}), ("elastic", {"sync.lookahead": 5}),
-    ("asp", {"train.overlap": True}),
+    ("asp", {"train.overlap": True}), ("bsp", {"train.loop": "layered"}),
+    ("ssp", {"sync.staleness": 1, "train.loop": "layered"}),
+    ("elastic", {"sync.lookahead": 5, "train.loop": "layered"}),
 ])
 def test_every_model_finishes_over_memory(model: str, extra: dict[str, object]) -> None:
     outcome = run_cluster({"cluster.workers": 3, "cluster.servers": 2, "train.epochs": 2,

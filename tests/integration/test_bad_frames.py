@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 from engine.keys import KeyRange
 from engine.launcher import Launcher
 from engine.transport.websocket import TOKEN_HEADER
-from engine.wire.protocol import Frame, MsgType, Role, decode, encode
+from engine.wire.protocol import FLAG_COMMIT, Frame, MsgType, Role, decode, encode
 from engine.wire.records import RunStatus
 from tests.integration.support import config, query, wait_for
 
@@ -36,6 +36,26 @@ def _bad_frames(run: bytes, keys: KeyRange) -> dict[str, bytes]:
         "pickle": pickle.dumps({"evil": list(range(100))}),
         "wrong_dtype": bytes(wrong_dtype),
         "wrong_shape": bytes(wrong_shape),
+        **_bad_sparse_frames(run, keys),
+    }
+
+
+def _sparse(run: bytes, span: KeyRange, index: list[int], values: int) -> bytearray:
+    return encode(Frame(MsgType.PUSH, 9, span, run=run, role=Role.WORKER, rank=0,
+                        flags=FLAG_COMMIT, index=np.array(index, dtype=np.uint32),
+                        payload=np.ones(values, dtype=np.float32)))
+
+
+def _bad_sparse_frames(run: bytes, keys: KeyRange) -> dict[str, bytes]:
+    """Key-list pushes that break one rule each (protocol version 3)."""
+    too_many = _sparse(run, keys, [1, 2, 3], 3)
+    struct.pack_into("<Q", too_many, 96, 10**9)  # the key count field
+    return {
+        "unsorted": bytes(_sparse(run, keys, [5, 3, 7], 3)),
+        "duplicated": bytes(_sparse(run, keys, [3, 3, 7], 3)),
+        "out_of_shard": bytes(_sparse(run, KeyRange(0, 10**7), [1, 5_000_000], 2)),
+        "count_mismatch": bytes(_sparse(run, keys, [1, 2, 3], 2)),
+        "count_too_large": bytes(too_many),
     }
 
 
@@ -91,10 +111,15 @@ def test_raw_client_garbage_is_refused_and_the_run_finishes(tmp_path: Path,
     assert "bad magic" in replies["pickle"]
     assert "bytes" in replies["wrong_dtype"]
     assert "does not match" in replies["wrong_shape"]
+    assert "key list is not sorted: key 3 at position 1 follows 5" in replies["unsorted"]
+    assert "key list is duplicated: key 3 at position 1 follows 3" in replies["duplicated"]
+    assert "are not all on this shard" in replies["out_of_shard"]
+    assert "does not match the 3 keys of the key list" in replies["count_mismatch"]
+    assert "declares 1000000000 keys but holds room for at most" in replies["count_too_large"]
     assert "1009" in replies["oversize"] or "too big" in replies["oversize"]
     assert result.status is RunStatus.FINISHED, result.reason
     after = query(launcher.db, "SELECT count(*) FROM iterations")[0][0]
     assert after == 2 * 3 * 47 and after > int(outcome["before"])  # type: ignore[call-overload]
     stats = [json.loads(row[0]) for row in query(launcher.db, "SELECT detail FROM events WHERE "
                                                              "kind = 'server_stats'")]
-    assert stats and stats[0]["bad_frames"] >= 4
+    assert stats and stats[0]["bad_frames"] >= 9

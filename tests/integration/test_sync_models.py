@@ -29,6 +29,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "dssp": {"sync__staleness": 1, "sync__range": 2},
     "bounded-delay": {"sync__delay": 1},
     "elastic": {"sync__lookahead": 6, "sync__predictor": "last"},
+    # every layer pushed as its own frame, last layer first, each committing its own clock
+    "bsp-layered": {"sync__model": "bsp", "train__loop": "layered"},
+    "ssp-layered": {"sync__model": "ssp", "sync__staleness": 1, "train__loop": "layered"},
 }
 
 
@@ -37,9 +40,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[
     db = tmp_path_factory.mktemp("sync") / "experiments.db"
     ids = {}
     for model, extra in MODELS.items():
+        settings = {"sync__model": model, **extra}
         launcher = Launcher(config(data__dataset="digits", cluster__workers=WORKERS,
-                                   cluster__servers=2, train__epochs=2, sync__model=model,
-                                   heterogeneity__stragglers=STRAGGLER, **extra), db=db)
+                                   cluster__servers=2, train__epochs=2,
+                                   heterogeneity__stragglers=STRAGGLER, **settings), db=db)
         launcher.start()
         result = launcher.wait()
         assert result.status.value == "finished", (model, result.reason)
@@ -156,3 +160,34 @@ def test_runs_show_reports_idle_time_and_staleness_per_worker(
         assert detail["syncs"]["barriers"] >= 3 and "ElasticBSP:" in text
     else:
         assert detail["syncs"] is None
+
+
+def server_stats(db: Path, run_id: str) -> list[dict[str, Any]]:
+    found = query(db, "SELECT detail FROM events WHERE run_id = ? AND kind = 'server_stats'",
+                  run_id)
+    return sorted((json.loads(row[0]) for row in found), key=lambda s: s["rank"])
+
+
+def test_layered_bsp_has_staleness_zero_and_every_layer_in_lockstep(
+        runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    table = rows(db, ids["bsp-layered"])
+    assert {row["staleness"] for row in table.values()} == {0}
+    assert lead_violations(table, 0) == 0
+    clocks = max(clock for _, clock in table) + 1
+    stats = server_stats(db, ids["bsp-layered"])
+    assert len(stats) == 2
+    for shard in stats:
+        # one completed BSP round per clock on every clock range (layer piece) of the shard
+        assert shard["range_versions"] == [clocks] * len(shard["range_versions"])
+        assert shard["pushes"] == WORKERS * clocks * len(shard["range_versions"])
+        assert shard["duplicates"] == 0 and shard["bad_frames"] == 0
+    assert sum(len(s["range_versions"]) for s in stats) >= 6 + 1  # 6 layers, one cut in two
+
+
+def test_layered_ssp_lead_never_exceeds_the_bound(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    table = rows(db, ids["ssp-layered"])
+    assert lead_violations(table, 1) == 0
+    for shard in server_stats(db, ids["ssp-layered"]):
+        assert len(shard["range_versions"]) > 1 and shard["duplicates"] == 0

@@ -22,7 +22,7 @@ import websockets
 from websockets.asyncio.client import connect as ws_connect
 
 from engine.aio import LoopThread
-from engine.consistency.base import make_controller
+from engine.consistency.registry import make_controller
 from engine.errors import (
     AuthenticationError,
     ConnectFailed,
@@ -32,7 +32,7 @@ from engine.errors import (
     RequestTimeout,
     ShuttingDown,
 )
-from engine.keys import KeyRange, RangePartitioner
+from engine.keys import KeyLayout, KeyRange, RangePartitioner, Segment
 from engine.server.optimizers import SGD
 from engine.server.service import MAX_BAD_FRAMES, ShardServer
 from engine.server.shard import ShardState
@@ -76,12 +76,17 @@ class Rig:
         model: str = "bsp",
         workers: int = 2,
         max_frame_bytes: int = MIB,
+        layout: KeyLayout | None = None,
+        momentum: float = 0.0,
     ) -> None:
         for rank, owned in enumerate(keys):
+            ranges = layout.clock_ranges(owned) if layout is not None else None
             state = ShardState(
                 owned,
-                make_controller(model, workers=workers, keys=len(owned)),
-                SGD(len(owned), lr=LR),
+                make_controller(model, workers=workers, ranges=len(ranges or [owned])),
+                SGD(len(owned), lr=LR, momentum=momentum),
+                workers=workers,
+                ranges=ranges,
             )
             server = ShardServer(state, run=RUN, rank=rank, max_frame_bytes=max_frame_bytes)
             address = self.server_loop.call(
@@ -176,17 +181,13 @@ START8 = np.arange(1, 9, dtype=np.float32)
 
 def pull(client: ParameterClient, keys: KeyRange, clock: int) -> tuple[np.ndarray, PullResult]:
     out = np.full(len(keys), -999.0, dtype=np.float32)
-    result = client.wait(client.pull(keys, out, clock=clock))
-    assert isinstance(result, PullResult)
-    return out, result
+    return out, client.wait(client.pull(keys, out, clock=clock))
 
 
 def push(
     client: ParameterClient, keys: KeyRange, grad: np.ndarray, clock: int, base: dict[int, int]
 ) -> PushResult:
-    result = client.wait(client.push(keys, grad, clock=clock, base_versions=base))
-    assert isinstance(result, PushResult)
-    return result
+    return client.wait(client.push(keys, grad, clock=clock, base_versions=base))
 
 
 # -- round trips --------------------------------------------------------------------------------
@@ -197,7 +198,7 @@ def test_init_then_pull_over_two_shards(rig: Rig) -> None:
     client = rig.client()
     acked = client.wait(client.init(START8))
     assert acked == PushResult(
-        versions={0: 0, 1: 0}, staleness=0, bytes_sent=2 * (92 + 8 + 16), bytes_received=2 * 92
+        versions={0: 0, 1: 0}, staleness=0, bytes_sent=2 * (104 + 8 + 16), bytes_received=2 * 104
     )
     assert [s.state.params.tolist() for s in rig.servers] == [[1, 2, 3, 4], [5, 6, 7, 8]]
 
@@ -208,8 +209,8 @@ def test_init_then_pull_over_two_shards(rig: Rig) -> None:
 
     values, result = pull(client, KeyRange(3, 6), 0)  # one key from shard 0, two from shard 1
     assert values.tolist() == [4.0, 5.0, 6.0]
-    assert result.bytes_sent == 2 * 92
-    assert result.bytes_received == (92 + 8 + 4) + (92 + 8 + 8)
+    assert result.bytes_sent == 2 * 104
+    assert result.bytes_received == (104 + 8 + 4) + (104 + 8 + 8)
 
 
 def test_a_second_init_is_ignored(rig: Rig) -> None:
@@ -300,11 +301,12 @@ def test_push_of_a_repeated_clock_is_refused(rig: Rig) -> None:
     with pytest.raises(RemoteError) as caught:
         push(client, keys, np.ones(8, dtype=np.float32), 0, {0: 1})
     assert re.fullmatch(
-        r"shard server 0 refused request \d+: ProtocolError: "
-        r"worker 0 pushed clock 0 but its next clock is 1",
+        r"shard server 0 refused request \d+: DuplicatePush: "
+        r"worker 0 already committed clock 0 on clock range 0",
         str(caught.value),
     )
     assert rig.servers[0].state.version == 1
+    assert rig.servers[0].state.duplicates == 1
 
 
 # -- refusals through the client ----------------------------------------------------------------
@@ -397,9 +399,10 @@ def test_wait_times_out_and_the_client_still_works(rig: Rig) -> None:
     with pytest.raises(RequestTimeout) as caught:
         client.wait(request, timeout=0.2)
     assert 0.2 <= time.perf_counter() - started < 2.0
-    assert str(caught.value) == f"request {request} got no answer within 0.2 s"
+    assert str(caught.value) == f"request {request.request_id} got no answer within 0.2 s"
     assert isinstance(caught.value, TimeoutError)
-    with pytest.raises(ProtocolError, match=f"^unknown or already awaited request id {request}$"):
+    unknown = f"^unknown or already awaited request id {request.request_id}$"
+    with pytest.raises(ProtocolError, match=unknown):
         client.wait(request)
     values, _ = pull(client, keys, 0)
     assert values.tolist() == START8.tolist()
@@ -526,7 +529,7 @@ def test_bad_frames_get_error_replies_and_others_keep_being_served(rig: Rig) -> 
         (
             0,
             "ProtocolError",
-            "frame of 8 bytes is shorter than the 92-byte header; not a psctl frame",
+            "frame of 8 bytes is shorter than the 104-byte header; not a psctl frame",
         ),
         (0, "ProtocolError", f"bad magic {pickled[:2]!r}: not a psctl frame"),
         (0, "ProtocolError", "text message on a tensor connection: send binary psctl frames"),
@@ -672,3 +675,86 @@ def test_the_bad_frame_limit_counts_every_bad_frame_of_a_connection(rig: Rig) ->
     assert (values.type, values.request_id) == (MsgType.VALUES, 9)
     assert values.values.tolist() == START8.tolist()
     assert closed == ("closed", 1008, f"{MAX_BAD_FRAMES} invalid frames; closing")
+
+
+# -- sparse and single-layer push and pull (protocol version 3) ----------------------------------
+
+# Three "layers" of 700, 600 and 700 keys over two shards of 1000: the middle one spans both.
+LAYOUT = KeyLayout((Segment("a", (700,), KeyRange(0, 700)),
+                    Segment("b", (600,), KeyRange(700, 1300)),
+                    Segment("c", (700,), KeyRange(1300, 2000))))
+START = np.linspace(-1.0, 1.0, 2000, dtype=np.float32)
+
+
+def test_sparse_and_layer_pushes_change_exactly_their_keys(rig: Rig) -> None:
+    rig.start(RangePartitioner().ranges(2000, 2), model="asp", workers=1, layout=LAYOUT,
+              momentum=0.9)
+    client = rig.client()
+    client.wait(client.init(START))
+    rng = np.random.default_rng(7)
+    keys = np.sort(rng.choice(2000, size=20, replace=False)).astype(np.uint32)  # 1 % of the keys
+    assert keys[0] < 1000 <= keys[-1]  # spans both shards
+    grad = rng.normal(size=20).astype(np.float32)
+    pushed = client.wait(client.push(keys, grad, clock=0, base_versions={}))
+    assert pushed.bytes_sent > 0 and pushed.staleness == 0
+    expected = START.copy()
+    expected[keys] -= LR * grad  # momentum's first step is the gradient itself
+    values, _ = pull(client, KeyRange(0, 2000), ANY_CLOCK)
+    np.testing.assert_array_equal(values, expected)
+
+    layer = LAYOUT.segment("b").keys  # across the shard boundary, pushed as one layer
+    layer_grad = rng.normal(size=len(layer)).astype(np.float32)
+    client.wait(client.push(layer, layer_grad, clock=1, base_versions={}))
+    # keys pushed twice carry momentum: buf = 0.9 * g0 + g1; the rest of the layer: buf = g1
+    buf = layer_grad.copy()
+    inside = (keys >= layer.start) & (keys < layer.end)
+    buf[keys[inside] - layer.start] += np.float32(0.9) * grad[inside]
+    expected[layer.start:layer.end] -= LR * buf
+    values, _ = pull(client, KeyRange(0, 2000), ANY_CLOCK)
+    np.testing.assert_array_equal(values, expected)
+
+    # a layer pull and a sparse pull return exactly the stored values
+    one_layer, _ = pull(client, layer, ANY_CLOCK)
+    np.testing.assert_array_equal(one_layer, expected[layer.start:layer.end])
+    wanted = np.array([0, 699, 700, 999, 1000, 1999], dtype=np.int64)
+    out = np.zeros(len(wanted), dtype=np.float32)
+    client.wait(client.pull(wanted, out, clock=ANY_CLOCK))
+    np.testing.assert_array_equal(out, expected[wanted])
+    # per-range clocks: layer b is at clock 2, layers a and c still at 1
+    assert [int(c) for c in rig.servers[0].state.clocks.next[0]] == [1, 2]
+    assert [int(c) for c in rig.servers[1].state.clocks.next[0]] == [2, 1]
+
+
+def test_layers_pushed_in_reverse_keep_bsp_in_lockstep_per_layer(rig: Rig) -> None:
+    rig.start(RangePartitioner().ranges(2000, 2), model="bsp", workers=2, layout=LAYOUT)
+    a, b = rig.client(0), rig.client(1)
+    a.wait(a.init(START))
+    order = [LAYOUT.segment(n).keys for n in ("c", "b", "a")]
+    for clock in range(3):
+        for client in (a, b):
+            _, pulled = pull(client, KeyRange(0, 2000), clock)
+            for layer in order:
+                result = client.wait(client.push(layer, np.ones(len(layer), np.float32),
+                                                 clock=clock, base_versions=pulled.versions))
+                assert result.staleness == 0
+        # no second-clock pull is answered before every layer's round is complete
+    for server in rig.servers:
+        assert server.state.versions.tolist() == [3, 3]
+    values, _ = pull(a, KeyRange(0, 2000), 3)
+    np.testing.assert_allclose(values, START - 3 * LR, rtol=0, atol=1e-6)
+
+
+def test_an_empty_commit_advances_the_clock_and_a_duplicate_is_refused(rig: Rig) -> None:
+    rig.start(RangePartitioner().ranges(2000, 2), model="bsp", workers=1, layout=LAYOUT)
+    client = rig.client()
+    client.wait(client.init(START))
+    empty = np.zeros(0, dtype=np.uint32)
+    client.wait(client.push(empty, np.zeros(0, np.float32), clock=0, base_versions={}))
+    values, pulled = pull(client, KeyRange(0, 2000), 1)  # clock 1 is served: clock 0 committed
+    np.testing.assert_array_equal(values, START)
+    with pytest.raises(RemoteError, match="DuplicatePush: worker 0 already committed clock 0"):
+        client.wait(client.push(KeyRange(0, 2000), np.ones(2000, np.float32), clock=0,
+                                base_versions=pulled.versions))
+    assert sum(server.state.duplicates for server in rig.servers) >= 1
+    values, _ = pull(client, KeyRange(0, 2000), ANY_CLOCK)
+    np.testing.assert_array_equal(values, START)  # the refused push changed nothing

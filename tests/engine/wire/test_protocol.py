@@ -20,6 +20,7 @@ from engine.errors import BadPayload, FrameTooLarge, ProtocolError
 from engine.keys import KeyRange
 from engine.wire.protocol import (
     ANY_CLOCK,
+    FLAG_COMMIT,
     FLAG_FINAL,
     HEADER_BYTES,
     MAGIC,
@@ -27,6 +28,7 @@ from engine.wire.protocol import (
     PROTOCOL_VERSION,
     DType,
     Frame,
+    KeyKind,
     MsgType,
     Role,
     decode,
@@ -38,8 +40,8 @@ from engine.wire.protocol import (
 )
 
 # magic | version | type | dtype | ndim | role | flags | rank | run | request id | clock |
-# version | key start | key end | wait ns | stamp ns | payload bytes
-LAYOUT = struct.Struct("<2sBBBBBBI16sQqQQQQQQ")
+# version | key start | key end | wait ns | stamp ns | payload bytes | key kind | pad | key count
+LAYOUT = struct.Struct("<2sBBBBBBI16sQqQQQQQQB3xQ")
 MAX = 1 << 20
 RUN = bytes(range(16))
 NUMPY = {DType.FLOAT32: "<f4", DType.FLOAT64: "<f8", DType.FLOAT16: "<f2", DType.BYTES: "u1"}
@@ -61,12 +63,19 @@ def raw_frame(
     shape: tuple[int, ...] | None = None,
     payload: bytes | None = None,
     nbytes: int | None = None,
+    key_kind: int = 0,
+    keys: bytes = b"",
+    key_count: int | None = None,
+    flags: int = 0,
 ) -> bytes:
     """A frame assembled byte by byte, so that any field can be made wrong."""
+    itemsize = {0: 1, 1: 4, 2: 8}[key_kind]
+    count = len(keys) // itemsize if key_count is None else key_count
+    listed = len(keys) // itemsize
     if payload is None:
-        payload = np.arange(end - start, dtype="<f4").tobytes()
+        payload = np.arange(end - start if key_kind == 0 else listed, dtype="<f4").tobytes()
     if shape is None:
-        shape = (end - start,)
+        shape = (end - start if key_kind == 0 else listed,)
     header = LAYOUT.pack(
         magic,
         version,
@@ -74,7 +83,7 @@ def raw_frame(
         dtype,
         len(shape),
         role,
-        0,
+        flags,
         rank,
         RUN,
         request_id,
@@ -85,8 +94,10 @@ def raw_frame(
         0,
         0,
         len(payload) if nbytes is None else nbytes,
+        key_kind,
+        count,
     )
-    return header + b"".join(struct.pack("<Q", d) for d in shape) + payload
+    return header + b"".join(struct.pack("<Q", d) for d in shape) + keys + payload
 
 
 def refusal(data: bytes | bytearray, max_bytes: int = MAX) -> ProtocolError:
@@ -98,8 +109,8 @@ def refusal(data: bytes | bytearray, max_bytes: int = MAX) -> ProtocolError:
 # -- layout -------------------------------------------------------------------------------------
 
 
-def test_header_is_92_bytes_and_matches_the_documented_layout() -> None:
-    assert HEADER_BYTES == LAYOUT.size == 92
+def test_header_is_104_bytes_and_matches_the_documented_layout() -> None:
+    assert HEADER_BYTES == LAYOUT.size == 104
     frame = Frame(
         MsgType.PUSH,
         request_id=7,
@@ -116,10 +127,10 @@ def test_header_is_92_bytes_and_matches_the_documented_layout() -> None:
     data = encode(frame)
     assert isinstance(data, bytearray)
     fields = LAYOUT.unpack_from(data, 0)
-    assert fields == (b"PS", 2, 1, 1, 1, 2, 0, 9, RUN, 7, 11, 13, 3, 5, 17, 19, 8)
-    assert struct.unpack_from("<Q", data, 92) == (2,)
-    assert data[100:] == np.array([1.5, -2.5], dtype="<f4").tobytes()
-    assert len(data) == 92 + 8 + 8
+    assert fields == (b"PS", 3, 1, 1, 1, 2, 0, 9, RUN, 7, 11, 13, 3, 5, 17, 19, 8, 0, 0)
+    assert struct.unpack_from("<Q", data, 104) == (2,)
+    assert data[112:] == np.array([1.5, -2.5], dtype="<f4").tobytes()
+    assert len(data) == 104 + 8 + 8
     assert decode(data, max_bytes=MAX).stamp_ns == 19
 
 
@@ -343,7 +354,7 @@ def test_shorter_than_header(size: int) -> None:
     error = refusal(raw_frame()[:size])
     assert type(error) is ProtocolError
     assert str(error) == (
-        f"frame of {size} bytes is shorter than the 92-byte header; not a psctl frame"
+        f"frame of {size} bytes is shorter than the 104-byte header; not a psctl frame"
     )
 
 
@@ -363,11 +374,11 @@ def test_bad_magic() -> None:
     assert str(error) == "bad magic b'PK': not a psctl frame"
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, 255])
+@pytest.mark.parametrize("version", [0, 1, 2, 4, 255])
 def test_unsupported_version(version: int) -> None:
     error = refusal(raw_frame(version=version))
     assert type(error) is ProtocolError
-    assert str(error) == f"protocol version {version} is not supported (expected 2)"
+    assert str(error) == f"protocol version {version} is not supported (expected 3)"
 
 
 @pytest.mark.parametrize(
@@ -455,12 +466,12 @@ def test_non_finite_values_reply_is_accepted() -> None:
 
 
 def test_oversize_frame() -> None:
-    data = raw_frame(end=300)  # 92 + 8 + 1200 bytes
-    assert len(data) == 1300
-    error = refusal(data, max_bytes=1299)
+    data = raw_frame(end=300)  # 104 + 8 + 1200 bytes
+    assert len(data) == 1312
+    error = refusal(data, max_bytes=1311)
     assert isinstance(error, FrameTooLarge)
-    assert str(error) == "frame of 1300 bytes exceeds the limit of 1299"
-    assert decode(data, max_bytes=1300).keys == KeyRange(0, 300)
+    assert str(error) == "frame of 1312 bytes exceeds the limit of 1311"
+    assert decode(data, max_bytes=1312).keys == KeyRange(0, 300)
 
 
 def test_oversize_is_checked_before_anything_else() -> None:
@@ -535,5 +546,81 @@ def test_push_timing_and_final_flag_round_trip() -> None:
 
 def test_unknown_flag_bits_are_refused() -> None:
     data = bytearray(encode(Frame(MsgType.PULL, 1, KeyRange(0, 2), role=Role.WORKER)))
-    data[7] = 0x82  # the flags byte
-    assert str(refusal(data)) == "unknown flag bits 0x82"
+    data[7] = 0x84  # the flags byte
+    assert str(refusal(data)) == "unknown flag bits 0x84"
+
+
+# -- key lists (protocol version 3) -------------------------------------------------------------
+
+
+def u32(*keys: int) -> bytes:
+    return np.array(keys, dtype="<u4").tobytes()
+
+
+def test_a_sparse_push_round_trips_with_its_key_list() -> None:
+    index = np.array([3, 9, 1000], dtype=np.uint32)
+    frame = Frame(MsgType.PUSH, 1, KeyRange(0, 2000), role=Role.WORKER, index=index,
+                  payload=np.array([1.0, 2.0, 3.0], dtype=np.float32), flags=FLAG_COMMIT)
+    data = encode(frame)
+    fields = LAYOUT.unpack_from(data, 0)
+    assert fields[-2:] == (KeyKind.U32, 3)
+    assert data[112:124] == u32(3, 9, 1000)  # keys right after the shape, 8-byte aligned
+    back = decode(data, max_bytes=MAX)
+    assert back.index is not None and back.index.tolist() == [3, 9, 1000]
+    assert back.values.tolist() == [1.0, 2.0, 3.0]
+    assert back.keys == KeyRange(0, 2000) and back.flags == FLAG_COMMIT and back.key_count == 3
+
+
+def test_keys_past_2_to_the_32_travel_as_uint64() -> None:
+    index = np.array([5, 2**33], dtype=np.uint64)
+    frame = Frame(MsgType.PULL, 1, KeyRange(0, 2**33 + 1), role=Role.WORKER, index=index)
+    back = decode(encode(frame), max_bytes=MAX)
+    assert LAYOUT.unpack_from(encode(frame), 0)[-2] == KeyKind.U64
+    assert back.index is not None and back.index.tolist() == [5, 2**33] and back.payload is None
+
+
+def test_an_empty_key_list_is_a_legal_push() -> None:
+    frame = Frame(MsgType.PUSH, 1, KeyRange(0, 8), role=Role.WORKER,
+                  index=np.array([], dtype=np.uint32), payload=np.zeros(0, dtype=np.float32))
+    back = decode(encode(frame), max_bytes=MAX)
+    assert back.key_count == 0 and back.values.size == 0
+
+
+@pytest.mark.parametrize(("keys", "reason"), [
+    (u32(5, 3, 7), "key list is not sorted: key 3 at position 1 follows 5"),
+    (u32(3, 3, 7), "key list is duplicated: key 3 at position 1 follows 3"),
+    (u32(3, 7, 50), r"keys 3..50 are not all inside the span \[0, 10\)"),
+])
+def test_bad_key_lists_are_refused_with_the_reason(keys: bytes, reason: str) -> None:
+    error = refusal(raw_frame(key_kind=1, keys=keys, start=0, end=10))
+    assert isinstance(error, BadPayload)
+    with pytest.raises(BadPayload, match=reason):
+        decode(raw_frame(key_kind=1, keys=keys, start=0, end=10), max_bytes=MAX)
+
+
+def test_a_key_count_that_does_not_match_the_values_is_refused() -> None:
+    data = raw_frame(key_kind=1, keys=u32(1, 2, 3), start=0, end=10,
+                     payload=np.zeros(2, dtype="<f4").tobytes(), shape=(2,))
+    with pytest.raises(BadPayload, match=r"shape \(2,\) does not match the 3 keys of the key list"):
+        decode(data, max_bytes=MAX)
+
+
+def test_a_declared_key_count_larger_than_the_frame_is_refused() -> None:
+    data = raw_frame(key_kind=1, keys=u32(1, 2), key_count=10**9, start=0, end=10)
+    with pytest.raises(BadPayload, match="declares 1000000000 keys but holds room for at most"):
+        decode(data, max_bytes=MAX)
+
+
+def test_a_range_frame_may_not_declare_keys_and_init_takes_no_list() -> None:
+    with pytest.raises(ProtocolError, match="key-range frame declares a key count of 2"):
+        decode(raw_frame(key_count=2), max_bytes=MAX)
+    with pytest.raises(ProtocolError, match="INIT frames address a key range, not a key list"):
+        decode(raw_frame(msg_type=MsgType.INIT, key_kind=1, keys=u32(1), end=4), max_bytes=MAX)
+    with pytest.raises(ProtocolError, match="unknown key kind code 7"):
+        decode(raw_frame(key_kind=0, key_count=0)[:92] + bytes([7]) + raw_frame()[93:],
+               max_bytes=MAX)
+
+
+def test_uint32_keys_cannot_describe_a_span_past_2_to_the_32() -> None:
+    with pytest.raises(ProtocolError, match="does not fit the frame's uint32 keys"):
+        decode(raw_frame(key_kind=1, keys=u32(1), start=0, end=2**32 + 5), max_bytes=MAX)

@@ -1,0 +1,51 @@
+"""The consistency models by name: ``--sync``'s choices, the config's allowed values and the docs'
+table all come from ``CONSISTENCY_MODELS``. A new model is one module plus a line here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.consistency.base import ASP, BSP, ConsistencyController
+from engine.consistency.elastic import ElasticBSP
+from engine.consistency.ssp import DSSP, SSP
+from engine.registry import Registry
+
+if TYPE_CHECKING:
+    from engine.config import SyncConfig
+
+# (sync settings, workers, clock ranges on the shard) -> the shard's controller
+ControllerFactory = Callable[["SyncConfig", int, int], ConsistencyController]
+
+CONSISTENCY_MODELS: Registry[ControllerFactory] = Registry("consistency model")
+CONSISTENCY_MODELS.register(
+    "bsp", lambda sync, workers, ranges: BSP(workers, ranges),
+    "bulk synchronous: every clock waits for every worker; staleness 0")
+CONSISTENCY_MODELS.register(
+    "asp", lambda sync, workers, ranges: ASP(workers),
+    "asynchronous: every push applied at once, no waiting")
+CONSISTENCY_MODELS.register(
+    "ssp", lambda sync, workers, ranges: SSP(workers, sync.staleness, ranges),
+    "stale synchronous: the fastest leads the slowest by at most --staleness clocks")
+# Bounded delay is enforced by each worker on its own iterations (OSDI'14: a task waits for its
+# tasks older than the delay), so its servers apply pushes as ASP does.
+CONSISTENCY_MODELS.register(
+    "bounded-delay", lambda sync, workers, ranges: ASP(workers),
+    "a worker keeps at most --delay of its own iterations in flight")
+CONSISTENCY_MODELS.register(
+    "dssp", lambda sync, workers, ranges: DSSP(workers, sync.staleness, sync.range, ranges),
+    "dynamic SSP: the bound stretches within [S, S+R] when waiting would be idle time")
+CONSISTENCY_MODELS.register(
+    "elastic", lambda sync, workers, ranges: ElasticBSP(workers, sync),
+    "ElasticBSP: barriers placed by ZipLine where predicted waiting is least")
+
+
+def make_controller(sync: str | SyncConfig, *, workers: int,
+                    ranges: int = 1) -> ConsistencyController:
+    """The controller for a model name (with default settings) or a whole ``SyncConfig``."""
+    from engine.config import SyncConfig
+
+    if isinstance(sync, str):
+        CONSISTENCY_MODELS.get(sync)  # an unknown name fails here, listing the known ones
+        sync = SyncConfig.model_validate({"model": sync})
+    return CONSISTENCY_MODELS.get(sync.model)(sync, workers, ranges)

@@ -1,0 +1,121 @@
+"""Aggregation rules: the arithmetic that turns workers' contributions into an update.
+
+The consistency controller decides *when* (``engine.consistency``); an aggregator decides *what*:
+for models that apply every push on arrival it scales one push; for BSP it sums a round's
+contributions per clock range (dense or sparse) and hands back their mean or sum on release,
+touching only the keys somebody contributed to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from engine.keys import KeyRange
+from engine.registry import Registry
+from engine.server.update import Update
+
+
+class Aggregator(Protocol):
+    def immediate(self, update: Update) -> Update:
+        """What one push applied on arrival contributes."""
+        ...
+
+    def add(self, update: Update) -> None:
+        """Accumulate a contribution to the current round of its clock ranges."""
+        ...
+
+    def release(self, ranges: list[int]) -> list[Update]:
+        """The rounds of these (complete) ranges as updates; their sums restart from zero."""
+        ...
+
+
+class RoundSum:
+    """Sums per clock range, and per key whether anybody contributed this round."""
+
+    def __init__(self, shard: KeyRange, ranges: list[KeyRange], divide_by: int) -> None:
+        self._local = [slice(r.start - shard.start, r.end - shard.start) for r in ranges]
+        self._sum = np.zeros(len(shard), dtype=np.float32)
+        self._touched = np.zeros(len(shard), dtype=bool)
+        self._dense = np.zeros(len(ranges), dtype=bool)  # every key of the range contributed
+        self._divide = np.float32(divide_by)
+        self._ranges = ranges
+
+    def immediate(self, update: Update) -> Update:
+        if self._divide == 1:
+            return update
+        return Update(update.span, update.values / self._divide, update.index, update.ranges)
+
+    def add(self, update: Update) -> None:
+        if update.index is None:
+            self._sum[update.span] += update.values
+            covered = [r for r in update.ranges if self._inside(r, update.span)]
+            self._dense[covered] = True
+            if len(covered) != len(update.ranges):
+                self._touched[update.span] = True
+        else:
+            self._sum[update.index] += update.values
+            self._touched[update.index] = True
+
+    def release(self, ranges: list[int]) -> list[Update]:
+        updates = []
+        for run in _contiguous(ranges):
+            dense = bool(self._dense[run].all()) or bool(self._touched[self._span(run)].all())
+            if dense:
+                updates.append(self._take(self._span(run), None, run))
+            else:
+                for r in run:
+                    updates.extend(self._release_one(r))
+        return updates
+
+    def _release_one(self, r: int) -> list[Update]:
+        span = self._local[r]
+        if self._dense[r]:
+            return [self._take(span, None, range(r, r + 1))]
+        index = span.start + np.flatnonzero(self._touched[span])
+        if len(index) == 0:
+            return []  # an empty round: nobody pushed a key of this range
+        return [self._take(span, index, range(r, r + 1))]
+
+    def _take(self, span: slice, index: np.ndarray | None, run: range) -> Update:
+        values = (self._sum[span] if index is None else self._sum[index]) / self._divide
+        if index is None:
+            self._sum[span] = 0.0
+        else:
+            self._sum[index] = 0.0
+        self._touched[span] = False
+        self._dense[run.start:run.stop] = False
+        return Update(span, values, index, run)
+
+    def _span(self, run: range) -> slice:
+        return slice(self._local[run.start].start, self._local[run.stop - 1].stop)
+
+    def _inside(self, r: int, span: slice) -> bool:
+        local = self._local[r]
+        return bool(span.start <= local.start and local.stop <= span.stop)
+
+
+def _contiguous(ranges: list[int]) -> list[range]:
+    """[1, 2, 3, 7] -> [range(1, 4), range(7, 8)]: one update per run of adjacent ranges."""
+    runs: list[range] = []
+    for r in sorted(ranges):
+        if runs and runs[-1].stop == r:
+            runs[-1] = range(runs[-1].start, r + 1)
+        else:
+            runs.append(range(r, r + 1))
+    return runs
+
+
+# workers -> what a round's sum (or one push) is divided by
+AGGREGATION_RULES: Registry[Callable[[int], int]] = Registry("aggregation rule")
+AGGREGATION_RULES.register("mean", lambda workers: workers,
+                           "the mean over workers: a push applied on arrival counts 1/workers")
+AGGREGATION_RULES.register("sum", lambda workers: 1,
+                           "the sum over workers: a push applied on arrival counts whole")
+
+
+def make_aggregator(rule: str, shard: KeyRange, ranges: list[KeyRange],
+                    workers: int) -> Aggregator:
+    return RoundSum(shard, ranges, AGGREGATION_RULES.get(rule)(workers))

@@ -1,0 +1,30 @@
+"""The worker loops by name: how a worker orders its pulls, computes and pushes.
+
+``train.loop = "auto"`` picks what the run's settings need (``overlapped`` for ``train.overlap``,
+``delayed`` for bounded delay, else ``plain``); any other name is looked up here. A new loop is
+one class (usually a ``PlainLoop`` subclass) plus a line here.
+"""
+
+from __future__ import annotations
+
+from engine.config import RunConfig
+from engine.registry import Registry
+from engine.worker.delayed import DelayedLoop
+from engine.worker.loops import LayeredLoop, OverlappedLoop, PlainLoop
+
+WORKER_LOOPS: Registry[type[PlainLoop]] = Registry("worker loop")
+WORKER_LOOPS.register("plain", PlainLoop, "pull, compute, push the whole model, each waited for")
+WORKER_LOOPS.register("layered", LayeredLoop,
+                      "as plain, but one push per layer, last layer first, each its own clock")
+WORKER_LOOPS.register("overlapped", OverlappedLoop,
+                      "asp: prefetch the next pull while computing (staleness at least 1)")
+WORKER_LOOPS.register("delayed", DelayedLoop,
+                      "bounded delay: up to --delay own iterations in flight")
+
+
+def loop_name(config: RunConfig) -> str:
+    if config.train.loop != "auto":
+        return config.train.loop
+    if config.train.overlap:
+        return "overlapped"
+    return "delayed" if config.sync.model == "bounded-delay" else "plain"

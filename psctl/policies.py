@@ -1,0 +1,26 @@
+"""``psctl launch --help`` lists the policies from their registries, so a new consistency model,
+optimizer, aggregation rule or worker loop shows up there without touching the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.registry import Registry
+from engine.server.aggregation import AGGREGATION_RULES
+from engine.server.optimizers import SERVER_OPTIMIZERS
+from engine.worker.registry import WORKER_LOOPS
+
+
+def choices(registry: Registry[Any], default: str, *, extra: tuple[str, ...] = ()) -> str:
+    """``a, b or c [default]``."""
+    names = (*extra, *registry.names())
+    listed = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+    return f"{listed} \\[{default}]"  # escaped: rich would take [name] for markup
+
+
+SYNC_HELP = "consistency model: " + choices(CONSISTENCY_MODELS, "bsp")
+OPTIMIZER_HELP = "server optimizer: " + choices(SERVER_OPTIMIZERS, "sgd")
+AGGREGATION_HELP = ("how pushes combine, per key: " + choices(AGGREGATION_RULES, "mean"))
+LOOP_HELP = ("worker loop: " + choices(WORKER_LOOPS, "auto", extra=("auto",))
+             + "; auto picks overlapped, delayed or plain as the other options need")

@@ -1,0 +1,32 @@
+"""docs/architecture.md's policy tables list exactly what the registries hold, in order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.registry import Registry
+from engine.server.aggregation import AGGREGATION_RULES
+from engine.server.optimizers import SERVER_OPTIMIZERS
+from engine.worker.registry import WORKER_LOOPS
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+
+
+def table_after(heading: str) -> list[str]:
+    section = DOC.split(heading, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)
+
+
+@pytest.mark.parametrize(("heading", "registry"), [
+    ("### Consistency models", CONSISTENCY_MODELS),
+    ("### Server optimizers", SERVER_OPTIMIZERS),
+    ("### Aggregation rules", AGGREGATION_RULES),
+    ("### Worker loops", WORKER_LOOPS),
+])
+def test_policy_table_matches_its_registry(heading: str, registry: Registry[Any]) -> None:
+    assert table_after(heading) == list(registry.names())
