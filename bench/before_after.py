@@ -5,7 +5,7 @@ Each run reports psctl's round trips per second and its ratio to the raw-websock
 measures in the same run; this script compares those ratios (the baseline absorbs machine noise
 that hits both halves of one run) and the absolute rates, per layout, as medians over passes.
 
-Run: ``python bench/before_after.py --ref before-core-v3`` (about 5 minutes). Writes
+Run: ``python bench/before_after.py --ref 76de7b0`` (about 5 minutes). Writes
 ``bench/results/before_after.json``.
 """
 
