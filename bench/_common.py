@@ -352,6 +352,9 @@ class _NoOptimizer:
     def apply(self, params: Any, update: Any) -> None:
         pass
 
+    def slots(self) -> tuple[Any, ...]:
+        return ()
+
 
 async def _echo_server(args: argparse.Namespace) -> dict[str, Any]:
     from websockets.asyncio.server import serve

@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--ref", required=True, help="the earlier commit (tag, branch or sha)")
     parser.add_argument("--passes", type=int, default=2, help="runs of each side [2]")
     parser.add_argument("--rounds", type=int, default=3, help="pushpull rounds per run [3]")
+    parser.add_argument("--out", default="before_after.json",
+                        help="result file name in bench/results [before_after.json]")
     args = parser.parse_args()
     old_passes: list[dict[str, Any]] = []
     new_passes: list[dict[str, Any]] = []
@@ -68,7 +70,7 @@ def main() -> None:
                                      for k in LAYOUTS},
               "new_over_old_rate": {k: new[k]["psctl_rt_per_s"] / old[k]["psctl_rt_per_s"]
                                     for k in LAYOUTS}}
-    out = REPO / "bench/results/before_after.json"
+    out = REPO / "bench/results" / args.out
     out.write_text(json.dumps(report, indent=1) + "\n")
     for layout in LAYOUTS:
         print(f"{layout}: ratio to raw old {old[layout]['ratio_to_raw']:.3f} new "

@@ -42,17 +42,33 @@ def _registered(kind: str, name: str) -> str:
     return name
 
 
+# Longer than any run, and short enough for every wait built on it: a thread's timed wait
+# overflows past ~9.2e9 s, so a huge timeout would crash the workers instead of waiting.
+_LONGEST_S = 1e7
+# The largest seed every generator takes: torch wants a signed 64-bit one, numpy a non-negative.
+_SEED_MAX = 2**63 - 1
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # inf and nan pass every bound check (nan compares false, inf is "> 0") but break the
+    # processes that use them, and the JSON the config is stored and sent as cannot carry them.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ClusterConfig(_Frozen):
     workers: int = Field(4, ge=1, le=256, description="worker processes")
     servers: int = Field(2, ge=1, le=64, description="shard server processes")
     host: str = Field("127.0.0.1", description="address every process binds and connects on")
-    connect_timeout_s: float = Field(60.0, gt=0, description="how long a process waits for a peer")
-    request_timeout_s: float = Field(300.0, gt=0, description="longest wait for one push or pull")
+    connect_timeout_s: float = Field(60.0, gt=0, le=_LONGEST_S,
+                                     description="how long a process waits for a peer")
+    request_timeout_s: float = Field(300.0, gt=0, le=_LONGEST_S,
+                                     description="longest wait for one push or pull")
     max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
+    max_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
+        "unread reply bytes one connection may have queued at a server before it is "
+        "disconnected as too slow a reader (one reply always goes through)"))
+    max_pending_pulls: int = Field(1024, ge=1, le=2**20, description=(
+        "pulls one connection may have waiting at a server for a clock"))
 
 
 class HistorySeed(_Frozen):
@@ -102,7 +118,8 @@ class SyncConfig(_Frozen):
 class Straggler(_Frozen):
     rank: int = Field(ge=0, description="the worker slowed down")
     factor: float = Field(ge=1.0, le=1000.0, description="compute takes this many times longer")
-    onset_s: float = Field(0.0, ge=0, description="seconds after the worker starts training")
+    onset_s: float = Field(0.0, ge=0, le=_LONGEST_S,
+                           description="seconds after the worker starts training")
 
 
 class JitterConfig(_Frozen):
@@ -135,6 +152,9 @@ class OptimizerConfig(_Frozen):
     momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = False
     weight_decay: float = Field(0.0, ge=0)
+    clip_norm: float | None = Field(None, gt=0, description=(
+        "servers scale a pushed gradient whose L2 norm (of the part on one shard) exceeds this "
+        "down to it; off by default"))
 
     @field_validator("name")
     @classmethod
@@ -145,11 +165,11 @@ class OptimizerConfig(_Frozen):
 class TrainConfig(_Frozen):
     epochs: int = Field(10, ge=1)
     batch_size: int = Field(64, ge=1, le=65536)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=_SEED_MAX)
     overlap: bool = Field(
         False, description="prefetch the next pull during compute (asp only; adds staleness 1)"
     )
-    torch_threads: int = Field(1, ge=1, description="intra-op threads per worker")
+    torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
     loop: str = Field("auto", description=(
         "worker loop (engine.worker.registry); auto: overlapped, delayed or plain as the "
         "settings need"))
@@ -162,11 +182,12 @@ class TrainConfig(_Frozen):
 
 class StopConfig(_Frozen):
     target_accuracy: float | None = Field(None, gt=0, le=1)
-    max_seconds: float | None = Field(None, gt=0)
+    max_seconds: float | None = Field(None, gt=0, le=_LONGEST_S)
 
 
 class EvalConfig(_Frozen):
-    interval_s: float = Field(10.0, gt=0, description="evaluate at least this often (seconds)")
+    interval_s: float = Field(10.0, gt=0, le=_LONGEST_S,
+                              description="evaluate at least this often (seconds)")
 
 
 class RunConfig(_Frozen):
@@ -230,16 +251,29 @@ def load_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text, as TOML must be") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
 
 
 def _describe(exc: ValidationError) -> str:
-    lines = []
+    # One line, naming each setting and the value given, so the CLI can print it as it is.
+    problems = []
     for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "config"
-        lines.append(f"{where}: {error['msg']}")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+        # Our own validators' messages already quote the offending values.
+        ours = error["type"] == "value_error"
+        message = error["msg"].removeprefix("Value error, ")
+        if not (ours or error["type"] == "missing"):
+            message += f" (got {_clipped(error['input'])})"
+        where = ".".join(str(part) for part in error["loc"])
+        problems.append(f"{where}: {message}" if where else message)
+    return "invalid configuration: " + "; ".join(problems)
+
+
+def _clipped(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _deep_copy(values: dict[str, Any]) -> dict[str, Any]:

@@ -110,3 +110,8 @@ class AmbiguousRun(RunNotFound):
 
 class DuplicatePush(ProtocolError):
     """A worker pushed a clock it has already committed on that key range; refused and counted."""
+
+
+class UnsafeUpdate(BadPayload):
+    """A push would make the parameters (or the optimizer's state) non-finite; it was refused
+    and nothing changed."""

@@ -1,10 +1,13 @@
 """Start every process of a run on this machine, watch them, and make sure none outlives it.
 
 The launcher writes nothing to the database: the coordinator process owns the recorder. The
-launcher only steps in when the coordinator itself died, marking the run failed (or interrupted)
-through the recorder's one-shot ``mark_ended``. Every child runs in its own session, so a
+launcher only steps in when the coordinator ended without recording how (it died, or its recorder
+failed), marking the run failed (or interrupted) through the recorder's one-shot ``mark_ended``;
+it reads the run's events to start the roles in waves. Every child runs in its own session, so a
 terminal Ctrl-C reaches the launcher alone and shutdown happens in order; every child also asks
 the kernel to kill it should the launcher die (see ``engine.roles.lifecycle``).
+
+``engine.stopping`` ends the processes of a run from outside (``psctl runs rm --force``).
 """
 
 from __future__ import annotations
@@ -23,13 +26,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import sqlalchemy as sa
+
 from engine.config import RunConfig
-from engine.errors import LaunchError
+from engine.db.schema import events, open_engine, translate_errors
+from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
 from engine.recorder import Recorder
+from engine.transport.admission import credential
 from engine.wire.records import RunStatus
 
 ANNOUNCE_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 3.0
+# Roles start in waves of this many per core: a hundred processes importing torch at once on two
+# cores all take minutes to say hello, where waves join one after the other.
+WAVE_PER_CPU = 2
+MIN_WAVE = 4
+# The longest a wave may take to join before the next starts anyway (a role that dies before it
+# joins must not hold the others back; the coordinator's join deadline reports it).
+WAVE_JOIN_WAIT_S = 10.0
+_POLL_S = 0.1
 # Measured on this machine kind: glibc returning and re-faulting 4 MB frames costs ~2 ms per
 # round trip; keeping large blocks mapped raised push/pull throughput by 25-47 %.
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
@@ -52,6 +67,10 @@ class Child:
         except OSError:
             return ""
         return "\n".join(text[-lines:])
+
+    def last_words(self) -> str:
+        """The last line it wrote to its log, or a note that it wrote none."""
+        return self.log_tail(1).strip() or f"nothing in {self.log}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +105,7 @@ class Launcher:
         return self._token
 
     def start(self) -> None:
-        """Start the coordinator, then the servers, the evaluator and the workers."""
+        """Start the coordinator, then the servers, the evaluator and the workers, in waves."""
         self.logs.mkdir(parents=True, exist_ok=True)
         config_path = self.logs / "config.json"
         config_path.write_text(json.dumps(self.config.to_json_dict(), indent=2))
@@ -95,18 +114,49 @@ class Launcher:
             "--name", self.name, "--db", str(self.db), "--host", self.config.cluster.host,
         ], stdout=subprocess.PIPE)
         address = self._await_announcement(coordinator)
+        try:
+            self._start_roles(address)
+        except KeyboardInterrupt:  # starting a hundred roles takes minutes: Ctrl-C ends it all
+            self._interrupted = True
+            coordinator.process.send_signal(signal.SIGTERM)
+
+    def _start_roles(self, address: str) -> None:
         roles = [("server", r) for r in range(self.config.cluster.servers)]
         roles += [("evaluator", 0)] + [("worker", r) for r in range(self.config.cluster.workers)]
-        for role, rank in roles:
-            self._spawn(role, rank, [
-                role, "--coordinator", address, "--rank", str(rank), "--host",
-                self.config.cluster.host, "--max-frame-bytes",
-                str(self.config.cluster.max_frame_bytes)])
+        size = wave_size()
+        for first in range(0, len(roles), size):
+            if first and not self._await_joined(first):
+                return  # the coordinator ended: wait() reports why
+            for role, rank in roles[first:first + size]:
+                self._spawn(role, rank, [
+                    role, "--coordinator", address, "--rank", str(rank), "--host",
+                    self.config.cluster.host, "--max-frame-bytes",
+                    str(self.config.cluster.max_frame_bytes)])
+
+    def _await_joined(self, started: int) -> bool:
+        """Wait (at most WAVE_JOIN_WAIT_S) until the roles started so far joined, or died;
+        whether the coordinator is still there to start more for."""
+        try:
+            engine = open_engine(self.db, readonly=True)
+        except StoreError:  # unreadable: the coordinator fails the run; start the rest anyway
+            return self.children[0].process.poll() is None
+        try:
+            deadline = time.monotonic() + WAVE_JOIN_WAIT_S
+            while time.monotonic() < deadline and self.children[0].process.poll() is None:
+                dead = sum(c.process.poll() is not None for c in self.children[1:])
+                if _joined(engine, self.run_id) + dead >= started:
+                    break
+                time.sleep(_POLL_S)
+        finally:
+            engine.dispose()
+        return self.children[0].process.poll() is None
 
     def wait(self, on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> LaunchResult:
         """Block until the run ends (Ctrl-C interrupts it cleanly); never leaves a child behind."""
         try:
             while self.children[0].process.poll() is None:
+                for child in self.children[1:]:
+                    child.process.poll()  # reaps a role that ended, so none lingers <defunct>
                 if on_tick is not None:
                     on_tick()
                 time.sleep(tick_s)
@@ -133,24 +183,51 @@ class Launcher:
     def _result(self) -> LaunchResult:
         failed = tuple(c.label for c in self.children[1:]
                        if c.process.returncode not in (0, None, -signal.SIGKILL))
-        code = self.children[0].process.returncode
+        status, guess = self._unrecorded_end()
+        reason: str | None = guess
+        # A no-op when the coordinator recorded the end itself; it did not if it died, or if
+        # its recorder failed and the run row took no fresh write either.
+        try:
+            Recorder.mark_ended(self.db, self.run_id, status, guess)
+        except StoreError as exc:
+            reason = f"{guess}; it could not be recorded either: {exc}"
+        recorded = self._recorded_end()
+        if recorded is not None and recorded[0] not in (RunStatus.RUNNING, RunStatus.CRASHED):
+            status, reason = recorded
+        return LaunchResult(self.run_id, status, reason, self.logs, failed)
+
+    def _unrecorded_end(self) -> tuple[RunStatus, str]:
+        """How the run ended as far as the launcher can tell, should the database not say."""
+        coordinator = self.children[0]
+        code = coordinator.process.returncode
         if self._interrupted:
-            Recorder.mark_ended(self.db, self.run_id, RunStatus.INTERRUPTED,
-                                "interrupted by the user")
-        elif code not in (0, 1, 130):
-            tail = self.children[0].log_tail()
-            Recorder.mark_ended(self.db, self.run_id, RunStatus.FAILED,
-                                f"the coordinator exited with code {code}: {tail[-500:]}")
-        from engine.db import open_engine
+            return RunStatus.INTERRUPTED, "interrupted by the user"
+        if code in (0, 1, 130):
+            return RunStatus.FAILED, (f"the coordinator could not record the run's end: "
+                                      f"{coordinator.last_words()}")
+        return RunStatus.FAILED, (f"the coordinator exited with code {code}: "
+                                  f"{coordinator.log_tail()[-500:]}")
+
+    def _recorded_end(self) -> tuple[RunStatus, str | None] | None:
+        """The status and reason in the database; raises RunFailed if the run row is gone."""
         from engine.db.queries import run_detail
 
-        engine = open_engine(self.db, readonly=True)
         try:
-            detail = run_detail(engine, self.run_id)
-        finally:
-            engine.dispose()
-        status = RunStatus(detail.summary.status)
-        return LaunchResult(self.run_id, status, detail.reason, self.logs, failed)
+            engine = open_engine(self.db, readonly=True)
+            try:
+                detail = run_detail(engine, self.run_id)
+            finally:
+                engine.dispose()
+        except RunNotFound:
+            coordinator = self.children[0]
+            raise RunFailed(
+                f"run {self.run_id[:8]} ({self.name}) is no longer in {self.db} (deleted while "
+                f"it ran?), so how it ended could not be recorded; the coordinator exited with "
+                f"code {coordinator.process.returncode} ({coordinator.last_words()}); every "
+                f"process of the run has ended; logs in {self.logs}") from None
+        except StoreError:
+            return None
+        return RunStatus(detail.summary.status), detail.reason
 
     def _spawn(self, role: str, rank: int, args: list[str], *,
                stdout: int | None = None) -> Child:
@@ -159,15 +236,22 @@ class Launcher:
             process = subprocess.Popen(
                 [sys.executable, "-m", "engine.roles", *args], stdin=subprocess.DEVNULL,
                 stdout=stdout if stdout is not None else handle, stderr=handle,
-                env=self._environment(), start_new_session=True)
+                env=self._environment(role, rank), start_new_session=True)
         child = Child(role, rank, process, log)
         self.children.append(child)
         return child
 
-    def _environment(self) -> dict[str, str]:
+    def _environment(self, role: str, rank: int) -> dict[str, str]:
         env = dict(os.environ)
         env.update(_MALLOC_ENV)
-        env["PSCTL_TOKEN"] = self._token
+        env.pop("PSCTL_TOKEN", None)
+        env.pop("PSCTL_CREDENTIAL", None)
+        # Only the processes that admit others hold the run's secret; a worker or the evaluator
+        # gets a credential for itself alone, so it cannot speak for any other process.
+        if role in ("coordinator", "server"):
+            env["PSCTL_TOKEN"] = self._token
+        else:
+            env["PSCTL_CREDENTIAL"] = credential(self._token, role, rank)
         env["PYTHONUNBUFFERED"] = "1"
         threads = str(self.config.train.torch_threads)
         env.setdefault("OMP_NUM_THREADS", threads)
@@ -193,3 +277,23 @@ class Launcher:
         self.stop_all(grace_s=0)
         raise LaunchError(f"the coordinator did not start (log {coordinator.log}):\n"
                           f"{coordinator.log_tail()}")
+
+
+def wave_size() -> int:
+    """How many roles start at once: a few per core this process may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(MIN_WAVE, WAVE_PER_CPU * cpus)
+
+
+def _joined(engine: sa.Engine, run_id: str) -> int:
+    """Roles of the run the coordinator has admitted so far (a few hundred ms behind)."""
+    query = sa.select(sa.func.count()).select_from(events).where(
+        events.c.run_id == run_id, events.c.kind == "process_joined")
+    try:
+        with translate_errors("counting the roles that joined"), engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
+    except StoreError:  # busy, say: count nobody yet and ask again
+        return 0

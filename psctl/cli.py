@@ -9,10 +9,15 @@ from typing import Annotated, Any
 
 import typer
 
-from engine.errors import PsctlError
+from engine.errors import PsctlError, StoreError
 from psctl import policies, settings
-from psctl.cliutil import DbOption, RunArgument, err, show
+from psctl.cliutil import DbOption, Handled, RunArgument, err, show
 from psctl.cliutil import fail as _fail
+from psctl.selection import UsageError
+
+# engine.db.queries.SQLITE_INT_MAX, spelled out so that the CLI loads without the database
+# layer: a larger --limit would overflow in the driver.
+_SQLITE_INT_MAX = 2**63 - 1
 
 app = typer.Typer(help="Parameter-server training runs: launch, watch, compare.",
                   no_args_is_help=True, add_completion=True)
@@ -57,6 +62,8 @@ def launch(
     lr: Annotated[float | None, typer.Option(help="server learning rate [0.1]")] = None,
     momentum: Annotated[float | None, typer.Option(help="server SGD momentum [0.9]")] = None,
     optimizer: Annotated[str | None, typer.Option(help=policies.OPTIMIZER_HELP)] = None,
+    clip_norm: Annotated[float | None, typer.Option(
+        help="servers scale each pushed gradient down to this L2 norm (per shard) [off]")] = None,
     aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,
     loop: Annotated[str | None, typer.Option(help=policies.LOOP_HELP)] = None,
     seed: Annotated[int | None, typer.Option(help="seed for initialisation and shuffling [0]")] =
@@ -91,7 +98,8 @@ def launch(
         "data.data_dir": str(data_dir) if data_dir else None, "data.train_limit": train_limit,
         "train.epochs": epochs, "train.batch_size": batch_size, "train.seed": seed,
         "train.overlap": overlap, "optimizer.lr": lr, "optimizer.momentum": momentum,
-        "optimizer.name": optimizer, "sync.push_scale": aggregation, "train.loop": loop,
+        "optimizer.name": optimizer, "optimizer.clip_norm": clip_norm,
+        "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,
         "stop.max_seconds": max_seconds, "sync.staleness": staleness, "sync.range": dssp_range,
         "sync.delay": delay, "sync.lookahead": lookahead, "sync.predictor": predictor,
@@ -101,6 +109,7 @@ def launch(
     try:
         overrides |= sync_overrides(stragglers=straggler, jitter=jitter, history=history, db=path)
         resolved = resolve_config(config, overrides, no_config=no_config)
+        _prepare_database(path)
         dashboard = _start_dashboard(path) if ui else None
         try:
             result = run_launch(resolved, path, err, live=live)
@@ -114,10 +123,25 @@ def launch(
     raise typer.Exit(codes.get(result.status.value, settings.EXIT_ERROR))
 
 
+def _prepare_database(path: Path) -> None:
+    """Create (or upgrade) the database before any process starts, so that an unusable path
+    fails here, in one line, rather than in the coordinator or the log folder beside it."""
+    from engine.db import open_engine
+
+    if path.is_dir():
+        raise StoreError(f"the experiments database {path} is a folder; give a file path")
+    try:
+        open_engine(path).dispose()
+    except OSError as exc:  # creating its folder
+        raise StoreError(f"cannot create the experiments database {path}: "
+                         f"{exc.strerror or exc}") from None
+
+
 @runs_app.command("ls")
 def runs_ls(
     status: Annotated[str | None, typer.Option(help="only runs with this status")] = None,
-    limit: Annotated[int | None, typer.Option(help="at most N runs")] = None,
+    limit: Annotated[int | None, typer.Option(
+        min=0, max=_SQLITE_INT_MAX, help="at most N runs")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
     db: DbOption = None,
 ) -> None:
@@ -179,15 +203,19 @@ def ui_command(
     db: DbOption = None,
     host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the dashboard "
                                       "to the network")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8765,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="port to listen on")] = 8765,
 ) -> None:
     """Serve the live dashboard over the experiments database (read-only)."""
-    from webui.server import serve
+    from webui.server import listening_socket, serve
 
     path = settings.database_path(db)
-    err.print(f"psctl dashboard on http://{host}:{port} over {path} (Ctrl-C stops it)",
-              highlight=False)
-    serve(path, host=host, port=port)
+    try:
+        sock = listening_socket(host, port)
+    except PsctlError as exc:
+        raise _fail(exc) from None
+    err.print(f"psctl dashboard on http://{host}:{sock.getsockname()[1]} over {path} "
+              "(Ctrl-C stops it)", highlight=False, markup=False)
+    serve(path, sock)
 
 
 from psctl.commands import register  # noqa: E402  (compare, export, runs rm/tag, config)
@@ -199,7 +227,7 @@ register(app, runs_app)
 def zipline_replay(
     run: Annotated[str, typer.Argument(help="run id, unique id prefix, name, @last or @last~N")],
     lookahead: Annotated[int | None, typer.Option(
-        min=1, help="R to replay with \\[the run's sync.lookahead, or 15]")] = None,
+        min=1, max=10_000, help="R to replay with \\[the run's sync.lookahead, or 15]")] = None,
     predictor: Annotated[str | None, typer.Option(
         help="last or ewma \\[the run's sync.predictor, or ewma]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
@@ -210,18 +238,17 @@ def zipline_replay(
     from engine.analysis.replay import replay_run
     from engine.consistency.timings import PREDICTORS
     from engine.db import open_engine
-    from engine.db.queries import resolve_run
+    from engine.db.queries import quoted, resolve_run
     from psctl.replay_view import replay_summary, replay_table
 
-    if predictor is not None and predictor not in PREDICTORS:
-        err.print(f"[red]error:[/] unknown predictor {predictor!r} (known: "
-                  f"{', '.join(PREDICTORS)})", highlight=False)
-        raise typer.Exit(settings.EXIT_USAGE)
     try:
+        if predictor is not None and predictor not in PREDICTORS:
+            raise UsageError(f"unknown predictor {quoted(predictor)} (known: "
+                             f"{', '.join(PREDICTORS)})")
         engine = open_engine(settings.database_path(db), readonly=True)
         replay = replay_run(engine, resolve_run(engine, run), lookahead=lookahead,
                             predictor=predictor).to_dict()
-    except PsctlError as exc:
+    except Handled as exc:
         raise _fail(exc) from None
     if as_json:
         typer.echo(json.dumps(replay, indent=2))

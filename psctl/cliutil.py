@@ -73,7 +73,11 @@ RunsArgument = Annotated[
 
 def fail(exc: Exception) -> typer.Exit:
     """Report ``exc`` on stderr and choose the documented exit code."""
-    err.print(f"[red]error:[/] {exc}", highlight=False)
+    # Soft wrap: a long message stays one line (the terminal folds it), so scripts and tests
+    # read the same text at any width; markup=False because a message quoting a user's input
+    # may hold brackets that Rich would otherwise take for (or choke on as) markup.
+    err.print("[red]error:[/]", end=" ", highlight=False)
+    err.print(str(exc), highlight=False, markup=False, soft_wrap=True)
     if isinstance(exc, UsageError):
         return typer.Exit(settings.EXIT_USAGE)
     if isinstance(exc, RunNotFound):

@@ -53,10 +53,27 @@ def runs_rm(
         listing = "\n".join(f"  {run.id}  {run.name}  {run.status}" for run in chosen)
         err.print(f"deleting {len(chosen)} run(s):\n{listing}", highlight=False)
         _confirm(yes)
+        # A crashed run may still have processes (a hung coordinator): they go too.
+        for run in chosen:
+            if run.status in ("running", "crashed"):
+                _stop(path, run.id)
         deleted = delete_runs(path, ids)
     except Handled as exc:
         raise fail(exc) from None
     err.print(f"deleted {deleted} run(s)", highlight=False)
+
+
+def _stop(path: Path, run_id: str) -> None:
+    """End the run's processes before its rows go, so that none runs on unrecorded."""
+    import time
+
+    from engine.stopping import stop_run
+
+    began = time.monotonic()
+    stopped = stop_run(path, run_id)
+    if stopped:
+        err.print(f"stopped run {run_id[:8]}: its {len(stopped)} process(es) ended in "
+                  f"{time.monotonic() - began:.1f} s", highlight=False)
 
 
 def _confirm(yes: bool) -> None:

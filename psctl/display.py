@@ -61,7 +61,8 @@ def runs_table(runs: list[RunSummary]) -> Table:
                             ("duration", "right"), ("started", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for run in runs:
-        table.add_row(run.id[:8], run.name, status_text(run.status), run.sync,
+        # Text, not str: Rich would read brackets in a run's name as markup.
+        table.add_row(run.id[:8], Text(run.name), status_text(run.status), run.sync,
                       f"{run.workers}×{run.servers}", run.dataset, str(run.iterations),
                       fmt_pct(run.best_accuracy), fmt_seconds(run.duration_s),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)))

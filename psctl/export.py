@@ -57,7 +57,11 @@ def export_run(engine: Engine, run_id: str, fmt: str, out_dir: Path) -> dict[str
                 raise StoreError(f"cannot write {path}: {exc}") from None
     manifest = {"run_id": run_id, "schema_version": SCHEMA_VERSION, "format": fmt,
                 "tables": counts}
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    path = out_dir / "manifest.json"
+    try:
+        path.write_text(json.dumps(manifest, indent=2) + "\n")
+    except OSError as exc:
+        raise StoreError(f"cannot write {path}: {exc}") from None
     return counts
 
 

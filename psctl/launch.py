@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from engine.config import RunConfig, build_config
 from engine.datasets import locate
@@ -36,8 +37,9 @@ def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
 
 def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool) -> LaunchResult:
     launcher = Launcher(config, db=db)
-    console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({launcher.name}) → {db}",
-                  highlight=False)
+    # A run name or path is the user's text, never markup: "[/x]" must print as itself.
+    console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({escape(launcher.name)}) → "
+                  f"{escape(str(db))}", highlight=False)
     launcher.start()
     if not live:
         return launcher.wait()
@@ -68,13 +70,13 @@ def print_summary(result: LaunchResult, db: Path, console: Console, started: flo
     finally:
         engine.dispose()
     run = detail.summary
-    console.print(status_text(run.status), f"run {run.id} ({run.name})", highlight=False)
+    console.print(status_text(run.status), f"run {run.id} ({escape(run.name)})", highlight=False)
     console.print(f"  wall time {fmt_seconds(time.time() - started)}, {run.iterations} "
                   f"iterations, best test accuracy {fmt_pct(run.best_accuracy)}, final "
                   f"{fmt_pct(run.final_accuracy)}", highlight=False)
     if result.reason:
-        console.print(f"  reason: {result.reason}", highlight=False)
+        console.print(f"  reason: {escape(result.reason)}", highlight=False)
     if result.failed_children:
         console.print(f"  processes that failed: {', '.join(result.failed_children)}; logs in "
-                      f"{result.logs}", style="red", highlight=False)
+                      f"{escape(str(result.logs))}", style="red", highlight=False)
     console.print(f"  details: psctl runs show {run.id[:8]}", highlight=False)

@@ -47,11 +47,13 @@ def text(value: Any) -> str:
 
 
 def parse_pairs(pairs: Sequence[str], option: str) -> list[tuple[str, str]]:
+    from engine.db.queries import quoted
+
     parsed = []
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"{option} takes KEY=VALUE, got {pair!r}")
+            raise UsageError(f"{option} takes KEY=VALUE, got {quoted(pair)}")
         parsed.append((key.strip(), value.strip()))
     return parsed
 
@@ -61,7 +63,7 @@ def select_runs(
 ) -> list[RunRecord]:
     """The runs named by ``selectors`` (all runs, oldest first, if none) that match ``where``."""
     from engine.db.metrics import run_records
-    from engine.db.queries import list_runs, resolve_run
+    from engine.db.queries import list_runs, quoted, resolve_run
 
     conditions = parse_pairs(where, "--where")
     if selectors:
@@ -75,7 +77,7 @@ def select_runs(
         _check_known(key, records)
     chosen = [r for r in records if all(_matches(r, k, v) for k, v in conditions)]
     if not chosen:
-        shown = " ".join(where)
+        shown = quoted(" ".join(where))
         raise RunNotFound(f"no run among the {len(records)} selected matches --where {shown}")
     return chosen
 
@@ -110,10 +112,12 @@ def _matches(record: RunRecord, key: str, wanted: str) -> bool:
 
 
 def _check_known(key: str, records: Sequence[RunRecord]) -> None:
+    from engine.db.queries import quoted
+
     if any(lookup(r, key)[0] for r in records) or key.startswith("tag."):
         return
     known = sorted({k for r in records for k in flatten(r.config)} | set(RUN_COLUMNS))
     raise UsageError(
-        f"unknown key {key!r} in --where; use a config key, a run column or a tag, e.g. "
+        f"unknown key {quoted(key)} in --where; use a config key, a run column or a tag, e.g. "
         + ", ".join(known[:12])
     )

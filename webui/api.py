@@ -6,19 +6,28 @@ import csv
 import io
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import Engine
 
 from engine.db import series
-from engine.db.queries import list_runs, resolve_run, run_detail
+from engine.db.queries import SQLITE_INT_MAX, list_runs, quoted, resolve_run, run_detail
 from engine.errors import RunNotFound, StoreError
 from webui.metrics import EVALUATION_METRICS, METRICS, derive, metric_series, raw_value
 
 router = APIRouter(prefix="/api")
 ALL_METRICS = (*METRICS, *EVALUATION_METRICS)
+
+# Query parameters are bounded here, before any query runs: out of range they would overflow
+# in the SQLite driver or in bucket arithmetic (a 500) instead of being refused (a 422).
+# Later than any recorded time (the year 5138), and small enough that the bucket numbers
+# computed from it stay far inside SQLite's integers.
+LATEST_TIME_S = 1e11
+# Wider than any run; the rollup slots of a wider bucket would not fit SQLite's integers.
+WIDEST_BUCKET_S = 1e9
+RowIndex = Annotated[int, Query(ge=0, le=SQLITE_INT_MAX)]
 
 
 def store(request: Request) -> Engine:
@@ -41,7 +50,9 @@ def _run_id(request: Request, selector: str) -> tuple[Engine, str]:
 
 @router.get("/runs", summary="Recorded runs, newest first")
 def runs(
-    request: Request, status: str | None = None, limit: int | None = None
+    request: Request,
+    status: str | None = None,
+    limit: int | None = Query(None, ge=0, le=SQLITE_INT_MAX),
 ) -> list[dict[str, Any]]:
     try:
         return [run.to_dict() for run in list_runs(store(request), status=status, limit=limit)]
@@ -60,8 +71,11 @@ def metric(
     request: Request,
     selector: str,
     metric: str,
-    since: float | None = Query(None, description="unix time: only points after it (deltas)"),
-    width: float | None = Query(None, gt=0, description="bucket width in s (keep it for deltas)"),
+    since: float | None = Query(None, ge=0, le=LATEST_TIME_S, allow_inf_nan=False,
+                                description="unix time: only points after it (deltas)"),
+    width: float | None = Query(None, ge=series.MIN_WIDTH_S, le=WIDEST_BUCKET_S,
+                                allow_inf_nan=False,
+                                description="bucket width in s (keep it for deltas)"),
     max_points: int = Query(series.DEFAULT_BUCKETS, ge=10, le=20000),
 ) -> dict[str, Any]:
     """Iteration metrics come as time buckets of ``width`` seconds per worker and for all
@@ -71,7 +85,7 @@ def metric(
     if metric in EVALUATION_METRICS:
         return _evaluation_metric(engine, run_id, metric, since)
     if metric not in METRICS:
-        raise HTTPException(404, f"unknown metric {metric!r}; one of {', '.join(ALL_METRICS)}")
+        raise _unknown_metric(metric)
     head = series.iteration_buckets(engine, run_id, width=width, since=since,
                                     buckets=max_points)
     records = derive(head)
@@ -79,6 +93,10 @@ def metric(
     shown = sum(len(s["t"]) for k, s in body["series"].items() if k != "all")
     return {**body, "run_id": run_id, "origin": head.origin, "width": head.width,
             "points_shown": shown, "points_total": head.total_rows}
+
+
+def _unknown_metric(metric: str) -> HTTPException:
+    return HTTPException(404, f"unknown metric {quoted(metric)}; one of {', '.join(ALL_METRICS)}")
 
 
 def _evaluation_metric(engine: Engine, run_id: str, metric: str, since: float | None) -> \
@@ -94,13 +112,13 @@ def _evaluation_metric(engine: Engine, run_id: str, metric: str, since: float | 
 
 
 @router.get("/runs/{selector}/syncs", summary="ElasticBSP barriers (empty for other models)")
-def syncs(request: Request, selector: str, from_index: int = 0) -> list[dict[str, Any]]:
+def syncs(request: Request, selector: str, from_index: RowIndex = 0) -> list[dict[str, Any]]:
     engine, run_id = _run_id(request, selector)
     return series.syncs_from(engine, run_id, from_index)
 
 
 @router.get("/runs/{selector}/events", summary="Events, oldest first")
-def events(request: Request, selector: str, after_id: int = 0) -> list[dict[str, Any]]:
+def events(request: Request, selector: str, after_id: RowIndex = 0) -> list[dict[str, Any]]:
     engine, run_id = _run_id(request, selector)
     return series.events_since(engine, run_id, after_id)
 
@@ -133,7 +151,7 @@ def metric_download(request: Request, selector: str, metric: str, fmt: str) -> S
                                            for e in evals)
         return _download(("at", "elapsed_s", "step", metric), rows, fmt, f"{run_id}-{metric}")
     if metric not in METRICS:
-        raise HTTPException(404, f"unknown metric {metric!r}; one of {', '.join(ALL_METRICS)}")
+        raise _unknown_metric(metric)
     names = series.ITERATION_COLUMNS
 
     def values() -> Iterator[tuple[Any, ...]]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
 
 import uvicorn
+
+from engine.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"  # only this machine, unless asked otherwise
 DEFAULT_PORT = 8765
@@ -23,9 +26,31 @@ def _config(db: Path, host: str, port: int) -> uvicorn.Config:
                           lifespan="on")
 
 
-def serve(db: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Serve until interrupted."""
-    uvicorn.Server(_config(db, host, port)).run()
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``. Bound here rather than by uvicorn, which logs a bad
+    address and exits the process itself; this raises ConfigError saying which address failed."""
+    if not 0 <= port <= 65535:  # getaddrinfo would silently take it modulo 65536
+        raise ConfigError(f"cannot serve the dashboard on {host}:{port}: ports go up to 65535")
+    sock: socket.socket | None = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {reason}") from None
+    return sock
+
+
+def serve(db: Path, sock: socket.socket) -> None:
+    """Serve on ``sock`` (see :func:`listening_socket`) until interrupted."""
+    host, port = sock.getsockname()[:2]
+    with sock:
+        uvicorn.Server(_config(db, host, port)).run(sockets=[sock])
 
 
 class BackgroundServer:

@@ -40,6 +40,20 @@ RECENT_EVENTS = 20
 _MAX_CANDIDATES = 10
 
 STATUSES = (*STORED_STATUSES, "crashed")
+# Run ids are uuid4 hex; a longer selector can only be a name (and SQLite refuses LIKE patterns
+# past 50 000 bytes).
+_ID_LENGTH = 32
+# SQLite's integers are signed 64-bit; the driver raises OverflowError for a larger parameter.
+SQLITE_INT_MAX = 2**63 - 1
+# @last~N with more digits than this reaches past any database (and past SQLITE_INT_MAX).
+_MAX_BACK_DIGITS = 18
+_ECHO_LIMIT = 80
+
+
+def quoted(text: str, limit: int = _ECHO_LIMIT) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters: what a user typed is
+    echoed back so they see which value was refused, but never a pasted megabyte."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 class Dictable:
@@ -188,7 +202,8 @@ def _status_filter(status: str, now: float, crash_after_s: float) -> ColumnEleme
         return and_(runs.c.status == "running", not_(stale))
     if status in STORED_STATUSES:
         return runs.c.status == status
-    raise StoreError(f"unknown run status {status!r}; expected one of {', '.join(STATUSES)}")
+    raise StoreError(f"unknown run status {quoted(status)}; expected one of "
+                     f"{', '.join(STATUSES)}")
 
 
 # -- summaries -----------------------------------------------------------------------------------
@@ -280,7 +295,7 @@ def run_summaries(
         found = {row.id: run_summary(row, now, crash_after_s) for row in conn.execute(stmt)}
     missing = [run_id for run_id in run_ids if run_id not in found]
     if missing:
-        raise RunNotFound(f"no run with id {missing[0]!r}")
+        raise RunNotFound(f"no run with id {quoted(missing[0])}")
     return [found[run_id] for run_id in run_ids]
 
 
@@ -298,7 +313,7 @@ def resolve_run(engine: Engine, selector: str) -> str:
     sel = selector.strip()
     if not sel:
         raise RunNotFound("an empty run selector matches no run; give an id, a name or @last")
-    with reading(engine, f"resolving run {sel!r}") as conn:
+    with reading(engine, f"resolving run {quoted(sel)}") as conn:
         if sel.startswith("@"):
             return _resolve_last(conn, sel)
         if conn.execute(select(runs.c.id).where(runs.c.id == sel)).first() is not None:
@@ -309,27 +324,31 @@ def resolve_run(engine: Engine, selector: str) -> str:
 def _resolve_last(conn: Connection, sel: str) -> str:
     match = _LAST.fullmatch(sel)
     if match is None:
-        raise RunNotFound(f"unknown run selector {sel!r}; use @last or @last~N")
-    back = int(match.group(1) or 0)
-    stmt = select(runs.c.id).order_by(runs.c.started_at.desc(), runs.c.id.desc())
-    run_id = conn.execute(stmt.offset(back).limit(1)).scalar()
+        raise RunNotFound(f"unknown run selector {quoted(sel)}; use @last or @last~N")
+    back = (match.group(1) or "0").lstrip("0") or "0"
+    run_id = None
+    if len(back) <= _MAX_BACK_DIGITS:
+        stmt = select(runs.c.id).order_by(runs.c.started_at.desc(), runs.c.id.desc())
+        run_id = conn.execute(stmt.offset(int(back)).limit(1)).scalar()
     if run_id is None:
         count = conn.execute(select(func.count()).select_from(runs)).scalar_one()
-        raise RunNotFound(f"no run matches {sel!r}: {count} run(s) recorded")
+        raise RunNotFound(f"no run matches {quoted(sel)}: {count} run(s) recorded")
     return str(run_id)
 
 
 def _resolve_prefix_or_name(conn: Connection, sel: str) -> str:
+    named = runs.c.name == sel
+    prefixed = runs.c.id.startswith(sel.lower(), autoescape=True)
     stmt = (
         select(runs.c.id, runs.c.name, runs.c.started_at)
-        .where(or_(runs.c.name == sel, runs.c.id.startswith(sel.lower(), autoescape=True)))
+        .where(named if len(sel) > _ID_LENGTH else or_(named, prefixed))
         .order_by(runs.c.started_at.desc())
         .limit(_MAX_CANDIDATES + 1)
     )
     found = conn.execute(stmt).all()
     if not found:
         raise RunNotFound(
-            f"no run matches {sel!r} (not a run id, id prefix or name); "
+            f"no run matches {quoted(sel)} (not a run id, id prefix or name); "
             "`psctl runs ls` lists the recorded runs"
         )
     if len(found) == 1:
@@ -342,7 +361,7 @@ def _ambiguity_message(sel: str, found: Sequence[Any]) -> str:
     lines = [f"  {r.id}  {r.name}  started {_iso(r.started_at)}" for r in shown]
     more = "  ... and more\n" if len(found) > _MAX_CANDIDATES else ""
     return (
-        f"{sel!r} matches more than one run:\n"
+        f"{quoted(sel)} matches more than one run:\n"
         + "\n".join(lines)
         + "\n"
         + more
@@ -394,7 +413,7 @@ def _sync_summary(conn: Connection, run_id: str) -> SyncSummary | None:
 def fetch_run(conn: Connection, run_id: str) -> Row[Any]:
     row = conn.execute(_summary_select().where(runs.c.id == run_id)).first()
     if row is None:
-        raise RunNotFound(f"no run with id {run_id!r}")
+        raise RunNotFound(f"no run with id {quoted(run_id)}")
     return row
 
 

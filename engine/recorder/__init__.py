@@ -155,6 +155,11 @@ class Recorder:
             self._run_id = None
         self.flush(timeout)
 
+    def check(self) -> None:
+        """Raise :class:`StoreError` if the writer thread has failed; for a caller that records
+        nothing for a while but must learn of a failure (a deleted run row) without delay."""
+        self._raise_if_failed()
+
     def flush(self, timeout: float = 10.0) -> None:
         """Block until everything recorded so far is committed."""
         with self._lock:
@@ -174,7 +179,7 @@ class Recorder:
             if self._closed:
                 return
             self._closed = True
-            if self._run_id is not None:
+            if self._run_id is not None and self._error is None:  # else it was reported
                 log.warning(
                     "recorder closed with run %s still open; it will read as crashed", self._run_id
                 )

@@ -244,9 +244,16 @@ class Writer:
             elif isinstance(control, FinishRequest):
                 self._write_finish(conn, control)
             if self._run_id is not None:
-                now = time.time()
-                conn.execute(update(runs).where(runs.c.id == self._run_id).values(heartbeat_at=now))
+                self._beat(conn, self._run_id)
         self._last_commit = self._last_heartbeat = time.monotonic()
+
+    def _beat(self, conn: Connection, run_id: str) -> None:
+        # A row deleted under a live run (``psctl runs rm --force``) fails no insert while the
+        # run is quiet; without this the run would go on unrecorded and never end.
+        now = time.time()
+        if conn.execute(update(runs).where(runs.c.id == run_id).values(heartbeat_at=now)).rowcount:
+            return
+        raise StoreError(f"run {run_id} is no longer in the database (deleted while it ran?)")
 
     def _write_pending(self, conn: Connection) -> None:
         for run_id, rows in self._iterations.items():
@@ -290,7 +297,7 @@ class Writer:
         conn.execute(insert(events).values(values))
 
     def _write_finish(self, conn: Connection, message: FinishRequest) -> None:
-        conn.execute(
+        changed = conn.execute(
             update(runs)
             .where(runs.c.id == message.run_id)
             .values(
@@ -299,5 +306,8 @@ class Writer:
                 ended_at=message.ended_at,
                 heartbeat_at=message.ended_at,
             )
-        )
+        ).rowcount
         self._run_id = None
+        if not changed:
+            raise StoreError(f"run {message.run_id} is no longer in the database, so its end "
+                             f"({message.status}) could not be recorded")

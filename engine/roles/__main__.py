@@ -1,7 +1,9 @@
 """Entry point of every role process: ``python -m engine.roles ROLE [options]``.
 
 The launcher starts these, but each can be started by hand or by a cluster scheduler on another
-machine: everything a role needs is its arguments plus ``PSCTL_TOKEN`` in the environment.
+machine: everything a role needs is its arguments plus, in the environment, ``PSCTL_TOKEN``
+(the run's secret: the coordinator and the servers, which admit others) or ``PSCTL_CREDENTIAL``
+(a worker's or the evaluator's own credential, ``engine.transport.admission``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     die_with_parent()
     setup_logging(args.role, getattr(args, "rank", 0))
-    token = join_token()
+    token = join_token(args.role, getattr(args, "rank", 0))
     try:
         return _run(args, token)
     except PsctlError as exc:

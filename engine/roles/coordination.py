@@ -4,19 +4,27 @@ Roles connect with the run's join token and say hello; servers get their key ran
 the evaluator get the shard map once every server is listening. From then on the coordinator
 only listens: iteration rows, evaluations and events go to the recorder; epoch ends and a timer
 trigger evaluations; the run ends when every worker is done, a stop condition holds, a role
-fails or disconnects, or the user interrupts.
+fails or disconnects, the recorder cannot write, or the user interrupts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from engine.config import RunConfig
-from engine.errors import ConnectionClosed, ProtocolError, PsctlError
+from engine.errors import (
+    AuthenticationError,
+    ConnectionClosed,
+    ProtocolError,
+    PsctlError,
+    StoreError,
+)
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
@@ -50,9 +58,54 @@ from engine.wire.records import (
     SyncRecord,
 )
 
+log = logging.getLogger(__name__)
+_Row = TypeVar("_Row")
+
+# Seconds of the join deadline per process of the run, on top of cluster.connect_timeout_s: a
+# machine with few cores starts processes (each imports torch) only a few at a time. Measured on
+# 2 cores: 1.4 s a process for 15, slowing to 3 s a process past 50 (the joined ones idle, but
+# not for free); 103 processes need about 290 s.
+JOIN_S_PER_PROCESS = 3.0
+_NAMES_SHOWN = 8
+
+
+def process_count(config: RunConfig) -> int:
+    """Every role process of a run: servers, workers and the evaluator."""
+    return config.cluster.servers + config.cluster.workers + 1
+
+
+def join_deadline_s(config: RunConfig) -> float:
+    """How long every role of the run has, from the coordinator's start, to join it."""
+    return config.cluster.connect_timeout_s + JOIN_S_PER_PROCESS * process_count(config)
+
+
+def join_failure(missing: list[str], config: RunConfig) -> str:
+    """Why the run failed when ``missing`` did not join in time, and which setting to raise."""
+    shown = ", ".join(missing[:_NAMES_SHOWN])
+    if len(missing) > _NAMES_SHOWN:
+        shown += f" and {len(missing) - _NAMES_SHOWN} more"
+    processes = process_count(config)
+    return (f"{len(missing)} of {processes} processes ({shown}) did not join within "
+            f"{join_deadline_s(config):.0f} s (cluster.connect_timeout_s = "
+            f"{config.cluster.connect_timeout_s:g} s plus {JOIN_S_PER_PROCESS:g} s for each of "
+            f"the {processes} processes); see their logs. If the machine is just slow to start "
+            f"them, raise cluster.connect_timeout_s (a [cluster] connect_timeout_s in the "
+            f"--config file, or PSCTL_CLUSTER__CONNECT_TIMEOUT_S), or start fewer workers")
+
+
+def _role_config(config: RunConfig) -> dict[str, Any]:
+    """The configuration the roles get in their welcome: the user's, except that a role waits
+    for its peers (a worker for the start of training) as long as the run gives them to join,
+    since the first worker to start waits for the last."""
+    patient = config.cluster.model_copy(
+        update={"connect_timeout_s": max(config.cluster.connect_timeout_s,
+                                         join_deadline_s(config))})
+    return config.model_copy(update={"cluster": patient}).to_json_dict()
+
 
 class RecorderSink(Protocol):
-    """What the coordinator needs of the recorder (``engine.recorder.Recorder`` fits)."""
+    """What the coordinator needs of the recorder (``engine.recorder.Recorder`` fits). A method
+    that raises :class:`StoreError` ends the run as failed."""
 
     def record_iterations(self, rows: list[IterationRecord]) -> None: ...
 
@@ -69,6 +122,7 @@ class Peer:
     rank: int
     connection: Connection
     leaving: bool = False
+    welcomed: bool = False  # a role reads its welcome first: nothing else may reach it before
 
     def __str__(self) -> str:
         return f"{self.role} {self.rank}"
@@ -102,6 +156,8 @@ class Coordinator:
         self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
             asyncio.get_running_loop().create_future()
         self.started_at = time.time()
+        self.join_deadline_s = join_deadline_s(config)
+        self._role_config = _role_config(config)
         self.best_accuracy = 0.0
         self._stop_reason: str | None = None
         self._eval_pending = False
@@ -131,8 +187,15 @@ class Coordinator:
         return status, reason
 
     def fail(self, reason: str) -> None:
-        self._event("run_failed", reason=reason)
+        # Settled before it is recorded: a recorder that cannot write must not keep the run alive.
         self._settle(RunStatus.FAILED, reason)
+        self._event("run_failed", reason=reason)
+
+    def recorder_failed(self, error: StoreError) -> None:
+        """The run can no longer be recorded, so it ends now (nothing more is written)."""
+        if not self.outcome.done():
+            log.error("ending the run: %s", error)
+        self._settle(RunStatus.FAILED, str(error))
 
     def interrupt(self) -> None:
         self._event("interrupted")
@@ -147,6 +210,11 @@ class Coordinator:
     async def _serve(self, connection: Connection) -> None:
         try:
             peer = await self._admit(connection)
+        except AuthenticationError as exc:  # an impostor: refused, but the run goes on
+            log.warning("refused %s: %s", connection.remote, exc)
+            with contextlib.suppress(PsctlError):
+                await connection.close(1008, str(exc))
+            return
         except PsctlError as exc:
             with contextlib.suppress(PsctlError):
                 await connection.close(1008, str(exc))
@@ -169,6 +237,10 @@ class Coordinator:
             raise ProtocolError("no hello within the connect timeout") from None
         if not isinstance(hello, Hello):
             raise ProtocolError(f"expected hello, got {hello.type}")
+        admission = connection.admission
+        if admission is not None and not admission.permits(hello.role, hello.rank):
+            raise AuthenticationError(f"admitted as {admission}, it said hello as "
+                                      f"{hello.role} {hello.rank}")
         peer = self._register(hello, connection)
         if hello.role == "server":
             shard = self.ranges[hello.rank]
@@ -176,11 +248,15 @@ class Coordinator:
             await self._send(peer, self._welcome(shards=[], own=own))
         else:
             try:
-                await asyncio.wait_for(self.servers_ready.wait(), timeout)
+                await asyncio.wait_for(self.servers_ready.wait(), self.join_deadline_s)
             except TimeoutError:
                 raise ProtocolError(f"shard servers did not start listening within "
-                                    f"{timeout:.0f} s") from None
+                                    f"{self.join_deadline_s:.0f} s") from None
             await self._send(peer, self._welcome(shards=self._shard_map(), own=None))
+        peer.welcomed = True
+        if self._stop_reason is not None and peer.role in ("worker", "server"):
+            # the stop went out before its welcome (a tiny stop.max_seconds): it must stop too
+            await self._send(peer, Stop(reason=self._stop_reason))
         return peer
 
     def _register(self, hello: Hello, connection: Connection) -> Peer:
@@ -196,7 +272,7 @@ class Coordinator:
         return peer
 
     def _welcome(self, *, shards: list[ShardInfo], own: ShardInfo | None) -> Welcome:
-        return Welcome(run_id=self.run_id, config=self.config.to_json_dict(),
+        return Welcome(run_id=self.run_id, config=self._role_config,
                        num_keys=self.num_keys, segments=layout_info(self.layout),
                        shards=shards, own_range=own,
                        started_at=self.started_at)
@@ -213,10 +289,10 @@ class Coordinator:
         elif isinstance(message, Evaluation):
             self._on_evaluation(message)
         elif isinstance(message, Event):
-            self.recorder.record_event(message.row)
+            self._record(self.recorder.record_event, message.row)
         elif isinstance(message, Syncs):
             for row in message.rows:
-                self.recorder.record_sync(row)
+                self._record(self.recorder.record_sync, row)
         elif isinstance(message, Serving):
             self.addresses[peer.rank] = message.address
             self._event("server_listening", rank=peer.rank, address=message.address)
@@ -242,12 +318,12 @@ class Coordinator:
     def _on_iterations(self, peer: Peer, rows: list[IterationRecord]) -> None:
         if any(row.worker != peer.rank for row in rows):
             raise ProtocolError(f"{peer} reported iterations of another worker")
-        self.recorder.record_iterations(rows)
+        self._record(self.recorder.record_iterations, rows)
         if rows:
             self.progress.iterations[peer.rank] = rows[-1].iteration + 1
 
     def _on_evaluation(self, message: Evaluation) -> None:
-        self.recorder.record_evaluation(message.row)
+        self._record(self.recorder.record_evaluation, message.row)
         self._eval_pending = False
         self.best_accuracy = max(self.best_accuracy, message.row.accuracy)
         target = self.config.stop.target_accuracy
@@ -282,13 +358,17 @@ class Coordinator:
         self._stop_reason = reason
         self._event("stop", reason=reason)
         for peer in list(self.peers.values()):
-            if peer.role in ("worker", "server"):
+            if peer.role in ("worker", "server") and peer.welcomed:  # _admit stops the others
                 self._spawn(self._send(peer, Stop(reason=reason)))
 
     async def _finish_when_done(self) -> None:
         await self._all_done.wait()
         if self._stop_reason is None:  # every epoch ran: freeze the model for the final test
             self._begin_stop("all epochs done")
+        if not any(self.progress.iterations.values()):
+            self.fail(f"no worker completed an iteration before the run stopped "
+                      f"({self._stop_reason})")
+            return
         self._final = asyncio.get_running_loop().create_future()
         self._request_evaluation(self.progress.epoch(self.config.cluster.workers), final=True)
         try:
@@ -311,14 +391,13 @@ class Coordinator:
     # -- timers ---------------------------------------------------------------------------------
 
     async def _watch_registration(self) -> None:
-        await asyncio.sleep(self.config.cluster.connect_timeout_s)
+        await asyncio.sleep(self.join_deadline_s)
         expected = [("server", r) for r in range(self.config.cluster.servers)]
         expected += [("worker", r) for r in range(self.config.cluster.workers)]
         expected.append(("evaluator", 0))
         missing = [f"{role} {rank}" for role, rank in expected if (role, rank) not in self.peers]
         if missing:
-            self.fail(f"{', '.join(missing)} did not join within "
-                      f"{self.config.cluster.connect_timeout_s:.0f} s; see their logs")
+            self.fail(join_failure(missing, self.config))
 
     async def _evaluation_timer(self) -> None:
         while True:
@@ -354,5 +433,14 @@ class Coordinator:
         self._tasks.append(task)
 
     def _event(self, kind: str, **detail: Any) -> None:
-        self.recorder.record_event(EventRecord(at=time.time(), kind=kind, detail=detail))
+        self._record(self.recorder.record_event,
+                     EventRecord(at=time.time(), kind=kind, detail=detail))
+
+    def _record(self, write: Callable[[_Row], None], row: _Row) -> None:
+        # Every write goes through here: a failing recorder ends the run instead of escaping
+        # into whichever task or connection handler happened to record, which left it hanging.
+        try:
+            write(row)
+        except StoreError as exc:
+            self.recorder_failed(exc)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
 import sys
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from engine.config import RunConfig
 from engine.datasets import get_spec
+from engine.errors import StoreError
 from engine.models.spec import MLPSpec
 from engine.recorder import Recorder
 from engine.roles.coordination import Coordinator
@@ -18,6 +21,10 @@ from engine.transport.base import Transport
 from engine.wire.records import EventRecord, RunStatus
 
 EXIT_CODES = {RunStatus.FINISHED: 0, RunStatus.FAILED: 1, RunStatus.INTERRUPTED: 130}
+# How often the recorder is asked whether its writer failed: a run that records nothing for a
+# while (all workers waiting) must still end within seconds of losing its database row.
+RECORDER_CHECK_S = 0.5
+log = logging.getLogger(__name__)
 
 
 def model_spec(config: RunConfig) -> MLPSpec:
@@ -35,19 +42,54 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
                        dataset=config.data.dataset)
     status: RunStatus = RunStatus.FAILED
     reason: str | None = "coordinator stopped before the run ended"
+    watcher: asyncio.Task[None] | None = None
     try:
         coordinator = Coordinator(config, run_id=run_id, token=token, recorder=recorder,
                                   layout=model_spec(config).layout())
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)
+        # The pid lets `psctl runs rm --force` stop this run before deleting it.
         recorder.record_event(EventRecord(at=time.time(), kind="coordinator_listening",
-                                          detail={"address": address}))
+                                          detail={"address": address, "pid": os.getpid()}))
+        watcher = asyncio.create_task(_watch_recorder(recorder, coordinator))
         announce(address)
         status, reason = await coordinator.run()
     finally:
-        await asyncio.to_thread(recorder.finish, status, reason)
+        if watcher is not None:
+            watcher.cancel()
+        status, reason = await asyncio.to_thread(_record_end, recorder, db, run_id, status,
+                                                 reason)
         recorder.close()
     return status
+
+
+async def _watch_recorder(recorder: Recorder, coordinator: Coordinator) -> None:
+    while True:
+        await asyncio.sleep(RECORDER_CHECK_S)
+        try:
+            recorder.check()
+        except StoreError as exc:
+            coordinator.recorder_failed(exc)
+            return
+
+
+def _record_end(recorder: Recorder, db: Path, run_id: str, status: RunStatus,
+                reason: str | None) -> tuple[RunStatus, str | None]:
+    """Record the run's end; a run whose end cannot be recorded failed, and that is written
+    through a fresh connection if the database still takes it (a run row that is gone does not).
+    The last line on stderr says why, for the launcher to report when the database cannot."""
+    try:
+        recorder.finish(status, reason)
+        return status, reason
+    except StoreError as exc:
+        if status is not RunStatus.FAILED:
+            reason = f"its end ({status.value}) could not be recorded: {exc}"
+    try:
+        Recorder.mark_ended(db, run_id, RunStatus.FAILED, reason)
+    except StoreError as exc:
+        log.error("could not mark run %s failed either: %s", run_id, exc)
+    print(f"psctl coordinator: run {run_id} failed: {reason}", file=sys.stderr, flush=True)
+    return RunStatus.FAILED, reason
 
 
 def _on_signals(handler: Callable[[], None]) -> None:

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from engine.transport.admission import credential
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -33,12 +35,20 @@ def setup_logging(role: str, rank: int) -> None:
     )
 
 
-def join_token() -> str:
-    """The run's join token, passed in the environment so it never shows up in ``ps``."""
+def join_token(role: str, rank: int) -> str:
+    """What this process presents when it connects, passed in the environment so that it never
+    shows up in ``ps``: its own credential (``PSCTL_CREDENTIAL``), or the run's secret
+    (``PSCTL_TOKEN``) for the roles that admit others (the coordinator and the shard servers)."""
     token = os.environ.get("PSCTL_TOKEN", "")
-    if not token:
-        sys.exit(
-            "PSCTL_TOKEN is not set: roles are started by `psctl launch`, which passes the "
-            "run's join token in the environment"
-        )
-    return token
+    if role in ("coordinator", "server"):
+        if not token:
+            sys.exit(f"PSCTL_TOKEN is not set: a {role} needs the run's secret to admit others; "
+                     "roles are started by `psctl launch`, which passes it in the environment")
+        return token
+    offered = os.environ.get("PSCTL_CREDENTIAL", "")
+    if offered:
+        return offered
+    if token:  # started by hand by the operator, who holds the secret
+        return credential(token, role, rank)
+    sys.exit(f"PSCTL_CREDENTIAL is not set: a {role} presents its own credential; roles are "
+             "started by `psctl launch`, which passes it in the environment")

@@ -13,7 +13,7 @@ from engine.keys import KeyLayout, KeyRange
 from engine.roles.control import ControlChannel
 from engine.server.aggregation import make_aggregator
 from engine.server.optimizers import make_optimizer
-from engine.server.service import ShardServer
+from engine.server.service import ServerLimits, ShardServer
 from engine.server.shard import ShardState
 from engine.transport.base import Transport
 from engine.wire.messages import Event, Exit, Hello, Serving, Stop, Syncs, layout_of
@@ -32,8 +32,11 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
     state = build_shard(config, keys, layout_of(welcome))
     # Every shard decides the same barriers; shard 0 alone reports them, in order.
     reports: asyncio.Queue[list[SyncRecord]] = asyncio.Queue()
+    cluster = config.cluster
+    limits = ServerLimits(max_queued_bytes=cluster.max_queued_bytes,
+                          max_pending_pulls=cluster.max_pending_pulls)
     server = ShardServer(state, run=bytes.fromhex(welcome.run_id)[:16], rank=rank,
-                         max_frame_bytes=config.cluster.max_frame_bytes,
+                         max_frame_bytes=cluster.max_frame_bytes, limits=limits,
                          on_syncs=reports.put_nowait if rank == 0 else None)
     address = await server.start(transport, host, port, token=token)
     await channel.send(Serving(address=address))
@@ -59,6 +62,7 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
         workers=workers,
         ranges=ranges,
         aggregator=make_aggregator(config.sync.push_scale, keys, ranges, workers),
+        clip_norm=config.optimizer.clip_norm,
     )
 
 
@@ -94,6 +98,9 @@ def _stats_event(server: ShardServer) -> EventRecord:
         "rank": server.rank, "version": server.state.version, "pushes": server.state.pushes,
         "frames_in": stats.frames_in, "bytes_in": stats.bytes_in, "bytes_out": stats.bytes_out,
         "bad_frames": stats.bad_frames, "errors": stats.errors_by_code,
+        "slow_readers_closed": stats.slow_readers_closed,
+        "internal_errors": stats.internal_errors,
+        "warnings_held_back": stats.warnings_held_back,
         "duplicates": server.state.duplicates,
         "range_versions": server.state.versions.tolist(),
     })

@@ -23,6 +23,11 @@ class ServerOptimizer(Protocol):
         """Update the keys of ``update`` in ``params`` (the whole shard, float32) in place."""
         ...
 
+    def slots(self) -> tuple[np.ndarray, ...]:
+        """The per-key state arrays (shard-sized, like momentum buffers) that ``apply`` changes,
+        so that the shard can roll an update back when it would leave them non-finite."""
+        ...
+
 
 class SGD:
     """SGD with optional (Nesterov) momentum and L2 weight decay, per key.
@@ -53,6 +58,9 @@ class SGD:
             self._dense(params[update.span], update.values, update.span)
         else:
             self._sparse(params, update.values, update.index)
+
+    def slots(self) -> tuple[np.ndarray, ...]:
+        return () if self._buf is None else (self._buf,)
 
     def step(self, params: np.ndarray, grad: np.ndarray) -> None:
         """A dense step over the whole shard (the optimizer's original interface)."""

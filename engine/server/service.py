@@ -3,6 +3,13 @@
 Every frame is validated before it touches the state; a bad one is answered with an ERROR frame
 naming the problem, and the connection (and every other) keeps being served. A peer that sends
 nothing but garbage is disconnected after ``MAX_BAD_FRAMES`` with a close reason.
+
+No peer can slow the others down or grow the server without bound: each connection has its own
+outbound queue, drained by its own task and bounded in bytes (a peer that stops reading is
+disconnected with code 1008 once its unread replies pass ``max_queued_bytes``), its waiting pulls
+are bounded in number and dropped when it leaves, and the warnings its refused frames cause are
+rate-limited (the rest are counted). A connection admitted as one worker may only send frames as
+that worker.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,11 +42,61 @@ from engine.wire.records import SyncRecord
 
 log = logging.getLogger(__name__)
 MAX_BAD_FRAMES = 32
+CLOSE_POLICY = 1008  # websocket close code: the peer broke a rule (garbage, too slow a reader)
+_FLUSH_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-connection bounds; ``docs/security.md`` explains each and how to change it."""
+
+    # Unread reply bytes one connection may have queued; one reply is always let through, so a
+    # single frame may be larger. The attack this stops: pulls whose replies are never read.
+    max_queued_bytes: int = 32 * 2**20
+    max_pending_pulls: int = 1024  # pulls of one connection waiting for a clock
+    warnings_per_minute: int = 10  # log lines about one peer's refused frames
+
+
+class LogBudget:
+    """A token bucket of log lines; what it holds back is counted and reported with the next."""
+
+    def __init__(self, per_minute: int) -> None:
+        self._rate, self._tokens = per_minute / 60.0, float(per_minute)
+        self._cap, self._at = float(per_minute), time.monotonic()
+        self.held_back = 0
+
+    def take(self) -> int | None:
+        """The number of lines held back since the last one, or None: hold this one back too."""
+        now = time.monotonic()
+        self._tokens = min(self._cap, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1:
+            self.held_back += 1
+            return None
+        self._tokens -= 1
+        held, self.held_back = self.held_back, 0
+        return held
+
+
+class _Peer:
+    """One connection: its outbound queue and the task draining it, its waiting pulls."""
+
+    def __init__(self, connection: Connection, limits: ServerLimits) -> None:
+        self.connection = connection
+        self.queue: deque[bytearray] = deque()
+        self.queued_bytes = 0
+        self.pending = 0
+        self.bad_frames = 0
+        self.closing: str | None = None
+        self.wake = asyncio.Event()
+        self.log = LogBudget(limits.warnings_per_minute)
+        self.sender: asyncio.Task[None] | None = None
+        self.close: asyncio.Task[None] | None = None  # the policy close under way, if any
 
 
 @dataclass
 class _PendingPull:
-    connection: Connection
+    peer: _Peer
     frame: Frame
     since: float
 
@@ -50,20 +108,25 @@ class ServerStats:
     bytes_out: int = 0
     bad_frames: int = 0
     errors_by_code: dict[str, int] = field(default_factory=dict)
+    slow_readers_closed: int = 0
+    internal_errors: int = 0
+    warnings_held_back: int = 0
 
 
 class ShardServer:
     def __init__(self, state: ShardState, *, run: bytes, rank: int, max_frame_bytes: int,
-                 on_syncs: Callable[[list[SyncRecord]], None] | None = None) -> None:
+                 on_syncs: Callable[[list[SyncRecord]], None] | None = None,
+                 limits: ServerLimits | None = None) -> None:
         self.state = state
         self._on_syncs = on_syncs
         self.run = run
         self.rank = rank
+        self.limits = limits or ServerLimits()
         self.max_frame_bytes = max_frame_bytes
         self.stats = ServerStats()
         self._pending: list[_PendingPull] = []
+        self._peers: set[_Peer] = set()
         self._draining = False
-        self._sends: set[asyncio.Task[None]] = set()
         self._listener: Listener | None = None
 
     async def start(self, transport: Transport, host: str, port: int, *, token: str) -> str:
@@ -74,78 +137,115 @@ class ShardServer:
         self.drain("server shutting down")
         if self._listener is not None:
             await self._listener.close()
-        if self._sends:
-            await asyncio.wait(self._sends, timeout=5)
+        deadline = time.monotonic() + _FLUSH_TIMEOUT_S
+        while any(peer.queue for peer in self._peers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def drain(self, reason: str) -> None:
         """Stop accepting pushes and waiting pulls; pulls that need no wait are still answered."""
         self._draining = True
         pending, self._pending = self._pending, []
         for pull in pending:
-            self._reply_error(pull.connection, pull.frame.request_id, "shutting_down", reason)
+            pull.peer.pending -= 1
+            self._reply_error(pull.peer, pull.frame.request_id, "shutting_down", reason)
 
     async def serve(self, connection: Connection) -> None:
-        bad_frames = 0
+        peer = _Peer(connection, self.limits)
+        peer.sender = asyncio.create_task(self._pump(peer))
+        self._peers.add(peer)
+        try:
+            await self._read(peer)
+        finally:
+            self._forget(peer)
+
+    async def _read(self, peer: _Peer) -> None:
         while True:
             try:
-                message = await connection.recv()
+                message = await peer.connection.recv()
             except ConnectionClosed:
                 return
-            if self._handle(connection, message):
+            if peer.closing is not None:  # disconnected for reading too slowly: ignore the rest
+                if peer.close is not None:  # returning first would close with 1000, no reason
+                    await peer.close
+                return
+            if self._handle(peer, message):
                 continue
-            bad_frames += 1
-            if bad_frames >= MAX_BAD_FRAMES:
-                if self._sends:  # the peer should read why before the close
-                    await asyncio.wait(self._sends, timeout=1.0)
-                await connection.close(1008, f"{bad_frames} invalid frames; closing")
+            peer.bad_frames += 1
+            if peer.bad_frames >= MAX_BAD_FRAMES:
+                await self._flush(peer, timeout=1.0)  # the peer should read why before the close
+                await self._disconnect(peer, f"{peer.bad_frames} invalid frames; closing")
                 return
 
-    def _handle(self, connection: Connection, message: bytes | str) -> bool:
+    def _forget(self, peer: _Peer) -> None:
+        """A connection ended: its queue, its sender and its waiting pulls go with it."""
+        self._peers.discard(peer)
+        self._pending = [pull for pull in self._pending if pull.peer is not peer]
+        peer.queue.clear()
+        peer.queued_bytes = 0
+        if peer.sender is not None:
+            peer.sender.cancel()
+        if peer.log.held_back:
+            log.warning("%s left; %d more refused frames were not logged",
+                        peer.connection.remote, peer.log.held_back)
+
+    def _handle(self, peer: _Peer, message: bytes | str) -> bool:
         """Process one message; False if it was invalid (an ERROR was sent back)."""
         self.stats.frames_in += 1
         self.stats.bytes_in += len(message)
         if isinstance(message, str):
-            self._refuse(
-                connection,
-                0,
-                ProtocolError("text message on a tensor connection: send binary psctl frames"),
-            )
+            self._refuse(peer, 0, ProtocolError(
+                "text message on a tensor connection: send binary psctl frames"))
             return False
         try:
             frame = decode(message, max_bytes=self.max_frame_bytes)
-            self._dispatch(connection, frame)
+            self._dispatch(peer, frame)
         except PsctlError as exc:
-            self._refuse(connection, peek_request_id(message), exc)
+            self._refuse(peer, peek_request_id(message), exc)
+            return False
+        except Exception:  # a bug here must not drop the connection (1011) nor stop the server
+            self.stats.internal_errors += 1
+            log.exception("internal error on a frame from %s", peer.connection.remote)
+            self._reply_error(peer, peek_request_id(message), "InternalError",
+                              "the server failed on this frame; its log has the details")
             return False
         return True
 
-    def _dispatch(self, connection: Connection, frame: Frame) -> None:
+    def _dispatch(self, peer: _Peer, frame: Frame) -> None:
         if frame.run != self.run:
             raise ProtocolError("frame belongs to another run")
+        admission = peer.connection.admission
+        sender = frame.role.name.lower()
+        if admission is not None and not admission.permits(sender, frame.rank):
+            raise ProtocolError(f"this connection was admitted as {admission}; it may not send "
+                                f"frames as {sender} {frame.rank}")
         if frame.type is MsgType.PULL:
-            self._pull(connection, frame)
+            self._pull(peer, frame)
         elif frame.type is MsgType.PUSH:
-            self._push(connection, frame)
+            self._push(peer, frame)
         elif frame.type is MsgType.INIT:
             applied = self.state.init(frame.keys, frame.values)
-            self._send(connection, self._ack(frame, self.state.version_of(frame.keys)))
+            self._send(peer, self._ack(frame, self.state.version_of(frame.keys)))
             if applied:
                 self._release_ready_pulls()
         else:
             raise ProtocolError(f"a server does not accept {frame.type.name} frames")
 
-    def _pull(self, connection: Connection, frame: Frame) -> None:
+    def _pull(self, peer: _Peer, frame: Frame) -> None:
         self.state.read(frame.keys, frame.index)  # validates the keys before the pull may wait
         if self.state.pull_ready(frame.rank, frame.clock, frame.keys):
-            self._answer_pull(connection, frame, waited_s=0.0)
+            self._answer_pull(peer, frame, waited_s=0.0)
         elif self._draining:
-            self._reply_error(connection, frame.request_id, "shutting_down", "run is stopping")
+            self._reply_error(peer, frame.request_id, "shutting_down", "run is stopping")
+        elif peer.pending >= self.limits.max_pending_pulls:
+            raise ProtocolError(f"{peer.pending} pulls already wait on this connection; the "
+                                f"limit is {self.limits.max_pending_pulls}")
         else:
-            self._pending.append(_PendingPull(connection, frame, time.perf_counter()))
+            peer.pending += 1
+            self._pending.append(_PendingPull(peer, frame, time.perf_counter()))
 
-    def _push(self, connection: Connection, frame: Frame) -> None:
+    def _push(self, peer: _Peer, frame: Frame) -> None:
         if self._draining:
-            self._reply_error(connection, frame.request_id, "shutting_down", "run is stopping")
+            self._reply_error(peer, frame.request_id, "shutting_down", "run is stopping")
             return
         if frame.role is not Role.WORKER:
             raise ProtocolError(f"only workers push; this frame comes from a {frame.role.name}")
@@ -153,7 +253,7 @@ class ShardServer:
                             bool(frame.flags & FLAG_FINAL))
         accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing,
                                       index=frame.index, commit=bool(frame.flags & FLAG_COMMIT))
-        self._send(connection, self._ack(frame, accepted_at))
+        self._send(peer, self._ack(frame, accepted_at))
         syncs = self.state.controller.take_syncs()
         if syncs and self._on_syncs is not None:
             self._on_syncs(syncs)
@@ -163,12 +263,13 @@ class ShardServer:
         now, still_waiting = time.perf_counter(), []
         for pull in self._pending:
             if self.state.pull_ready(pull.frame.rank, pull.frame.clock, pull.frame.keys):
-                self._answer_pull(pull.connection, pull.frame, waited_s=now - pull.since)
+                pull.peer.pending -= 1
+                self._answer_pull(pull.peer, pull.frame, waited_s=now - pull.since)
             else:
                 still_waiting.append(pull)
         self._pending = still_waiting
 
-    def _answer_pull(self, connection: Connection, frame: Frame, *, waited_s: float) -> None:
+    def _answer_pull(self, peer: _Peer, frame: Frame, *, waited_s: float) -> None:
         reply = Frame(
             MsgType.VALUES,
             frame.request_id,
@@ -182,7 +283,7 @@ class ShardServer:
             payload=self.state.read(frame.keys, frame.index),
             index=frame.index,
         )
-        self._send(connection, reply)
+        self._send(peer, reply)
 
     def _ack(self, frame: Frame, version: int) -> Frame:
         return Frame(
@@ -196,31 +297,71 @@ class ShardServer:
             version=version,
         )
 
-    def _refuse(self, connection: Connection, request_id: int, exc: PsctlError) -> None:
+    def _refuse(self, peer: _Peer, request_id: int, exc: PsctlError) -> None:
         self.stats.bad_frames += 1
         code = type(exc).__name__
         self.stats.errors_by_code[code] = self.stats.errors_by_code.get(code, 0) + 1
-        log.warning("refused a frame from %s: %s", connection.remote, exc)
-        self._reply_error(connection, request_id, code, str(exc))
+        held_back = peer.log.take()
+        if held_back is None:
+            self.stats.warnings_held_back += 1
+        else:
+            more = f" ({held_back} more refusals were not logged)" if held_back else ""
+            log.warning("refused a frame from %s: %s%s", peer.connection.remote, exc, more)
+        self._reply_error(peer, request_id, code, str(exc))
 
-    def _reply_error(
-        self, connection: Connection, request_id: int, code: str, message: str
-    ) -> None:
-        self._send(
-            connection, error_frame(request_id, code, message, role=Role.SERVER, rank=self.rank)
-        )
+    def _reply_error(self, peer: _Peer, request_id: int, code: str, message: str) -> None:
+        self._send(peer, error_frame(request_id, code, message, role=Role.SERVER, rank=self.rank))
 
-    def _send(self, connection: Connection, frame: Frame) -> None:
+    def _send(self, peer: _Peer, frame: Frame) -> None:
         # Encoding copies the payload now, so the reply is a snapshot of this version even if
-        # the parameters change before the bytes leave; sending happens in its own task so
-        # that one slow peer never delays the replies to the others.
+        # the parameters change before the bytes leave; each peer's own task sends, so one
+        # slow peer never delays the replies to the others.
+        if peer.closing is not None:
+            return
         data = encode(frame)
+        limit = self.limits.max_queued_bytes
+        if peer.queue and peer.queued_bytes + len(data) > limit:
+            self.stats.slow_readers_closed += 1
+            log.warning("%s reads too slowly: %d reply bytes unread; disconnecting",
+                        peer.connection.remote, peer.queued_bytes)
+            reason = (f"reading too slowly: over {limit} reply bytes unread "
+                      "(cluster.max_queued_bytes)")
+            self._abandon(peer, reason)
+            peer.close = asyncio.create_task(peer.connection.close(CLOSE_POLICY, reason))
+            return
         self.stats.bytes_out += len(data)
-        task = asyncio.create_task(self._send_quietly(connection, data))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
+        peer.queue.append(data)
+        peer.queued_bytes += len(data)
+        peer.wake.set()
 
-    @staticmethod
-    async def _send_quietly(connection: Connection, data: bytearray) -> None:
-        with contextlib.suppress(ConnectionClosed):  # the peer is gone; its handler says so
-            await connection.send(data)
+    async def _pump(self, peer: _Peer) -> None:
+        """Send ``peer``'s queue in order, one frame at a time (websockets applies backpressure
+        to each send, so at most one frame beyond the queue sits in the socket's buffer)."""
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                while peer.queue:
+                    await peer.connection.send(peer.queue[0])
+                    if peer.queue:  # a disconnect may have emptied it meanwhile
+                        peer.queued_bytes -= len(peer.queue.popleft())
+                peer.wake.clear()
+                await peer.wake.wait()
+
+    async def _flush(self, peer: _Peer, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while peer.queue and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+
+    async def _disconnect(self, peer: _Peer, reason: str) -> None:
+        if self._abandon(peer, reason):
+            await peer.connection.close(CLOSE_POLICY, reason)
+
+    def _abandon(self, peer: _Peer, reason: str) -> bool:
+        """Stop serving ``peer`` at once (its queued replies are dropped); False if already."""
+        if peer.closing is not None:
+            return False
+        peer.closing = reason
+        peer.queue.clear()
+        peer.queued_bytes = 0
+        if peer.sender is not None:
+            peer.sender.cancel()
+        return True

@@ -5,6 +5,11 @@ four small policies in turn: ``RangeClocks`` (is this the worker's next clock on
 a duplicate?), the consistency controller (when: may it be accepted, which rounds complete), the
 aggregator (what: the scaled push, or a round's mean) and the optimizer (apply it to those keys
 only). Hooks run after every applied update (replication, checkpoints and pull filters fit there).
+
+Values are checked in the shard's float32, not in the sender's dtype: a float64 1e300 is finite on
+the wire and infinite here. A pushed gradient whose squared norm overflows float32 (a norm above
+about 1.8e19, far beyond any real gradient) is refused, and so is an update that would leave a
+parameter or an optimizer slot non-finite: it is rolled back, so the parameters stay bit-identical.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming, RangeClocks
-from engine.errors import BadPayload, ProtocolError
+from engine.errors import BadPayload, ProtocolError, UnsafeUpdate
 from engine.keys import KeyRange, RangeIndex
 from engine.server.aggregation import Aggregator, make_aggregator
 from engine.server.optimizers import ServerOptimizer
@@ -36,8 +41,10 @@ class ShardState:
         workers: int = 1,
         ranges: list[KeyRange] | None = None,
         aggregator: Aggregator | None = None,
+        clip_norm: float | None = None,
     ) -> None:
         self.keys = keys
+        self.clip_norm = clip_norm
         self.params = np.zeros(len(keys), dtype=np.float32)
         self.index = RangeIndex(ranges or [keys])
         self.controller, self.optimizer = controller, optimizer
@@ -47,6 +54,7 @@ class ShardState:
         self.initialized = False
         self.pushes = 0
         self.hooks: list[UpdateHook] = []
+        self._saved: list[np.ndarray] = []  # rollback buffers, one per array an update changes
 
     @property
     def version(self) -> int:
@@ -66,6 +74,10 @@ class ShardState:
                 f"INIT must cover the whole shard [{self.keys.start}, "
                 f"{self.keys.end}), got [{keys.start}, {keys.end})"
             )
+        with np.errstate(over="ignore"):
+            values = np.asarray(values, dtype=self.params.dtype)
+        if not np.isfinite(values).all():
+            raise BadPayload("INIT values are not finite in the shard's float32")
         np.copyto(self.params, values)
         self.initialized = True
         return True
@@ -105,12 +117,27 @@ class ShardState:
             raise BadPayload(f"a commit must cover whole clock ranges; [{keys.start}, "
                              f"{keys.end}) cuts one: {self._describe(ranges)}")
         accepted_at = self.version_of(keys)
-        self.pushes += 1
         if len(grad):
-            self._contribute(self._local(keys, grad, index, ranges))
+            self._contribute(self._local(keys, self._gradient(grad), index, ranges))
+        self.pushes += 1
         if commit and len(ranges):
             self._commit(worker, clock, ranges, timing)
         return accepted_at
+
+    def _gradient(self, grad: np.ndarray) -> np.ndarray:
+        """The pushed values in the shard's dtype, refused when their norm is not finite there,
+        and scaled down to ``clip_norm`` when it is set and exceeded."""
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is what is checked here
+            values = np.asarray(grad, dtype=self.params.dtype)
+            # A float32 dot overflows when the squared norm does, and is NaN when a value is.
+            squared = float(np.dot(values, values))
+        if not np.isfinite(squared):
+            raise BadPayload("pushed values are too large: their squared norm is not finite in "
+                             "the shard's float32 (no gradient has a norm near 1.8e19)")
+        norm = squared ** 0.5
+        if self.clip_norm is not None and norm > self.clip_norm:
+            return values * np.float32(self.clip_norm / norm)
+        return values
 
     def _contribute(self, update: Update) -> None:
         if self.controller.accumulates:
@@ -120,16 +147,30 @@ class ShardState:
 
     def _commit(self, worker: int, clock: int, ranges: range, timing: PushTiming) -> None:
         complete = self.controller.on_commit(worker, clock, ranges)
+        refused: list[str] = []
         if complete:
             for update in self.aggregator.release(complete):
-                self._apply(update, count=False)
+                try:
+                    self._apply(update, count=False)
+                except UnsafeUpdate as exc:  # the round still completes, without this update
+                    refused.append(str(exc))
             # One version per completed round, even for a range nobody pushed a key of.
             self.versions[complete] += 1
         if self.clocks.commit(worker, ranges):
             self.controller.on_clock(worker, clock, timing)
+        if refused:
+            raise UnsafeUpdate(f"the round this push completed was not applied: {refused[0]}")
 
     def _apply(self, update: Update, *, count: bool = True) -> None:
-        self.optimizer.apply(self.params, update)
+        arrays = (self.params, *self.optimizer.slots())
+        saved = [self._snapshot(i, array, update) for i, array in enumerate(arrays)]
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            self.optimizer.apply(self.params, update)
+        if not all(np.isfinite(update.select(array)).all() for array in arrays):
+            for array, before in zip(arrays, saved, strict=True):
+                _restore(array, update, before)
+            raise UnsafeUpdate("this update would make parameters non-finite; refused, "
+                               "the parameters are unchanged")
         if count:
             self.versions[update.ranges.start:update.ranges.stop] += 1
         for hook in self.hooks:
@@ -142,6 +183,18 @@ class ShardState:
             return Update(span, grad, None, ranges)
         return Update(span, grad, index.astype(np.int64) - self.keys.start, ranges)
 
+    def _snapshot(self, slot: int, array: np.ndarray, update: Update) -> np.ndarray:
+        """A copy of what ``update`` may change in ``array``; dense copies reuse one buffer per
+        array, since fresh multi-megabyte copies cost page faults on every push."""
+        if update.index is not None:
+            picked: np.ndarray = array[update.index]
+            return picked
+        while len(self._saved) <= slot:
+            self._saved.append(np.empty(len(self.keys), dtype=np.float32))
+        saved = self._saved[slot][: update.span.stop - update.span.start]
+        np.copyto(saved, array[update.span])
+        return saved
+
     def _describe(self, ranges: range) -> str:
         return ", ".join(f"[{self.index.ranges[r].start}, {self.index.ranges[r].end})"
                          for r in ranges)
@@ -152,3 +205,12 @@ class ShardState:
                 f"keys [{keys.start}, {keys.end}) are not all on this shard, which "
                 f"holds [{self.keys.start}, {self.keys.end})"
             )
+
+
+
+
+def _restore(array: np.ndarray, update: Update, before: np.ndarray) -> None:
+    if update.index is None:
+        array[update.span] = before
+    else:
+        array[update.index] = before

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from engine.transport.admission import Admission
+
 Message = bytes | str
 Sendable = bytes | bytearray | memoryview | str
 
@@ -20,6 +22,11 @@ class Connection(Protocol):
     @property
     def remote(self) -> str:
         """A printable name of the peer, for error messages."""
+        ...
+
+    @property
+    def admission(self) -> Admission | None:
+        """Whom the peer was admitted as (on the listening side; None on the connecting side)."""
         ...
 
     async def send(self, message: Sendable) -> None: ...
@@ -43,9 +50,11 @@ class Listener(Protocol):
 
 class Transport(Protocol):
     async def listen(self, host: str, port: int, handler: Handler, *, token: str) -> Listener:
-        """Serve ``handler`` for every connection that presents ``token``; refuse the rest."""
+        """Serve ``handler`` for every connection whose credential the run's secret ``token``
+        admits (``engine.transport.admission``), bound to that admission; refuse the rest."""
         ...
 
     async def connect(self, address: str, *, token: str, timeout: float) -> Connection:
-        """Open a connection or raise ``ConnectFailed`` / ``AuthenticationError`` in ``timeout``."""
+        """Open a connection presenting ``token`` (a credential, or the run's secret), or raise
+        ``ConnectFailed`` / ``AuthenticationError`` within ``timeout``."""
         ...

@@ -8,18 +8,19 @@ copied on send, as a real socket would, so no side can see the other's later wri
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 
 from engine.errors import AuthenticationError, ConnectFailed, ConnectionClosed
+from engine.transport.admission import Admission, admit
 from engine.transport.base import Handler, Message, Sendable
 
 _CLOSED = object()
 
 
 class MemoryConnection:
-    def __init__(self, remote: str) -> None:
+    def __init__(self, remote: str, admission: Admission | None = None) -> None:
         self._remote = remote
+        self._admission = admission
         self._loop = asyncio.get_running_loop()
         self._inbox: asyncio.Queue[object] = asyncio.Queue()
         self._peer: MemoryConnection | None = None
@@ -28,6 +29,10 @@ class MemoryConnection:
     @property
     def remote(self) -> str:
         return self._remote
+
+    @property
+    def admission(self) -> Admission | None:
+        return self._admission
 
     def _deliver(self, item: object) -> None:
         self._loop.call_soon_threadsafe(self._inbox.put_nowait, item)
@@ -88,14 +93,15 @@ class MemoryTransport:
             loop, handler, expected = self._listeners[address]
         except KeyError:
             raise ConnectFailed(f"cannot connect to {address}: nothing listens there") from None
-        if not hmac.compare_digest(token.encode(), expected.encode()):
+        admission = admit(expected, token)
+        if admission is None:
             raise AuthenticationError(f"{address} refused our join token")
         client = MemoryConnection(address)
         accepted: asyncio.Future[MemoryConnection] = asyncio.get_running_loop().create_future()
         client_loop = asyncio.get_running_loop()
 
         async def accept() -> None:
-            server_side = MemoryConnection("memory-client")
+            server_side = MemoryConnection(f"memory-client ({admission})", admission)
             server_side._peer, client._peer = client, server_side
             client_loop.call_soon_threadsafe(accepted.set_result, server_side)
             await handler(server_side)

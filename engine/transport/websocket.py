@@ -8,7 +8,6 @@ and a connection without it is refused with HTTP 401 before any frame is read.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import http
 from typing import Any
 
@@ -18,22 +17,30 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from engine.errors import AuthenticationError, ConnectFailed, ConnectionClosed, TransportError
+from engine.transport.admission import Admission, admit
 from engine.transport.base import Handler, Message, Sendable
 
 TOKEN_HEADER = "X-Psctl-Token"
-_PING_INTERVAL_S = 30.0
+PING_INTERVAL_S = 30.0
 # Peers can be busy in a long numpy or torch call; only a peer silent this long counts as gone.
-_PING_TIMEOUT_S = 120.0
+PING_TIMEOUT_S = 120.0
+CLOSE_TIMEOUT_S = 5.0
 
 
 class WebSocketConnection:
-    def __init__(self, socket: ClientConnection | ServerConnection, remote: str) -> None:
+    def __init__(self, socket: ClientConnection | ServerConnection, remote: str,
+                 admission: Admission | None = None) -> None:
         self._socket = socket
         self._remote = remote
+        self._admission = admission
 
     @property
     def remote(self) -> str:
         return self._remote
+
+    @property
+    def admission(self) -> Admission | None:
+        return self._admission
 
     async def send(self, message: Sendable) -> None:
         if isinstance(message, memoryview):
@@ -51,7 +58,13 @@ class WebSocketConnection:
             raise ConnectionClosed(_closed_reason(self._remote, exc)) from None
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        await self._socket.close(code, reason[:120])
+        # websockets waits for the close frame to be written, which never happens while a peer
+        # that stopped reading keeps the socket's buffers full: past the timeout, drop the TCP
+        # connection instead.
+        try:
+            await asyncio.wait_for(self._socket.close(code, reason[:120]), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            self._socket.transport.abort()
 
 
 class WebSocketListener:
@@ -75,15 +88,19 @@ class WebSocketTransport:
     async def listen(
         self, host: str, port: int, handler: Handler, *, token: str
     ) -> WebSocketListener:
+        admitted: dict[ServerConnection, Admission] = {}
+
         async def on_connect(socket: ServerConnection) -> None:
             peer = "{}:{}".format(*socket.remote_address[:2])
-            await handler(WebSocketConnection(socket, peer))
+            admission = admitted.pop(socket)
+            await handler(WebSocketConnection(socket, f"{peer} ({admission})", admission))
 
         def check_token(socket: ServerConnection, request: Request) -> Response | None:
-            offered = request.headers.get(TOKEN_HEADER, "")
-            if hmac.compare_digest(offered.encode(), token.encode()):
-                return None
-            return socket.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong join token\n")
+            admission = admit(token, request.headers.get(TOKEN_HEADER, "")[:256])
+            if admission is None:
+                return socket.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong credential\n")
+            admitted[socket] = admission
+            return None
 
         try:
             server = await serve(
@@ -119,8 +136,8 @@ class WebSocketTransport:
         return {
             "compression": None,
             "max_size": self.max_frame_bytes,
-            "ping_interval": _PING_INTERVAL_S,
-            "ping_timeout": _PING_TIMEOUT_S,
+            "ping_interval": PING_INTERVAL_S,
+            "ping_timeout": PING_TIMEOUT_S,
         }
 
 

@@ -83,6 +83,8 @@ _NUMPY: dict[DType, np.dtype[Any]] = {
 }
 _CARRIES_VALUES = {MsgType.PUSH, MsgType.INIT, MsgType.VALUES}
 _TAKES_KEY_LIST = {MsgType.PUSH, MsgType.PULL, MsgType.VALUES}
+# Keys index a flat array, so the key space ends where a signed 64-bit length does.
+MAX_KEY = 2**63 - 1
 ANY_CLOCK = -1  # a PULL with this clock is served at once, whatever the consistency model says
 FLAG_FINAL = 1  # on a PUSH: the worker's last iteration; it pushes nothing after this one
 FLAG_COMMIT = 2  # on a PUSH: the worker is done with this clock on every clock range of the span
@@ -253,6 +255,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         raise ProtocolError(f"unknown flag bits {flags & ~_KNOWN_FLAGS:#04x}")
     if key_end < key_start:
         raise ProtocolError(f"key range [{key_start}, {key_end}) is reversed")
+    if key_end > MAX_KEY:
+        raise ProtocolError(f"key end {key_end} is past the largest key space ({MAX_KEY} keys)")
     keys = KeyRange(key_start, key_end)
     keying = _enum(KeyKind, raw_key_kind, "key kind")
     index = _index(data, kind, keying, ndim, key_count, keys)

@@ -7,6 +7,7 @@ data set, which needs no network. The coordinator reports into a sink that keeps
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import threading
@@ -22,12 +23,15 @@ import torch
 from engine.aio import LoopThread
 from engine.config import RunConfig, build_config
 from engine.datasets import load_dataset
+from engine.errors import ConnectionClosed
 from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_spec
 from engine.roles.evaluator import run_evaluator
 from engine.roles.server import run_server
 from engine.roles.worker import run_worker
 from engine.transport import MemoryTransport
+from engine.transport.admission import credential
+from engine.wire.messages import Hello, dump_control
 from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
@@ -142,12 +146,14 @@ def run_cluster(overrides: dict[str, Any], *, timeout: float = 60.0) -> Outcome:
         threads = [
             RoleThread(
                 f"worker-{rank}",
-                functools.partial(run_worker, transport, address, rank, token=TOKEN),
+                functools.partial(run_worker, transport, address, rank,
+                                  token=credential(TOKEN, "worker", rank)),
             )
             for rank in range(config.cluster.workers)
         ]
         threads.append(
-            RoleThread("evaluator", lambda: run_evaluator(transport, address, token=TOKEN))
+            RoleThread("evaluator", lambda: run_evaluator(
+                transport, address, token=credential(TOKEN, "evaluator", 0)))
         )
         for thread in threads:
             thread.start()
@@ -305,3 +311,30 @@ def test_every_model_finishes_over_memory(model: str, extra: dict[str, object]) 
     completed = [s for s in syncs if s.released_at is not None]
     assert syncs[0].predictor == "monitoring" and len(completed) >= 2
     assert [s.sync_index for s in completed] == list(range(len(completed)))
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_cannot_join_as_another_and_the_run_goes_on() -> None:
+    config = build_config({}, {"data.dataset": "digits", "cluster.workers": 2,
+                               "cluster.servers": 1})
+    transport, loop = MemoryTransport(), LoopThread("test-coordinator")
+    sink = Sink()
+
+    async def impostor() -> tuple[str, bool, list[str]]:
+        coordinator = Coordinator(config, run_id=uuid.uuid4().hex, token=TOKEN,
+                                  layout=model_spec(config).layout(), recorder=sink)
+        address = await coordinator.start(transport, "coordinator", 0)
+        connection = await transport.connect(address, token=credential(TOKEN, "worker", 1),
+                                             timeout=5)
+        await connection.send(dump_control(Hello(role="worker", rank=0, pid=1)))
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(connection.recv(), 5)
+        return str(closed.value), coordinator.outcome.done(), sink.kinds()
+
+    try:
+        reason, ended, events = loop.call(impostor(), 20)
+    finally:
+        loop.stop()
+    assert "admitted as worker 1, it said hello as worker 0" in reason
+    assert not ended  # the run was not failed by the impostor
+    assert "process_joined" not in events

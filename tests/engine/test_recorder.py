@@ -274,3 +274,37 @@ def test_rollups_agree_with_the_rows_despite_duplicates(recorder: Recorder, db: 
     assert rolled[3][5] is None and rolled[-1][4] == 7
     assert query(db, "SELECT sum(n) FROM iteration_rollups")[0][0] == query(
         db, "SELECT iteration_count FROM runs")[0][0] == 8
+
+
+def _delete_run(db: Path, run_id: str) -> None:
+    with sqlite3.connect(db) as raw:  # as `psctl runs rm --force` of a live run did
+        raw.execute("PRAGMA foreign_keys = ON")
+        raw.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+    raw.close()
+
+
+def test_a_run_row_deleted_under_a_quiet_run_fails_the_writer(recorder: Recorder,
+                                                              db: Path) -> None:
+    run_id = start(recorder)
+    recorder.check()
+    _delete_run(db, run_id)
+    # Nothing is recorded meanwhile (every worker waiting): the heartbeat finds the row gone.
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            recorder.check()
+        except StoreError as exc:
+            assert f"run {run_id} is no longer in the database" in str(exc)
+            break
+        assert time.monotonic() < deadline, "the writer did not notice the row was gone"
+        time.sleep(0.02)
+    with pytest.raises(StoreError, match="no longer in the database"):
+        recorder.record_event(EventRecord(at=1.0, kind="x"))
+
+
+def test_finishing_a_run_whose_row_is_gone_is_an_error(db: Path) -> None:
+    with Recorder(db, heartbeat_interval_s=3600) as recorder:
+        run_id = start(recorder)
+        _delete_run(db, run_id)
+        with pytest.raises(StoreError, match=r"its end \(finished\) could not be recorded"):
+            recorder.finish(RunStatus.FINISHED)

@@ -82,9 +82,14 @@ def test_ctrl_c_stops_every_process_within_5_s_and_marks_interrupted(tmp_path: P
     launch = launch_in_background(db)
     wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 10,
              90, "training to start")
-    token_holders = [pid for pid in processes_with("PSCTL_TOKEN")
-                     if _parent_chain_has(pid, launch.pid)]
-    assert len(token_holders) == 5  # coordinator, server, evaluator, two workers
+    # The coordinator and the server hold the run's secret; the evaluator and the two workers
+    # only their own credentials.
+    secret_holders = [pid for pid in processes_with("PSCTL_TOKEN=")
+                      if _parent_chain_has(pid, launch.pid)]
+    credential_holders = [pid for pid in processes_with("PSCTL_CREDENTIAL=")
+                          if _parent_chain_has(pid, launch.pid)]
+    assert (len(secret_holders), len(credential_holders)) == (2, 3)
+    token_holders = secret_holders + credential_holders
     interrupted = time.monotonic()
     launch.send_signal(signal.SIGINT)
     launch.communicate(timeout=15)  # reaps it and closes its pipes

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from psctl.cli import app
-from tests.integration.support import launch_in_background, query, wait_for
+from tests.integration.support import launch_in_background, query, wait_for, wait_until_training
 
 runner = CliRunner()
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -41,9 +41,7 @@ def test_sigkilled_run_reads_as_crashed_after_the_heartbeat_threshold(tmp_path: 
     db = tmp_path / "experiments.db"
     launch = launch_in_background(db)
     try:
-        wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM runs WHERE "
-                                                   "iteration_count > 5")[0][0] == 1,
-                 90, "the run to be training")
+        wait_until_training(db)
     finally:
         # Power loss: no process gets to say anything (each role runs in its own session).
         for pid in [*_children(launch.pid), launch.pid]:

@@ -8,7 +8,7 @@ import pytest
 
 from engine.consistency.base import ASP, BSP, ConsistencyController, PushTiming
 from engine.consistency.ssp import SSP
-from engine.errors import BadPayload, DuplicatePush, ProtocolError
+from engine.errors import BadPayload, DuplicatePush, ProtocolError, UnsafeUpdate
 from engine.keys import KeyRange
 from engine.server.optimizers import SGD
 from engine.server.shard import ShardState
@@ -431,3 +431,71 @@ def test_sparse_pieces_and_dense_pieces_mix_in_one_round() -> None:
     state.push(1, 0, KEYS, f32(4.0), index=keys(12))  # sparse, one key
     assert applied == [((0, 4), None, [1.0, 1.0, 3.0, 1.0], (0, 3))]
     assert state.params.tolist() == [0.0, 1.0, 0.0, 3.0]
+
+
+# -- values that would break the model -----------------------------------------------------------
+
+
+def momentum_shard(model: str, lr: float = 0.5) -> ShardState:
+    controller = BSP(2) if model == "bsp" else ASP(2)
+    state = ShardState(KEYS, controller, SGD(len(KEYS), lr=lr, momentum=0.9), workers=2)
+    state.init(KEYS, START)
+    return state
+
+
+def fingerprint(state: ShardState) -> tuple[bytes, ...]:
+    return (state.params.tobytes(), *(slot.tobytes() for slot in state.optimizer.slots()),
+            state.versions.tobytes())
+
+
+@pytest.mark.parametrize("model", ["asp", "bsp"])
+def test_huge_finite_pushes_are_refused_and_change_nothing(model: str) -> None:
+    state = momentum_shard(model)
+    state.push(1, 0, KEYS, f32(1, 1, 1, 1))  # a real push first, so the momentum is non-zero
+    before = fingerprint(state)
+    with pytest.raises(BadPayload, match="too large"):  # finite in float64, inf in float32
+        state.push(0, 0, KEYS, np.full(4, 1e300))
+    for _ in range(3):
+        with pytest.raises(BadPayload, match="too large"):
+            state.push(0, 0, KEYS, np.full(4, 3e38, dtype=np.float32))
+    assert fingerprint(state) == before
+    state.push(0, 0, KEYS, f32(1, 1, 1, 1))  # the refusals consumed no clock
+    assert state.version == (2 if model == "asp" else 1)
+
+
+def test_an_update_that_would_overflow_is_rolled_back_bit_for_bit() -> None:
+    state = momentum_shard("asp", lr=1e30)
+    before = fingerprint(state)
+    with pytest.raises(UnsafeUpdate, match="non-finite"):
+        state.push(0, 0, KEYS, f32(1e10, 0, 0, 0))  # lr * g = 1e40: not a float32
+    assert fingerprint(state) == before
+    with pytest.raises(UnsafeUpdate):  # a sparse update is rolled back the same way
+        state.push(0, 0, KEYS, f32(1e10), index=keys(11))
+    assert fingerprint(state) == before
+
+
+def test_a_bsp_round_that_would_overflow_completes_without_its_update() -> None:
+    state = momentum_shard("bsp", lr=1e30)
+    params = state.params.tobytes()
+    state.push(0, 0, KEYS, f32(1e10, 0, 0, 0))
+    with pytest.raises(UnsafeUpdate, match="round this push completed was not applied"):
+        state.push(1, 0, KEYS, f32(1e10, 0, 0, 0))
+    assert state.params.tobytes() == params
+    assert state.version == 1  # the round is over: nobody waits on it forever
+    assert state.pull_ready(0, 1)
+
+
+def test_init_values_must_be_finite_in_float32() -> None:
+    state = shard()
+    with pytest.raises(BadPayload, match="not finite"):
+        state.init(KEYS, np.full(4, 1e300))
+    assert not state.initialized
+
+
+def test_clip_norm_scales_a_push_down_to_the_bound() -> None:
+    state = ShardState(KEYS, ASP(1), SGD(len(KEYS), lr=1.0), workers=1, clip_norm=1.0)
+    state.init(KEYS, START)
+    state.push(0, 0, KEYS, f32(3, 4, 0, 0))  # norm 5 -> scaled to 1
+    np.testing.assert_allclose(state.params, START - f32(0.6, 0.8, 0, 0), rtol=1e-6)
+    state.push(0, 1, KEYS, f32(0.3, 0.4, 0, 0))  # norm 0.5: untouched
+    np.testing.assert_allclose(state.params, START - f32(0.9, 1.2, 0, 0), rtol=1e-6)

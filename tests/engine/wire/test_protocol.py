@@ -405,6 +405,14 @@ def test_reversed_key_range() -> None:
     assert str(error) == "key range [10, 6) is reversed"
 
 
+@pytest.mark.parametrize("end", [2**63, 2**63 + 4, 2**64 - 1])
+def test_a_key_end_past_the_signed_64_bit_key_space_is_refused(end: int) -> None:
+    # Python's len() of such a range overflows: it must be refused before anything measures it.
+    error = refusal(raw_frame(start=end - 4, end=end, shape=(4,), payload=bytes(16)))
+    assert type(error) is ProtocolError
+    assert str(error) == f"key end {end} is past the largest key space ({2**63 - 1} keys)"
+
+
 @pytest.mark.parametrize("declared", [0, 12, 20, 2**40])
 def test_header_payload_length_differs_from_actual(declared: int) -> None:
     error = refusal(raw_frame(nbytes=declared))  # 16 payload bytes follow the shape

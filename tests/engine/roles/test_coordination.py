@@ -1,0 +1,154 @@
+"""The coordinator's own decisions, in one process: its join deadline, and how a run ends when
+the recorder fails or when no worker completed an iteration."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from engine.config import RunConfig, build_config
+from engine.errors import StoreError
+from engine.roles.coordination import (
+    JOIN_S_PER_PROCESS,
+    Coordinator,
+    join_deadline_s,
+    join_failure,
+)
+from engine.roles.coordinator import model_spec
+from engine.transport import MemoryTransport
+from engine.wire.messages import Hello, Welcome, dump_control, parse_control
+from engine.wire.records import RunStatus
+
+pytestmark = pytest.mark.timeout(60)
+TOKEN = "coordination-test-token"
+
+
+def config(**values: Any) -> RunConfig:
+    return build_config({}, {"data.dataset": "digits", **values})
+
+
+@dataclass
+class BrokenSink:
+    """A recorder whose writer has failed: every call raises, as ``Recorder``'s do then."""
+
+    calls: list[str] = field(default_factory=list)
+
+    def _fail(self, what: str) -> None:
+        self.calls.append(what)
+        raise StoreError("the recorder could not write x.db: FOREIGN KEY constraint failed")
+
+    def record_iterations(self, rows: Any) -> None:
+        self._fail("iterations")
+
+    def record_evaluation(self, row: Any) -> None:
+        self._fail("evaluation")
+
+    def record_event(self, row: Any) -> None:
+        self._fail("event")
+
+    def record_sync(self, row: Any) -> None:
+        self._fail("sync")
+
+
+class QuietSink:
+    """A recorder that works and keeps nothing."""
+
+    def record_iterations(self, rows: Any) -> None: ...
+
+    def record_evaluation(self, row: Any) -> None: ...
+
+    def record_event(self, row: Any) -> None: ...
+
+    def record_sync(self, row: Any) -> None: ...
+
+
+def test_the_join_deadline_grows_with_the_processes_to_start() -> None:
+    small = config(**{"cluster.workers": 2, "cluster.servers": 1})
+    large = config(**{"cluster.workers": 100, "cluster.servers": 2})
+    assert join_deadline_s(small) == 60.0 + JOIN_S_PER_PROCESS * 4
+    assert join_deadline_s(large) == 60.0 + JOIN_S_PER_PROCESS * 103
+    slow = config(**{"cluster.workers": 100, "cluster.servers": 2,
+                     "cluster.connect_timeout_s": 600.0})
+    assert join_deadline_s(slow) - join_deadline_s(large) == 540.0
+
+
+def test_a_join_failure_says_who_is_missing_and_which_setting_to_raise() -> None:
+    large = config(**{"cluster.workers": 100, "cluster.servers": 2})
+    missing = [f"worker {rank}" for rank in range(40, 100)]
+    message = join_failure(missing, large)
+    assert message.startswith("60 of 103 processes (worker 40, worker 41, ")
+    assert "worker 47 and 52 more) did not join within 369 s" in message
+    assert "raise cluster.connect_timeout_s" in message
+    assert "worker 48" not in message
+
+
+def test_a_failing_recorder_ends_the_run_instead_of_hanging_it() -> None:
+    run = config(**{"cluster.workers": 2, "cluster.servers": 1})
+    sink = BrokenSink()
+
+    async def scenario() -> tuple[RunStatus, str | None]:
+        transport = MemoryTransport()
+        coordinator = Coordinator(run, run_id=uuid.uuid4().hex, token=TOKEN,
+                                  layout=model_spec(run).layout(), recorder=sink)
+        address = await coordinator.start(transport, "coordinator", 0)
+        ending = asyncio.create_task(coordinator.run())
+        # A server joins: its process_joined event is the first write, and it fails.
+        connection = await transport.connect(address, token=TOKEN, timeout=5)
+        await connection.send(dump_control(Hello(role="server", rank=0, pid=1)))
+        return await asyncio.wait_for(ending, 5)
+
+    status, reason = asyncio.run(scenario())
+    assert status is RunStatus.FAILED
+    assert reason == "the recorder could not write x.db: FOREIGN KEY constraint failed"
+    assert sink.calls[0] == "event"
+
+
+def test_fail_settles_the_run_even_when_it_cannot_be_recorded() -> None:
+    run = config(**{"cluster.workers": 2, "cluster.servers": 1})
+
+    async def scenario() -> tuple[RunStatus, str | None]:
+        coordinator = Coordinator(run, run_id=uuid.uuid4().hex, token=TOKEN,
+                                  layout=model_spec(run).layout(), recorder=BrokenSink())
+        coordinator.fail("worker 1 failed: out of memory")
+        return await asyncio.wait_for(coordinator.outcome, 1)
+
+    assert asyncio.run(scenario()) == (RunStatus.FAILED, "worker 1 failed: out of memory")
+
+
+def test_roles_wait_for_their_peers_as_long_as_the_run_lets_them_join() -> None:
+    large = config(**{"cluster.workers": 100, "cluster.servers": 2})
+
+    async def welcome_config() -> dict[str, Any]:
+        transport = MemoryTransport()
+        coordinator = Coordinator(large, run_id=uuid.uuid4().hex, token=TOKEN,
+                                  layout=model_spec(large).layout(), recorder=QuietSink())
+        address = await coordinator.start(transport, "coordinator", 0)
+        connection = await transport.connect(address, token=TOKEN, timeout=5)
+        await connection.send(dump_control(Hello(role="server", rank=0, pid=1)))
+        welcome = parse_control(await asyncio.wait_for(connection.recv(), 5))
+        coordinator.interrupt()
+        await asyncio.wait_for(coordinator.run(), 5)
+        assert isinstance(welcome, Welcome)
+        return welcome.config
+
+    sent = asyncio.run(welcome_config())
+    # the first worker to start waits for the start of training until the last one has joined
+    assert sent["cluster"]["connect_timeout_s"] == join_deadline_s(large)
+    assert large.cluster.connect_timeout_s == 60.0  # the run's own config is left as set
+
+
+def test_a_run_stopped_before_any_iteration_fails_and_says_why() -> None:
+    # A time limit that passes before any worker joins: each is told to stop as it joins.
+    from tests.engine.test_cluster_memory import run_cluster
+
+    outcome = run_cluster({"cluster.workers": 2, "cluster.servers": 1,
+                           "stop.max_seconds": 0.001})
+    assert outcome.status is RunStatus.FAILED
+    assert outcome.reason == ("no worker completed an iteration before the run stopped (time "
+                              "limit of 0.001 s reached)")
+    assert outcome.worker_iterations == {0: 0, 1: 0}
+    assert outcome.sink.iterations == []

@@ -1,0 +1,209 @@
+"""A shard server against careless and hostile peers, over real websockets on loopback.
+
+Each test runs a server and raw websocket peers on one event loop: a peer admitted as one worker
+speaking for another, a peer that never reads its replies, a peer that parks pulls and leaves, a
+flood of refused frames, and a bug inside the server's handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+
+from engine.consistency.registry import make_controller
+from engine.keys import KeyRange
+from engine.server.optimizers import SGD
+from engine.server.service import LogBudget, ServerLimits, ShardServer
+from engine.server.shard import ShardState
+from engine.transport import WebSocketTransport
+from engine.transport.admission import credential
+from engine.transport.websocket import TOKEN_HEADER
+from engine.wire.protocol import ANY_CLOCK, FLAG_COMMIT, Frame, MsgType, Role, decode, encode
+
+SECRET = "hardening-secret"
+RUN = bytes(range(16))
+MIB = 2**20
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def serve_and(script: Callable[[ShardServer], Awaitable[Any]], *, keys: int = 8,
+              model: str = "asp", workers: int = 2, **limits: int) -> Any:
+    """Start a server for ``keys`` keys (initialised to 1.0), run ``script`` against it."""
+
+    async def main() -> Any:
+        state = ShardState(KeyRange(0, keys), make_controller(model, workers=workers, ranges=1),
+                           SGD(keys, lr=0.5), workers=workers)
+        state.init(KeyRange(0, keys), np.ones(keys, dtype=np.float32))
+        server = ShardServer(state, run=RUN, rank=0, max_frame_bytes=64 * MIB,
+                             limits=ServerLimits(**limits))
+        server.address = await server.start(WebSocketTransport(), "127.0.0.1", 0, token=SECRET)
+        try:
+            return await asyncio.wait_for(script(server), 45)
+        finally:
+            await server.close()
+
+    return asyncio.run(main())
+
+
+async def peer(server: ShardServer, token: str, **options: Any) -> ClientConnection:
+    return await ws_connect(server.address, additional_headers={TOKEN_HEADER: token},
+                            compression=None, max_size=None, **options)
+
+
+def frame(kind: MsgType, request_id: int, keys: KeyRange, *, rank: int = 0, clock: int = 0,
+          values: np.ndarray | None = None, role: Role = Role.WORKER) -> bytearray:
+    return encode(Frame(kind, request_id, keys, run=RUN, role=role, rank=rank, clock=clock,
+                        flags=FLAG_COMMIT if kind is MsgType.PUSH else 0, payload=values))
+
+
+async def reply(socket: ClientConnection) -> Frame:
+    data = await asyncio.wait_for(socket.recv(), 10)
+    assert isinstance(data, bytes)
+    return decode(data, max_bytes=64 * MIB)
+
+
+def test_a_connection_admitted_as_worker_1_cannot_push_as_worker_0() -> None:
+    keys = KeyRange(0, 8)
+    grad = np.full(8, 4.0, dtype=np.float32)
+
+    async def script(server: ShardServer) -> None:
+        before = server.state.params.tobytes()
+        one = await peer(server, credential(SECRET, "worker", 1))
+        await one.send(frame(MsgType.PUSH, 1, keys, rank=0, values=grad))
+        code, message = (await reply(one)).error()
+        assert code == "ProtocolError"
+        assert message == ("this connection was admitted as worker 1; it may not send frames "
+                           "as worker 0")
+        await one.send(frame(MsgType.PULL, 2, keys, rank=0, clock=ANY_CLOCK))
+        assert (await reply(one)).error()[0] == "ProtocolError"
+        assert server.state.params.tobytes() == before
+        # Worker 0's clock 0 was not consumed by the forgery: its own push is accepted.
+        zero = await peer(server, credential(SECRET, "worker", 0))
+        await zero.send(frame(MsgType.PUSH, 3, keys, rank=0, values=grad))
+        assert (await reply(zero)).type is MsgType.ACK
+        await one.send(frame(MsgType.PUSH, 4, keys, rank=1, values=grad))
+        assert (await reply(one)).type is MsgType.ACK
+        await one.close()
+        await zero.close()
+
+    serve_and(script)
+
+
+def test_a_wrong_credential_is_refused_at_the_handshake() -> None:
+    async def script(server: ShardServer) -> str:
+        forged = credential("not-the-secret", "worker", 0)
+        with pytest.raises(Exception) as caught:
+            await peer(server, forged)
+        return str(caught.value)
+
+    assert "401" in serve_and(script)
+
+
+def test_pending_pulls_are_bounded_per_connection_and_freed_when_it_leaves() -> None:
+    keys = KeyRange(0, 8)
+
+    async def script(server: ShardServer) -> None:
+        socket = await peer(server, SECRET)
+        for request in range(1, 6):  # clock 5 under BSP: unanswerable for now
+            await socket.send(frame(MsgType.PULL, request, keys, clock=5))
+        refused = await reply(socket)
+        assert refused.request_id == 5
+        assert refused.error() == ("ProtocolError", "4 pulls already wait on this connection; "
+                                                    "the limit is 4")
+        assert len(server._pending) == 4
+        await socket.close()
+        for _ in range(100):
+            if not server._pending:
+                break
+            await asyncio.sleep(0.02)
+        assert server._pending == []
+
+    serve_and(script, model="bsp", max_pending_pulls=4)
+
+
+def test_a_peer_that_never_reads_is_disconnected_and_the_others_are_served() -> None:
+    size = 64 * 1024  # 256 KiB per reply
+    keys = KeyRange(0, size)
+
+    async def script(server: ShardServer) -> None:
+        # max_queue=1: the client library itself stops reading after one message.
+        slow = await peer(server, SECRET, max_queue=1)
+        for request in range(1, 401):  # 100 MiB of replies, never read
+            await slow.send(frame(MsgType.PULL, request, keys, clock=ANY_CLOCK))
+        other = await peer(server, credential(SECRET, "worker", 1))
+        for request in range(1, 21):
+            await other.send(frame(MsgType.PULL, request, keys, rank=1, clock=ANY_CLOCK))
+            assert (await reply(other)).request_id == request
+        for _ in range(400):
+            if server.stats.slow_readers_closed and len(server._peers) == 1:
+                break
+            await asyncio.sleep(0.025)
+        assert server.stats.slow_readers_closed == 1
+        assert len(server._peers) == 1  # the slow peer is gone, its queue with it
+        queued = sum(p.queued_bytes for p in server._peers)
+        assert queued < 2 * MIB
+        await other.close()
+
+    serve_and(script, keys=size, max_queued_bytes=4 * MIB)
+
+
+def test_refused_frames_are_logged_at_a_bounded_rate_and_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def script(server: ShardServer) -> int:
+        socket = await peer(server, SECRET)
+        for _ in range(25):
+            await socket.send(b"garbage")
+        for _ in range(25):
+            assert (await reply(socket)).error()[0] == "ProtocolError"
+        await socket.close()
+        return server.stats.warnings_held_back
+
+    with caplog.at_level(logging.WARNING, logger="engine.server.service"):
+        held_back = serve_and(script, warnings_per_minute=10)
+    refusals = [r for r in caplog.records if "refused a frame" in r.getMessage()]
+    assert len(refusals) == 10
+    assert held_back == 15
+    assert any("15 more refused frames were not logged" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_log_budget_refills_over_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr("engine.server.service.time.monotonic", lambda: now[0])
+    budget = LogBudget(per_minute=2)
+    assert [budget.take(), budget.take(), budget.take(), budget.take()] == [0, 0, None, None]
+    now[0] += 30.0  # one line's worth
+    assert budget.take() == 2
+    assert budget.take() is None
+
+
+def test_a_bug_in_the_handler_is_an_error_reply_not_a_dropped_connection() -> None:
+    keys = KeyRange(0, 8)
+
+    async def script(server: ShardServer) -> None:
+        def broken(*_: object) -> np.ndarray:
+            raise RuntimeError("a bug")
+
+        socket = await peer(server, SECRET)
+        original = server.state.read
+        server.state.read = broken  # type: ignore[method-assign]
+        await socket.send(frame(MsgType.PULL, 7, keys, clock=ANY_CLOCK))
+        answer = await reply(socket)
+        assert answer.request_id == 7
+        assert answer.error() == ("InternalError",
+                                  "the server failed on this frame; its log has the details")
+        server.state.read = original  # type: ignore[method-assign]
+        await socket.send(frame(MsgType.PULL, 8, keys, clock=ANY_CLOCK))
+        assert (await reply(socket)).type is MsgType.VALUES
+        assert server.stats.internal_errors == 1
+        await socket.close()
+
+    serve_and(script)
