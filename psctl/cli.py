@@ -113,10 +113,16 @@ def launch(
         dashboard = _start_dashboard(path) if ui else None
         try:
             result = run_launch(resolved, path, err, live=live)
+            print_summary(result, path, err, started)
+            # The page is most useful once the run is over; a run stopped with Ctrl-C was
+            # meant to stop everything.
+            if dashboard is not None and result.status.value != "interrupted":
+                err.print(f"run ended; the dashboard stays at {dashboard.address}/runs/"
+                          f"{result.run_id} (Ctrl-C to stop)", highlight=False, markup=False)
+                dashboard.serve_until_signalled()
         finally:
             if dashboard is not None:
                 dashboard.stop()
-        print_summary(result, path, err, started)
     except PsctlError as exc:
         raise _fail(exc) from None
     codes = {"finished": settings.EXIT_OK, "interrupted": settings.EXIT_INTERRUPTED}
@@ -186,14 +192,22 @@ def runs_show(
 
 
 def _start_dashboard(db: Path) -> Any:
-    from webui.server import DEFAULT_PORT, BackgroundServer
+    from engine.errors import ConfigError
+    from webui.server import DEFAULT_HOST, DEFAULT_PORT, BackgroundServer, port_taken
 
     try:
-        server = BackgroundServer(db, port=DEFAULT_PORT)
+        server = BackgroundServer(db, DEFAULT_HOST, DEFAULT_PORT)
+    except ConfigError as exc:
+        if not port_taken(exc):
+            raise
+        # Another dashboard, most likely: any free port will do, said plainly.
+        server = BackgroundServer(db, DEFAULT_HOST, 0)
+        err.print(f"port {DEFAULT_PORT} is taken; the dashboard is at {server.address}/",
+                  highlight=False, markup=False)
+    try:
         address = server.start()
-    except RuntimeError:  # the usual port is taken (another dashboard?): any free one will do
-        server = BackgroundServer(db, port=0)
-        address = server.start()
+    except RuntimeError as exc:
+        raise ConfigError(f"the dashboard did not start on {server.address}") from exc
     err.print(f"dashboard: {address}/runs/@last", highlight=False)
     return server
 

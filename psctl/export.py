@@ -15,7 +15,16 @@ from typing import Any
 
 from sqlalchemy import Engine, Table, select
 
-from engine.db.schema import SCHEMA_VERSION, evaluations, events, iterations, runs, syncs, tags
+from engine.db.schema import (
+    SCHEMA_VERSION,
+    evaluations,
+    events,
+    iterations,
+    process_samples,
+    runs,
+    syncs,
+    tags,
+)
 from engine.errors import StoreError
 
 FORMATS = ("csv", "json", "parquet")
@@ -27,6 +36,7 @@ TABLES: tuple[tuple[Table, str], ...] = (
     (events, "run_id"),
     (tags, "run_id"),
     (syncs, "run_id"),
+    (process_samples, "run_id"),
 )
 _BATCH = 50_000
 
@@ -47,7 +57,7 @@ def export_run(engine: Engine, run_id: str, fmt: str, out_dir: Path) -> dict[str
     counts: dict[str, int] = {}
     with engine.connect() as conn:  # one read transaction: every table from the same snapshot
         for table, column in TABLES:
-            stmt = select(table).where(table.c[column] == run_id).order_by(*table.primary_key)
+            stmt = select(table).where(table.c[column] == run_id).order_by(*export_order(table))
             result = conn.execution_options(stream_results=True).execute(stmt)
             batches = (list(map(tuple, part)) for part in result.partitions(_BATCH))
             path = out_dir / f"{table.name}.{fmt}"
@@ -116,3 +126,10 @@ def _write_parquet(table: Table, batches: Iterator[list[Any]], path: Path) -> in
         if count == 0:
             writer.write_table(schema.empty_table())
     return count
+
+
+def export_order(table: Table) -> list[Any]:
+    """The table's key, or for keyless samples their time and process: a stable export."""
+    if len(table.primary_key.columns):
+        return list(table.primary_key.columns)
+    return [table.c.at, table.c.role, table.c.rank]

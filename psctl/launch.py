@@ -16,6 +16,7 @@ from engine.db import open_engine
 from engine.db.queries import progress
 from engine.errors import PsctlError
 from engine.launcher import Launcher, LaunchResult
+from engine.roles.sampling import oversubscription, usable_cores
 from psctl.display import fmt_pct, fmt_seconds, progress_view, status_text
 
 
@@ -40,6 +41,9 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool) -> 
     # A run name or path is the user's text, never markup: "[/x]" must print as itself.
     console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({escape(launcher.name)}) → "
                   f"{escape(str(db))}", highlight=False)
+    crowded = oversubscription(config.cluster.workers, config.cluster.servers, usable_cores())
+    if crowded is not None:
+        console.print(f"[yellow]warning:[/] {crowded}", highlight=False)
     launcher.start()
     if not live:
         return launcher.wait()

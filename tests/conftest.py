@@ -44,7 +44,7 @@ LAUNCHING_FIXTURES = frozenset({"seeded_db", "compare_db", "writable_db", "elast
 PROCESS_MODULES = frozenset({
     "tests/integration", "tests/test_readme.py", "tests/test_docs_cli.py",
     "tests/webui/test_browser.py", "tests/webui/test_launch_ui.py", "tests/psctl/test_cli.py",
-    "tests/psctl/test_crashed.py", "tests/psctl/test_pager.py",
+    "tests/psctl/test_crashed.py", "tests/psctl/test_pager.py", "tests/webui/test_ui_lifecycle.py",
 })
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.roles.sampling import usable_cores
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
@@ -40,6 +41,8 @@ def test_readme_first_launch_command_trains(tmp_path: Path) -> None:
     done = _run_psctl(launch + " --no-live", tmp_path / "experiments.db")
     assert done.returncode == 0, done.stderr
     assert "finished" in done.stderr
+    # 2 workers, 1 server and the evaluator: crowded on fewer than 4 cores, and said so.
+    assert ("busy processes" in done.stderr) == (usable_cores() < 4)
 
 
 def test_readme_mnist_example_runs(tmp_path: Path, mnist_dir: Path) -> None:

@@ -1,8 +1,9 @@
 """The live dashboard: HTML pages, the JSON API (:mod:`webui.api`) and the websocket push
 (:mod:`webui.live`), all reading the experiments database read-only.
 
-Plotly's JavaScript is served from the installed ``plotly`` Python package, so no CDN is
-contacted and no third-party JavaScript lives in this repository.
+Plotly's JavaScript is served from the installed ``plotly`` Python package, and Swagger UI's
+(``/docs``) from the ``fastapi-offline`` package, so no CDN is contacted and no third-party
+JavaScript lives in this repository.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -56,6 +58,13 @@ def plotly_js() -> Path:
     return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 
 
+def swagger_assets() -> Path:
+    """Swagger UI's JavaScript and CSS, as the ``fastapi-offline`` package ships them."""
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).resolve().parent / "static"
+
+
 class _LazyEngine:
     """Opens the database on first use (it may not exist when the server starts) and keeps it."""
 
@@ -85,13 +94,16 @@ def create_app(db: Path) -> FastAPI:
         yield
         engine.dispose()
 
+    # FastAPI's own /docs and /redoc load their assets from a CDN; /docs is served below.
     app = FastAPI(title="psctl dashboard", version="0.2.0", lifespan=lifespan,
-                  description="Read-only views of the psctl experiments database.")
+                  description="Read-only views of the psctl experiments database.",
+                  docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.db = Path(db)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.mount("/vendor/swagger", StaticFiles(directory=swagger_assets()), name="swagger")
     _add_pages(app, engine)
     return app
 
@@ -102,6 +114,16 @@ def _add_pages(app: FastAPI, engine: _LazyEngine) -> None:
         # Long-lived: the file only changes with the installed plotly version.
         return FileResponse(plotly_js(), media_type="text/javascript",
                             headers={"Cache-Control": "public, max-age=86400"})
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        # validatorUrl: Swagger UI would otherwise send the schema to validator.swagger.io.
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - API",
+            swagger_js_url="/vendor/swagger/swagger-ui-bundle.js",
+            swagger_css_url="/vendor/swagger/swagger-ui.css",
+            swagger_favicon_url="/vendor/swagger/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None})
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def runs_page(request: Request) -> Any:

@@ -155,10 +155,25 @@ async def _after_paint(socket: WebSocket) -> None:
         await asyncio.wait_for(socket.receive_text(), PAINT_WAIT_S)
 
 
+async def _idle(socket: WebSocket, seconds: float) -> None:
+    """Wait ``seconds`` between polls, listening meanwhile: raises WebSocketDisconnect as soon
+    as the page leaves or the server closes the socket (shutting down), so that a loop that
+    seldom sends never outlives its connection and Ctrl-C is not held up by an open tab."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            message = await asyncio.wait_for(socket.receive(), left)
+        except TimeoutError:
+            return
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        # anything else (a late "painted" acknowledgement) needs no answer
+
+
 async def _push_loop(socket: WebSocket, engine: Engine, state: LiveState) -> None:
     while True:
         status = state.marker["summary"]["status"]
-        await asyncio.sleep(POLL_S if status == "running" else ENDED_POLL_S)
+        await _idle(socket, POLL_S if status == "running" else ENDED_POLL_S)
         change = await run_in_threadpool(delta, engine, state)
         if change is None:
             continue
@@ -190,4 +205,4 @@ async def serve_runs(socket: WebSocket, engine: Engine) -> None:
             if runs is not None and runs != sent:
                 await socket.send_json({"type": "runs", "runs": runs})
                 sent = runs
-            await asyncio.sleep(RUNS_POLL_S)
+            await _idle(socket, RUNS_POLL_S)

@@ -36,7 +36,7 @@ from sqlalchemy.pool import QueuePool
 
 from engine.errors import StoreError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 5.0
 DB_ENV_VAR = "PSCTL_DB"
 
@@ -188,6 +188,20 @@ tags = Table(
     Column("value", Text, nullable=False),
 )
 
+# Every second, each process of the run: CPU (percent of one core) and resident memory.
+process_samples = Table(
+    "process_samples",
+    metadata,
+    Column("run_id", Text, _run_fk(), nullable=False),
+    Column("at", REAL, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("cpu_percent", REAL, nullable=False),
+    Column("rss_bytes", Integer, nullable=False),
+    Index("ix_process_samples_run_at", "run_id", "at"),
+)
+
 meta = Table(
     "meta",
     metadata,
@@ -279,6 +293,8 @@ def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
             version = SCHEMA_VERSION
         if version == 1 and not readonly:
             version = _migrate_from_1(conn)
+        if version == 2 and not readonly:
+            version = _migrate_from_2(conn)
     _check_version(version, path)
 
 
@@ -288,6 +304,12 @@ def _migrate_from_1(conn: Connection) -> int:
         conn.exec_driver_sql(f"ALTER TABLE iterations ADD COLUMN {column} REAL")
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="2"))
     return 2
+
+
+def _migrate_from_2(conn: Connection) -> int:
+    """Version 3 added process_samples, which create_all has just made."""
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="3"))
+    return 3
 
 
 def _stored_version(conn: Connection, path: Path) -> int | None:

@@ -45,6 +45,7 @@ from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
     IterationRecord,
+    ProcessSample,
     RunStatus,
     SyncRecord,
 )
@@ -134,6 +135,11 @@ class Recorder:
         detail = json.dumps(row.detail, default=str)
         values = {"run_id": self._open_run(), "at": row.at, "kind": row.kind, "detail": detail}
         self._queue.put(RowRequest("events", values))
+
+    def record_process_samples(self, rows: Sequence[ProcessSample]) -> None:
+        run_id = self._open_run()
+        for row in rows:
+            self._queue.put(RowRequest("process_samples", {"run_id": run_id, **row.model_dump()}))
 
     def record_sync(self, row: SyncRecord) -> None:
         """A barrier decision, or the same barrier again once completed (which updates it)."""

@@ -26,6 +26,7 @@ from engine.db.schema import (
     evaluations,
     events,
     iterations,
+    process_samples,
     runs,
     syncs,
 )
@@ -89,7 +90,7 @@ class IterationsRequest:
 
 @dataclass(frozen=True)
 class RowRequest:
-    table: str  # "evaluations", "events" or "syncs"
+    table: str  # "evaluations", "events", "process_samples" or "syncs"
     values: dict[str, Any]
 
 
@@ -150,7 +151,7 @@ class Writer:
         self._heartbeat_interval_s = heartbeat_interval_s
         self._iterations: dict[str, list[tuple[Any, ...]]] = {}
         self._rows: dict[str, list[dict[str, Any]]] = {"evaluations": [], "events": [],
-                                                       "syncs": []}
+                                                       "process_samples": [], "syncs": []}
         self._run_id: str | None = None
         self._origins: dict[str, float] = {}  # runs.started_at: rollup slots count from it
         self._last_commit = time.monotonic()
@@ -259,7 +260,8 @@ class Writer:
         for run_id, rows in self._iterations.items():
             self._write_iterations(conn, run_id, rows)
         self._iterations = {}
-        for name, table in (("evaluations", evaluations), ("events", events)):
+        for name, table in (("evaluations", evaluations), ("events", events),
+                            ("process_samples", process_samples)):
             if self._rows[name]:
                 conn.execute(insert(table), self._rows[name])
                 self._rows[name] = []

@@ -26,6 +26,7 @@ from engine.errors import (
     StoreError,
 )
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
+from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
     ControlMessage,
@@ -54,6 +55,7 @@ from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
     IterationRecord,
+    ProcessSample,
     RunStatus,
     SyncRecord,
 )
@@ -115,6 +117,8 @@ class RecorderSink(Protocol):
 
     def record_sync(self, row: SyncRecord) -> None: ...
 
+    def record_process_samples(self, rows: list[ProcessSample]) -> None: ...
+
 
 @dataclass
 class Peer:
@@ -144,8 +148,10 @@ class _Progress:
 
 class Coordinator:
     def __init__(self, config: RunConfig, *, run_id: str, token: str, layout: KeyLayout,
-                 recorder: RecorderSink, partitioner: Partitioner | None = None) -> None:
+                 recorder: RecorderSink, partitioner: Partitioner | None = None,
+                 sampler: ProcessSampler | None = None) -> None:
         self.config, self.run_id, self.token, self.recorder = config, run_id, token, recorder
+        self.sampler = sampler
         self.layout = layout
         num_keys = self.num_keys = layout.num_keys
         self.ranges = (partitioner or RangePartitioner()).ranges(num_keys, config.cluster.servers)
@@ -171,7 +177,8 @@ class Coordinator:
     async def start(self, transport: Transport, host: str, port: int) -> str:
         self._listener = await transport.listen(host, port, self._serve, token=self.token)
         self._tasks = [asyncio.create_task(coro) for coro in
-                       (self._watch_registration(), self._evaluation_timer(), self._deadline())]
+                       (self._watch_registration(), self._evaluation_timer(), self._deadline(),
+                        self._sample_processes())]
         return self._listener.address
 
     async def run(self) -> tuple[RunStatus, str | None]:
@@ -269,6 +276,8 @@ class Coordinator:
         peer = Peer(hello.role, hello.rank, connection)
         self.peers[(hello.role, hello.rank)] = peer
         self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid)
+        if self.sampler is not None:
+            self.sampler.watch(hello.role, hello.rank, hello.pid)
         return peer
 
     def _welcome(self, *, shards: list[ShardInfo], own: ShardInfo | None) -> Welcome:
@@ -405,6 +414,15 @@ class Coordinator:
             if self.progress.iterations and self._stop_reason is None:
                 self._request_evaluation(self.progress.epoch(self.config.cluster.workers),
                                          final=False)
+
+    async def _sample_processes(self) -> None:
+        if self.sampler is None:
+            return
+        while True:
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+            rows = self.sampler.sample()
+            if rows:
+                self._record(self.recorder.record_process_samples, rows)
 
     async def _deadline(self) -> None:
         if self.config.stop.max_seconds is None:

@@ -17,6 +17,7 @@ from engine.errors import StoreError
 from engine.models.spec import MLPSpec
 from engine.recorder import Recorder
 from engine.roles.coordination import Coordinator
+from engine.roles.sampling import PsutilSampler, oversubscription, usable_cores
 from engine.transport.base import Transport
 from engine.wire.records import EventRecord, RunStatus
 
@@ -44,13 +45,21 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     reason: str | None = "coordinator stopped before the run ended"
     watcher: asyncio.Task[None] | None = None
     try:
+        sampler = PsutilSampler()
+        sampler.watch("coordinator", 0, os.getpid())
         coordinator = Coordinator(config, run_id=run_id, token=token, recorder=recorder,
-                                  layout=model_spec(config).layout())
+                                  layout=model_spec(config).layout(), sampler=sampler)
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)
         # The pid lets `psctl runs rm --force` stop this run before deleting it.
         recorder.record_event(EventRecord(at=time.time(), kind="coordinator_listening",
                                           detail={"address": address, "pid": os.getpid()}))
+        crowded = oversubscription(config.cluster.workers, config.cluster.servers,
+                                   usable_cores())
+        if crowded is not None:  # stored, so that the run's views can say so afterwards
+            recorder.record_event(EventRecord(at=time.time(), kind="oversubscribed",
+                                              detail={"cores": usable_cores(),
+                                                      "message": crowded}))
         watcher = asyncio.create_task(_watch_recorder(recorder, coordinator))
         announce(address)
         status, reason = await coordinator.run()

@@ -93,3 +93,14 @@ class SyncRecord(_Record):
     arrivals: list[float] | None = None
     actual_wait: float | None = Field(None, ge=0)
     released_at: float | None = None
+
+
+class ProcessSample(_Record):
+    """One process of the run, sampled: its share of a core and its resident memory."""
+
+    at: float
+    role: str = Field(min_length=1, max_length=16)
+    rank: int = Field(ge=0)
+    pid: int = Field(ge=1)
+    cpu_percent: float = Field(ge=0)  # of one core: a process busy on two cores reads 200
+    rss_bytes: int = Field(ge=0)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.launcher import Launcher
+from engine.roles.sampling import usable_cores
 from engine.wire.records import RunStatus
 from tests.integration.support import config, processes_with, query
 
@@ -42,6 +43,13 @@ def test_bsp_two_servers_two_workers_learn_mnist_subset_and_record_everything(
     assert evaluations[-1][0] > 0.8
     stored = json.loads(query(db, "SELECT config_json FROM runs")[0][0])
     assert stored["cluster"]["workers"] == 2 and stored["data"]["train_limit"] == 4000
+    sampled = query(db, "SELECT role, count(DISTINCT rank), min(cpu_percent), min(rss_bytes) "
+                        "FROM process_samples GROUP BY role ORDER BY role")
+    assert [(role, ranks) for role, ranks, _, _ in sampled] == [
+        ("coordinator", 1), ("evaluator", 1), ("server", 2), ("worker", 2)]
+    assert all(cpu >= 0 and rss > 2**20 for _, _, cpu, rss in sampled)
+    crowded = query(db, "SELECT count(*) FROM events WHERE kind = 'oversubscribed'")[0][0]
+    assert crowded == (1 if usable_cores() < 5 else 0)  # 2 workers, 2 servers, the evaluator
     assert processes_with(launcher.join_token) == []
 
 

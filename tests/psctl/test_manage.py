@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from psctl.cli import app
-from psctl.export import TABLES
+from psctl.export import TABLES, export_order
 from tests.integration.support import query
 
 runner = CliRunner()
@@ -36,7 +36,7 @@ def test_rm_asks_for_yes_off_a_terminal_then_deletes_every_row(writable_db: Path
     assert query(writable_db, "SELECT count(*) FROM runs")[0][0] == 2
     psctl("runs", "rm", "asp-run", "--yes", "--db", db)
     assert query(writable_db, "SELECT name FROM runs") == [("seed-run",)]
-    for table in ("iterations", "evaluations", "events", "tags", "syncs"):
+    for table in ("iterations", "evaluations", "events", "tags", "syncs", "process_samples"):
         left = query(writable_db, f"SELECT count(*) FROM {table} WHERE run_id = ?", run_id)
         assert left == [(0,)], table
     psctl("runs", "rm", "asp-run", "--yes", "--db", db, code=4)
@@ -72,7 +72,7 @@ def test_tag_sets_replaces_and_removes_and_compare_selects_by_tag(writable_db: P
 
 def _db_rows(db: Path, table: str, column: str, run_id: str) -> list[tuple[Any, ...]]:
     names = [c.name for c in dict(TABLES_BY_NAME)[table].columns]
-    order = ", ".join(c.name for c in dict(TABLES_BY_NAME)[table].primary_key)
+    order = ", ".join(c.name for c in export_order(dict(TABLES_BY_NAME)[table]))
     return query(db, f"SELECT {', '.join(names)} FROM {table} WHERE {column} = ? "
                      f"ORDER BY {order}", run_id)
 

@@ -63,7 +63,13 @@
       setBadge(S.summary.status === "running" ? "live" : S.summary.status);
       schedule();
     };
-    ws.onclose = () => { setBadge("reconnecting"); setTimeout(connect, retry); retry = Math.min(retry * 2, 5000); };
+    // A run that has ended changes no more: its final status stays the truth while the server
+    // is away (stopped after the run, say), so it is not hidden behind "reconnecting".
+    ws.onclose = () => {
+      const ended = S.summary && S.summary.status !== "running";
+      setBadge(ended ? S.summary.status : "reconnecting");
+      setTimeout(connect, retry); retry = Math.min(retry * 2, 5000);
+    };
     if (early) { early.queue.forEach((ev) => ws.onmessage(ev)); if (ws.readyState === WebSocket.CLOSED) ws.onclose(); }
   }
   // The server holds back the staleness histogram (a scan of every row) until the first charts

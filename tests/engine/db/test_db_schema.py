@@ -13,7 +13,7 @@ from engine.db.schema import SCHEMA_VERSION, meta, open_engine, runs
 from engine.errors import StoreError
 
 TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta", "syncs",
-          "iteration_rollups"}
+          "iteration_rollups", "process_samples"}
 
 
 def _run_values(run_id: str = "a" * 32) -> dict[str, object]:
@@ -150,3 +150,21 @@ def test_a_version_1_database_is_migrated_by_a_writer(tmp_path: Path) -> None:
     finally:
         engine.dispose()
     open_engine(path, readonly=True).dispose()
+
+
+def test_a_version_2_database_gains_process_samples(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    with pytest.raises(StoreError, match="upgraded by a writer"):
+        open_engine(path, readonly=True)
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        assert "process_samples" in inspect(engine).get_table_names()
+        with engine.connect() as conn:
+            version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            assert version.scalar() == "3"
+    finally:
+        engine.dispose()
