@@ -80,6 +80,7 @@ class LaunchResult:
     reason: str | None
     logs: Path
     failed_children: tuple[str, ...] = ()
+    processes: int = 0  # how many processes the run had (all of them have ended)
 
 
 def default_run_name(config: RunConfig) -> str:
@@ -181,8 +182,11 @@ class Launcher:
                 child.process.wait(2.0)
 
     def _result(self) -> LaunchResult:
-        failed = tuple(c.label for c in self.children[1:]
-                       if c.process.returncode not in (0, None, -signal.SIGKILL))
+        # Stopping an interrupted run ends its roles mid-step, and some exit non-zero on the
+        # way out: that is the interruption working, not a process failing.
+        failed = () if self._interrupted else tuple(
+            c.label for c in self.children[1:]
+            if c.process.returncode not in (0, None, -signal.SIGKILL))
         status, guess = self._unrecorded_end()
         reason: str | None = guess
         # A no-op when the coordinator recorded the end itself; it did not if it died, or if
@@ -194,7 +198,7 @@ class Launcher:
         recorded = self._recorded_end()
         if recorded is not None and recorded[0] not in (RunStatus.RUNNING, RunStatus.CRASHED):
             status, reason = recorded
-        return LaunchResult(self.run_id, status, reason, self.logs, failed)
+        return LaunchResult(self.run_id, status, reason, self.logs, failed, len(self.children))
 
     def _unrecorded_end(self) -> tuple[RunStatus, str]:
         """How the run ended as far as the launcher can tell, should the database not say."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,11 +18,17 @@ from psctl.selection import UsageError
 # layer: a larger --limit would overflow in the driver.
 _SQLITE_INT_MAX = 2**63 - 1
 
-app = typer.Typer(help="Parameter-server training runs: launch, watch, compare.",
-                  no_args_is_help=True, add_completion=True)
-runs_app = typer.Typer(help="List and inspect recorded runs.", no_args_is_help=True)
+# rich_markup_mode=None: help texts are plain text, so "[default]" and "[cluster]" are printed
+# as written instead of being read (and dropped) as rich markup.
+app = typer.Typer(rich_markup_mode=None,
+                  help="Parameter-server training runs: launch, watch, compare.",
+                  no_args_is_help=True, add_completion=True,
+                  context_settings={"max_content_width": 120})
+runs_app = typer.Typer(rich_markup_mode=None, help="List and inspect recorded runs.",
+                       no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
-zipline_app = typer.Typer(help="ElasticBSP's ZipLine barrier placement, offline.",
+zipline_app = typer.Typer(rich_markup_mode=None,
+                          help="ElasticBSP's ZipLine barrier placement, offline.",
                           no_args_is_help=True)
 app.add_typer(zipline_app, name="zipline")
 
@@ -44,7 +49,7 @@ def launch(
     lookahead: Annotated[int | None, typer.Option(
         help="elastic: R, future iterations predicted per worker [15]")] = None,
     predictor: Annotated[str | None, typer.Option(
-        help="elastic: last (the paper's) or ewma (robust recent average) \\[ewma]")] = None,
+        help="elastic: last (the paper's) or ewma (robust recent average) [ewma]")] = None,
     history: Annotated[str | None, typer.Option(
         help="elastic: seed the predictor with a recorded run's timings (run selector)")] = None,
     straggler: Annotated[list[str] | None, typer.Option(
@@ -53,9 +58,9 @@ def launch(
     jitter: Annotated[str | None, typer.Option(
         help="per-iteration compute noise, DISTRIBUTION:SIGMA, e.g. lognormal:0.3")] = None,
     dataset: Annotated[str | None, typer.Option(
-        help="mnist, fashion-mnist, or digits (bundled, offline) \\[mnist]")] = None,
+        help="mnist, fashion-mnist, or digits (bundled, offline) [mnist]")] = None,
     data_dir: Annotated[Path | None, typer.Option(
-        help="folder with the data set's IDX files \\[env: PSCTL_DATA_DIR]")] = None,
+        help="folder with the data set's IDX files [env: PSCTL_DATA_DIR]")] = None,
     epochs: Annotated[int | None, typer.Option(help="passes over the training set [10]")] = None,
     batch_size: Annotated[int | None, typer.Option(help="samples per worker iteration [64]")] =
         None,
@@ -79,17 +84,20 @@ def launch(
     max_seconds: Annotated[float | None, typer.Option(help="stop after S seconds")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
     config: Annotated[Path | None, typer.Option(
-        "--config", help="TOML file with \\[cluster], \\[sync], \\[train], ... sections")] = None,
+        "--config", help="TOML file with [cluster], [sync], [train], ... sections")] = None,
     no_config: Annotated[bool, typer.Option(
-        "--no-config", help="ignore ./psctl.toml, \\[tool.psctl] and the user config file")] =
+        "--no-config", help="ignore ./psctl.toml, [tool.psctl] and the user config file")] =
         False,
     db: DbOption = None,
     live: Annotated[bool, typer.Option(help="show live progress")] = True,
     ui: Annotated[bool, typer.Option(
         "--ui/--no-ui", help="serve the live dashboard during the run (127.0.0.1)")] = False,
+    repeat: Annotated[int, typer.Option(
+        min=1, max=100, help="run N times, with seeds S, S+1, ..., S+N-1, tagged as one group "
+        "(group=NAME) that psctl compare shows as mean ± standard deviation")] = 1,
 ) -> None:
     """Train a model on shard servers and workers started on this machine, recording the run."""
-    from psctl.launch import print_summary, resolve_config, run_launch
+    from psctl.launch import repeats, resolve_config
     from psctl.syncopts import sync_overrides
 
     overrides = {
@@ -105,28 +113,62 @@ def launch(
         "sync.delay": delay, "sync.lookahead": lookahead, "sync.predictor": predictor,
     }
     path = settings.database_path(db)
-    started = time.time()
     try:
         overrides |= sync_overrides(stragglers=straggler, jitter=jitter, history=history, db=path)
         resolved = resolve_config(config, overrides, no_config=no_config)
+        group, configs = repeats(resolved, repeat) if repeat > 1 else (None, [resolved])
         _prepare_database(path)
         dashboard = _start_dashboard(path) if ui else None
         try:
-            result = run_launch(resolved, path, err, live=live)
-            print_summary(result, path, err, started)
+            results = _run_all(configs, group, path, live=live)
             # The page is most useful once the run is over; a run stopped with Ctrl-C was
             # meant to stop everything.
-            if dashboard is not None and result.status.value != "interrupted":
+            if dashboard is not None and results[-1].status.value != "interrupted":
                 err.print(f"run ended; the dashboard stays at {dashboard.address}/runs/"
-                          f"{result.run_id} (Ctrl-C to stop)", highlight=False, markup=False)
+                          f"{results[-1].run_id} (Ctrl-C to stop)", highlight=False,
+                          markup=False)
                 dashboard.serve_until_signalled()
         finally:
             if dashboard is not None:
                 dashboard.stop()
     except PsctlError as exc:
         raise _fail(exc) from None
-    codes = {"finished": settings.EXIT_OK, "interrupted": settings.EXIT_INTERRUPTED}
-    raise typer.Exit(codes.get(result.status.value, settings.EXIT_ERROR))
+    statuses = {result.status.value for result in results}
+    if statuses == {"finished"}:
+        raise typer.Exit(settings.EXIT_OK)
+    raise typer.Exit(settings.EXIT_INTERRUPTED if "interrupted" in statuses
+                     else settings.EXIT_ERROR)
+
+
+def _run_all(configs: list[Any], group: str | None, path: Path, *, live: bool) -> list[Any]:
+    """Each run in turn (one, or a group of repeated seeds); Ctrl-C ends the group."""
+    from psctl.launch import print_group
+
+    results: list[Any] = []
+    try:
+        _run_each(configs, group, path, live=live, results=results)
+    except KeyboardInterrupt:  # between two runs of a group: none is running
+        err.print("interrupted between runs; no run is left running", highlight=False)
+        raise typer.Exit(settings.EXIT_INTERRUPTED) from None
+    if group is not None and len(results) > 1:
+        print_group(path, group, err)
+    return results
+
+
+def _run_each(configs: list[Any], group: str | None, path: Path, *, live: bool,
+              results: list[Any]) -> None:
+    from psctl.launch import print_summary, run_launch
+
+    for index, one in enumerate(configs):
+        tags = None if group is None else {"group": group}
+        if group is not None:
+            err.print(f"group {group}: run {index + 1} of {len(configs)}, seed "
+                      f"{one.train.seed}", highlight=False, markup=False)
+        result = run_launch(one, path, err, live=live, tags=tags)
+        print_summary(result, path, err)
+        results.append(result)
+        if result.status.value == "interrupted":
+            break
 
 
 def _prepare_database(path: Path) -> None:
@@ -241,9 +283,9 @@ register(app, runs_app)
 def zipline_replay(
     run: Annotated[str, typer.Argument(help="run id, unique id prefix, name, @last or @last~N")],
     lookahead: Annotated[int | None, typer.Option(
-        min=1, max=10_000, help="R to replay with \\[the run's sync.lookahead, or 15]")] = None,
+        min=1, max=10_000, help="R to replay with [the run's sync.lookahead, or 15]")] = None,
     predictor: Annotated[str | None, typer.Option(
-        help="last or ewma \\[the run's sync.predictor, or ewma]")] = None,
+        help="last or ewma [the run's sync.predictor, or ewma]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
     db: DbOption = None,
 ) -> None:

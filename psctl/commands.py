@@ -18,7 +18,8 @@ from psctl.cliutil import DbOption, Handled, RunArgument, RunsArgument, err, fai
 from psctl.compare_cli import compare_command
 from psctl.selection import UsageError, parse_pairs
 
-config_app = typer.Typer(help="Show the settings psctl launch would use.", no_args_is_help=True)
+config_app = typer.Typer(rich_markup_mode=None, help="Show the settings psctl launch would use.",
+                        no_args_is_help=True)
 
 
 def register(app: typer.Typer, runs_app: typer.Typer) -> None:

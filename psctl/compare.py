@@ -18,7 +18,8 @@ Better = Literal["max", "min"] | None
 class Column:
     key: str  # the JSON / CSV field name
     header: str  # the table heading
-    kind: str  # how the table formats it: text, config, pct, secs, rate, num, int, speedup
+    # how the table formats it: text, config, flag, pct, secs, rate, num, int, speedup, std
+    kind: str
     better: Better = None  # which end is best, for highlighting and --sort-by
 
 
@@ -26,12 +27,13 @@ class Column:
 class Comparison:
     columns: tuple[Column, ...]
     rows: list[dict[str, Any]]
+    target: float | None = None  # the accuracy time to target was measured to
 
 
 _HEAD = (Column("id", "run", "text"), Column("name", "name", "text"))
 _METRICS = (
     Column("status", "status", "text"),
-    Column("wall_s", "wall s", "secs", "min"),
+    Column("wall_s", "duration s", "secs", "min"),  # the run's ended_at - started_at
     Column("final_accuracy", "final acc", "pct", "max"),
     Column("best_accuracy", "best acc", "pct", "max"),
     Column("time_to_target_s", "to target s", "secs", "min"),
@@ -41,6 +43,8 @@ _METRICS = (
     Column("idle_fraction", "idle", "pct", "min"),
     Column("bytes_per_sample", "bytes/sample", "rate", "min"),
     Column("speedup", "speedup", "speedup", "max"),
+    # More busy processes than cores: the run's timings measure CPU contention too.
+    Column("oversubscribed", "oversubscribed", "flag"),
 )
 _NOT_A_DIFFERENCE = {"name"}  # the name column shows it (and may differ from the config)
 
@@ -72,7 +76,7 @@ def compare(
         and (c.key != "speedup" or baseline is not None)
     ]
     config_columns = tuple(Column(k, k, "config") for k in config_keys)
-    return Comparison((*_HEAD, *config_columns, *metrics), rows)
+    return Comparison((*_HEAD, *config_columns, *metrics), rows, target)
 
 
 def _config_columns(records: Sequence[RunRecord], show_all: bool) -> list[str]:
@@ -104,6 +108,7 @@ def _row(
         "idle_fraction": metrics.idle_fraction,
         "bytes_per_sample": metrics.bytes_per_sample,
         "speedup": base_time / reached if base_time is not None and reached else None,
+        "oversubscribed": metrics.oversubscribed is not None,
     }
 
 
@@ -118,7 +123,7 @@ def sort_rows(comparison: Comparison, sort_by: str | None, top: int | None) -> C
         rows = present + blank
     if top is not None:
         rows = rows[: max(0, top)]
-    return Comparison(comparison.columns, rows)
+    return Comparison(comparison.columns, rows, comparison.target)
 
 
 _SORT_ALIASES = {"time_to_target": "time_to_target_s", "wall": "wall_s",

@@ -37,7 +37,8 @@ def compare_command(
         float | None,
         typer.Option(
             help="accuracy (0-1) for the time-to-target column "
-            f"[{DEFAULT_TARGET} where --baseline or --sort-by time_to_target needs one]",
+            f"[{DEFAULT_TARGET} where --baseline, --sort-by time_to_target or a group of "
+            "repeated runs needs one]",
             show_default=False,
         ),
     ] = None,
@@ -55,6 +56,9 @@ def compare_command(
     metric: Annotated[
         str, typer.Option(help="--plot metric: accuracy, loss, step or epoch")
     ] = "accuracy",
+    per_run: Annotated[bool, typer.Option(
+        "--per-run", help="a row per run, also for runs of a group (launch --repeat); by "
+        "default a group is one row of mean ± standard deviation")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout")] = False,
     as_md: Annotated[bool, typer.Option("--md", help="a Markdown table on stdout")] = False,
@@ -62,8 +66,7 @@ def compare_command(
 ) -> None:
     """Compare runs side by side: differing config, accuracy, time to target, speedup, idle time."""
     from engine.db import open_engine
-    from engine.db.queries import resolve_run
-    from psctl.compare import compare, sort_rows, sorts_by_time_to_target
+    from psctl.compare import sorts_by_time_to_target
     from psctl.selection import select_runs
 
     try:
@@ -71,27 +74,62 @@ def compare_command(
             raise UsageError("choose one of --json, --csv, --md and --plot")
         if target is not None and not 0 < target <= 1:
             raise UsageError(f"--target is an accuracy between 0 and 1, not {target}")
+        given = target
         if target is None and (baseline is not None or sorts_by_time_to_target(sort_by)):
             target = DEFAULT_TARGET
-            err.print(f"no --target given: time to target is the time to {DEFAULT_TARGET:.0%} "
-                      "test accuracy", highlight=False)
         engine = open_engine(settings.database_path(db), readonly=True)
-        crash_after = settings.crash_after_s()
-        records = select_runs(engine, runs or [], where or [], crash_after_s=crash_after)
         if plot:
+            records = select_runs(engine, runs or [], where or [],
+                                  crash_after_s=settings.crash_after_s())
             _print_plot(engine, records, metric)
             return
-        base = None
-        if baseline is not None:
-            from engine.db.metrics import run_records
-
-            base_id = resolve_run(engine, baseline)
-            base = run_records(engine, [base_id], crash_after_s=crash_after)[0]
-        table = compare(engine, records, target=target, baseline=base, show_all=show_all)
-        table = sort_rows(table, sort_by, top)
+        table = comparison_for(engine, runs or [], where or [], target=target,
+                               baseline=baseline, show_all=show_all, sort_by=sort_by, top=top,
+                               per_run=per_run)
     except Handled as exc:
         raise fail(exc) from None
+    if given is None and table.target is not None:
+        err.print(f"no --target given: time to target is the time to {table.target:.0%} "
+                  "test accuracy", highlight=False)
     _write(table, as_json=as_json, as_csv=as_csv, as_md=as_md)
+
+
+def comparison_for(
+    engine: Engine,
+    selectors: list[str],
+    where: list[str],
+    *,
+    target: float | None = None,
+    baseline: str | None = None,
+    show_all: bool = False,
+    sort_by: str | None = None,
+    top: int | None = None,
+    per_run: bool = False,
+) -> Comparison:
+    """The table ``psctl compare`` prints for these arguments (the dashboard shows the same).
+
+    Runs that share a group (``launch --repeat``) become one row of means and standard
+    deviations unless ``per_run``; a group's rows then need a target, which defaults to
+    DEFAULT_TARGET."""
+    from engine.db.metrics import run_records
+    from engine.db.queries import resolve_run
+    from psctl.compare import compare, sort_rows
+    from psctl.compare_groups import aggregate, has_groups
+    from psctl.selection import select_runs
+
+    crash_after = settings.crash_after_s()
+    records = select_runs(engine, selectors, where, crash_after_s=crash_after)
+    base = None
+    if baseline is not None:
+        base_id = resolve_run(engine, baseline)
+        base = run_records(engine, [base_id], crash_after_s=crash_after)[0]
+    grouped = not per_run and has_groups(records)
+    if grouped and target is None:
+        target = DEFAULT_TARGET
+    table = compare(engine, records, target=target, baseline=base, show_all=show_all)
+    if grouped:
+        table = aggregate(table, records)
+    return sort_rows(table, sort_by, top)
 
 
 def _print_plot(engine: Engine, records: list[RunRecord], metric: str) -> None:

@@ -34,31 +34,54 @@ def fmt(column: Column, value: Any) -> str:
             return f"{value:.2f}"
         case "speedup":
             return f"{value:.2f}×"
+        case "flag" if isinstance(value, bool):
+            return "yes" if value else ""
         case "int":
-            return str(value)
+            # A group's mean of whole numbers need not be whole.
+            return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
     if column.key == "id":
         return str(value)[:8]
     return text(value)
 
 
 def _numeric(column: Column) -> bool:
-    return column.kind not in ("text", "config")
+    return column.kind not in ("text", "config", "flag")
+
+
+def _shown(comparison: Comparison) -> list[Column]:
+    """The columns a person reads: a standard deviation is written beside its mean."""
+    return [c for c in comparison.columns if c.kind != "std"]
+
+
+def cell(column: Column, row: dict[str, Any]) -> str:
+    """``fmt`` of the value, with `` ± std`` where the row is a group's mean."""
+    shown = fmt(column, row.get(column.key))
+    std = row.get(f"{column.key}_std")
+    if std is None or not shown:
+        return shown
+    spread = f"{100 * std:.2f}" if column.kind == "pct" else fmt(column, std).rstrip("×")
+    return f"{shown} ± {spread}"
 
 
 def rich_table(comparison: Comparison) -> Table:
     best = best_values(comparison)
-    table = Table(title=f"{len(comparison.rows)} run(s)", title_justify="left")
-    for column in comparison.columns:
+    grouped = any(c.kind == "std" for c in comparison.columns)
+    title = f"{len(comparison.rows)} {'row' if grouped else 'run'}(s)"
+    if grouped:
+        title += "; a group of repeated runs shows mean ± standard deviation"
+    table = Table(title=title, title_justify="left")
+    columns = _shown(comparison)
+    for column in columns:
         table.add_column(column.header, justify="right" if _numeric(column) else "left")
     for row in comparison.rows:
         cells: list[Text] = []
-        for column in comparison.columns:
+        for column in columns:
             value = row.get(column.key)
             if column.key == "status":
                 cells.append(status_text(str(value)))
                 continue
             winner = column.key in best and value == best[column.key]
-            cells.append(Text(fmt(column, value), style="bold green" if winner else ""))
+            cells.append(Text(cell(column, row), style="bold green" if winner else ""))
         table.add_row(*cells)
     return table
 
@@ -83,13 +106,13 @@ def print_table(comparison: Comparison, console: Console) -> None:
 
 
 def markdown(comparison: Comparison) -> str:
-    columns = comparison.columns
+    columns = _shown(comparison)
     lines = [
         "| " + " | ".join(c.header for c in columns) + " |",
         "|" + "|".join("---:" if _numeric(c) else "---" for c in columns) + "|",
     ]
     for row in comparison.rows:
-        cells = [fmt(c, row.get(c.key)).replace("|", "\\|") for c in columns]
+        cells = [cell(c, row).replace("|", "\\|") for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -110,6 +133,10 @@ def _csv_cell(value: Any) -> str:
     return text(value)
 
 
+def json_rows(comparison: Comparison) -> list[dict[str, Any]]:
+    """The rows as ``psctl compare --json`` prints them: raw values, every column, in order."""
+    return [{c.key: row.get(c.key) for c in comparison.columns} for row in comparison.rows]
+
+
 def json_text(comparison: Comparison) -> str:
-    rows = [{c.key: row.get(c.key) for c in comparison.columns} for row in comparison.rows]
-    return json.dumps(rows, indent=2)
+    return json.dumps(json_rows(comparison), indent=2)

@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from engine.db.queries import Progress, RunDetail, RunSummary
+from engine.db.queries import EvaluationPoint, Progress, RunDetail, RunSummary
 
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red",
                 "interrupted": "yellow", "crashed": "magenta"}
 
 
 def fmt_seconds(seconds: float | None) -> str:
+    """One duration format in every view: H:MM:SS (the dashboard's PS.fmtS is the same)."""
     if seconds is None:
         return "-"
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def fmt_date(unix_s: float) -> str:
+    """ISO 8601 in local time, as the dashboard shows it."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_s))
 
 
 def fmt_pct(value: float | None) -> str:
@@ -31,8 +40,25 @@ def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, ""))
 
 
-def progress_view(progress: Progress, *, epochs: int, iterations_per_epoch: int | None) -> Group:
-    elapsed = (progress.ended_at or time.time()) - progress.started_at
+# Staleness, named the same in the terminal, the API, the charts and the docs: the number of
+# updates applied to the parameters between a worker's pull and its push. SSP's --staleness
+# bounds clocks (iterations), a different unit.
+STALENESS = "staleness (updates since the pull)"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ends the run, from its config: the progress bar's total and its ETA."""
+
+    workers: int
+    servers: int
+    epochs: int
+    max_seconds: float | None = None
+    target_accuracy: float | None = None
+
+
+def progress_view(progress: Progress, plan: Plan) -> Group:
+    elapsed = (progress.ended_at or progress.now) - progress.started_at
     latest = progress.latest_evaluation
     head = Text.assemble(
         (f"{progress.name}  ", "bold"), status_text(progress.status),
@@ -41,16 +67,53 @@ def progress_view(progress: Progress, *, epochs: int, iterations_per_epoch: int 
         f" (best {fmt_pct(progress.best_accuracy)})",
     )
     table = Table(box=None, pad_edge=False)
-    for column in ("worker", "epoch", "iteration", "it/s", "staleness", "loss"):
+    for column in ("worker", "epoch", "iteration", "it/s", STALENESS, "loss"):
         table.add_column(column, justify="right")
     for worker in progress.workers:
-        epoch = f"{worker.epoch + 1}/{epochs}"
-        table.add_row(str(worker.worker), epoch, str(worker.iteration + 1),
+        table.add_row(str(worker.worker), f"{worker.epoch + 1}/{plan.epochs}",
+                      str(worker.iteration + 1),
                       f"{worker.iterations_per_s:.1f}", str(worker.staleness),
                       "-" if worker.loss is None else f"{worker.loss:.4f}")
-    if not progress.workers:
-        table.add_row("-", "starting", "", "", "", "")
-    return Group(head, table)
+    return Group(head, progress_line(progress, plan, elapsed), table)
+
+
+def starting_view() -> Text:
+    """Before the coordinator has recorded the run."""
+    return Text("start-up: starting the coordinator", style="cyan")
+
+
+def progress_line(progress: Progress, plan: Plan, elapsed: float) -> RenderableType:
+    """A bar with the run's total and an ETA once training runs; before, what start-up is
+    waiting for."""
+    start = progress.startup
+    planned = start.planned_iterations if start else None
+    if planned is None:
+        if progress.status != "running" or start is None:
+            return Text("")
+        return Text(f"start-up: {start.servers_listening} of {plan.servers} servers listening, "
+                    f"{start.workers_ready} of {plan.workers} workers loaded their data "
+                    f"({start.processes_joined} of {plan.workers + plan.servers + 1} processes "
+                    "joined)", style="cyan")
+    done = progress.total_iterations
+    fraction, eta, limit = done / planned, None, f"{done:,} of {planned:,} iterations"
+    if progress.iterations_per_s > 0:
+        eta = max(planned - done, 0) / progress.iterations_per_s
+    if plan.max_seconds is not None:
+        left = max(plan.max_seconds - elapsed, 0.0)
+        if eta is None or left < eta:
+            fraction, eta = elapsed / plan.max_seconds, left
+            limit = f"time limit {fmt_seconds(plan.max_seconds)} ({done:,} of {planned:,} " \
+                    "iterations)"
+    fraction = min(max(fraction, 0.0), 1.0)
+    parts = [f" {100 * fraction:5.1f}%  {limit}"]
+    if progress.status == "running":
+        parts.append(f"ETA {fmt_seconds(eta)}")
+    if plan.target_accuracy is not None:
+        parts.append(f"or at {fmt_pct(plan.target_accuracy)} test accuracy")
+    bar = ProgressBar(total=1.0, completed=fraction, width=30)
+    line = Table.grid(padding=(0, 1))
+    line.add_row(bar, Text("  ·  ".join(parts)))
+    return line
 
 
 def runs_table(runs: list[RunSummary]) -> Table:
@@ -65,7 +128,7 @@ def runs_table(runs: list[RunSummary]) -> Table:
         table.add_row(run.id[:8], Text(run.name), status_text(run.status), run.sync,
                       f"{run.workers}×{run.servers}", run.dataset, str(run.iterations),
                       fmt_pct(run.best_accuracy), fmt_seconds(run.duration_s),
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_at)))
+                      fmt_date(run.started_at))
     return table
 
 
@@ -82,6 +145,8 @@ def detail_view(detail: RunDetail) -> Group:
     ]
     if detail.reason:
         lines.append(Text(f"reason: {detail.reason}", style="yellow"))
+    if detail.oversubscribed:
+        lines.append(Text(f"oversubscribed: {detail.oversubscribed}", style="yellow"))
     lines.append(_workers_table(detail))
     if detail.syncs is not None:
         lines.append(Text(
@@ -98,7 +163,10 @@ def _ms(seconds: float | None) -> str:
 
 
 def _workers_table(detail: RunDetail) -> Table:
-    table = Table(title="per worker (seconds are per iteration means)", title_justify="left")
+    # The staleness unit once, in the caption (see STALENESS), not in two long headers.
+    table = Table(title="per worker (seconds are per iteration means)", title_justify="left",
+                  caption=f"{STALENESS}: updates applied to the model between a worker's pull "
+                  "and its push", caption_justify="left")
     for column in ("worker", "iterations", "compute", "push", "pull", "wait (idle)",
                    "idle %", "staleness mean", "staleness max", "samples/s"):
         table.add_column(column, justify="right")
@@ -110,17 +178,41 @@ def _workers_table(detail: RunDetail) -> Table:
     return table
 
 
-def _evaluations_table(detail: RunDetail, limit: int = 12) -> Table:
-    table = Table(title="test evaluations", title_justify="left")
-    for column in ("elapsed", "epoch", "step", "accuracy", "loss"):
-        table.add_column(column, justify="right")
+# Up to this many evaluations are listed whole; a longer run lists a sample of them.
+EVALUATIONS_SHOWN = 20
+
+
+def shown_evaluations(points: Sequence[EvaluationPoint], limit: int = EVALUATIONS_SHOWN) -> \
+        list[EvaluationPoint]:
+    """All of ``points`` if they fit, else evenly spaced ones that always include the first,
+    the best (the accuracy the header quotes) and the last; in time order."""
+    if len(points) <= limit:
+        return list(points)
+    best = max(range(len(points)), key=lambda i: (points[i].accuracy, -i))
+    last = len(points) - 1
+    # limit - 1 evenly spaced (the first and the last among them), plus the best.
+    keep = {round(k * last / (limit - 2)) for k in range(limit - 1)} | {best}
+    return [points[i] for i in sorted(keep)]
+
+
+def _evaluations_table(detail: RunDetail) -> Table:
     points = detail.evaluations
-    shown = points if len(points) <= limit else points[:: max(len(points) // limit, 1)]
-    if shown[-1] is not points[-1]:
-        shown = (*shown, points[-1])
+    shown = shown_evaluations(points)
+    caption = None
+    if len(shown) < len(points):
+        # A caption, not the title: a title would wrap to the narrow table's width.
+        caption = (f"{len(shown)} of {len(points)} shown, including the best and the last; "
+                   "--json lists all")
+    table = Table(title="test evaluations", title_justify="left", caption=caption,
+                  caption_justify="left")
+    for column in ("elapsed", "epoch", "step", "accuracy", "loss", ""):
+        table.add_column(column, justify="right")
+    best = max(p.accuracy for p in points)
     for point in shown:
+        mark = "best" if point.accuracy == best else ""
         table.add_row(fmt_seconds(point.elapsed_s), f"{point.epoch:.2f}", str(point.step),
-                      fmt_pct(point.accuracy), f"{point.loss:.4f}")
+                      fmt_pct(point.accuracy), f"{point.loss:.4f}", mark,
+                      style="bold green" if mark else "")
     return table
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
@@ -14,10 +14,17 @@ from engine.config import RunConfig, build_config
 from engine.datasets import locate
 from engine.db import open_engine
 from engine.db.queries import progress
-from engine.errors import PsctlError
-from engine.launcher import Launcher, LaunchResult
+from engine.errors import ConfigError, PsctlError
+from engine.launcher import Launcher, LaunchResult, default_run_name
 from engine.roles.sampling import oversubscription, usable_cores
-from psctl.display import fmt_pct, fmt_seconds, progress_view, status_text
+from psctl.display import (
+    Plan,
+    fmt_pct,
+    fmt_seconds,
+    progress_view,
+    starting_view,
+    status_text,
+)
 
 
 def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
@@ -36,7 +43,26 @@ def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
     return config
 
 
-def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool) -> LaunchResult:
+def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:
+    """The group's name and the configs of ``count`` runs with seeds s, s+1, ..., s+count-1,
+    each named after the group and its seed; validated like any config."""
+    group = config.name or default_run_name(config)
+    first = config.train.seed
+    runs = []
+    for seed in range(first, first + count):
+        values = config.to_json_dict()
+        values["name"] = f"{group}-seed{seed}"
+        values["train"]["seed"] = seed
+        try:
+            runs.append(RunConfig.model_validate(values))
+        except ValidationError as exc:
+            raise ConfigError(f"--repeat {count} from seed {first}: seed {seed} is out of range "
+                              f"({exc.errors()[0]['msg']}); start from a smaller --seed") from None
+    return group, runs
+
+
+def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
+               tags: dict[str, str] | None = None) -> LaunchResult:
     launcher = Launcher(config, db=db)
     # A run name or path is the user's text, never markup: "[/x]" must print as itself.
     console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({escape(launcher.name)}) → "
@@ -45,18 +71,23 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool) -> 
     if crowded is not None:
         console.print(f"[yellow]warning:[/] {crowded}", highlight=False)
     launcher.start()
+    if tags:
+        _tag(db, launcher.run_id, tags, console)
     if not live:
         return launcher.wait()
     engine = open_engine(launcher.db, readonly=True)
+    plan = Plan(workers=config.cluster.workers, servers=config.cluster.servers,
+                epochs=config.train.epochs, max_seconds=config.stop.max_seconds,
+                target_accuracy=config.stop.target_accuracy)
     try:
-        with Live(console=console, refresh_per_second=4, transient=False) as view:
+        with Live(starting_view(), console=console, refresh_per_second=4,
+                  transient=False) as view:
             def tick() -> None:
                 try:
                     snapshot = progress(engine, launcher.run_id)
                 except PsctlError:
                     return  # the run row may not be committed yet
-                view.update(progress_view(snapshot, epochs=config.train.epochs,
-                                          iterations_per_epoch=None))
+                view.update(progress_view(snapshot, plan))
 
             result = launcher.wait(on_tick=tick)
         console.line()  # off a terminal, the last live frame ends without a newline
@@ -65,7 +96,39 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool) -> 
         engine.dispose()
 
 
-def print_summary(result: LaunchResult, db: Path, console: Console, started: float) -> None:
+def _tag(db: Path, run_id: str, tags: dict[str, str], console: Console) -> None:
+    # Tagged once the coordinator has recorded the run (it has when start() returns), so that
+    # the dashboard and psctl compare see the group while it runs.
+    from engine.recorder import set_tags
+
+    try:
+        set_tags(db, run_id, tags)
+    except PsctlError as exc:
+        console.print(f"[yellow]warning:[/] could not tag run {run_id[:8]} "
+                      f"({escape(str(exc))}); tag it with psctl runs tag", highlight=False)
+
+
+def print_group(db: Path, group: str, console: Console) -> None:
+    """The group's mean ± standard deviation, as psctl compare shows it."""
+    from psctl.compare_cli import DEFAULT_TARGET, comparison_for
+    from psctl.compare_render import cell
+
+    engine = open_engine(db, readonly=True)
+    try:
+        table = comparison_for(engine, [], [f"tag.group={group}"], target=DEFAULT_TARGET)
+    finally:
+        engine.dispose()
+    columns = {c.key: c for c in table.columns}
+    row = table.rows[0]
+    reached = cell(columns["time_to_target_s"], row)
+    console.print(f"group {escape(group)}: {row['runs']} runs; best test accuracy "
+                  f"{cell(columns['best_accuracy'], row)}; time to {DEFAULT_TARGET:.0%} "
+                  f"{reached + ' s' if reached else 'not reached by every run'} "
+                  "(mean ± standard deviation)", highlight=False)
+    console.print(f"  compare: psctl compare --where group={escape(group)}", highlight=False)
+
+
+def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
     from engine.db.queries import run_detail
 
     engine = open_engine(db, readonly=True)
@@ -75,10 +138,15 @@ def print_summary(result: LaunchResult, db: Path, console: Console, started: flo
         engine.dispose()
     run = detail.summary
     console.print(status_text(run.status), f"run {run.id} ({escape(run.name)})", highlight=False)
-    console.print(f"  wall time {fmt_seconds(time.time() - started)}, {run.iterations} "
+    # The run's own duration (ended_at - started_at), as runs ls, runs show and the dashboard
+    # show it, not the time this command took.
+    console.print(f"  duration {fmt_seconds(run.duration_s)}, {run.iterations} "
                   f"iterations, best test accuracy {fmt_pct(run.best_accuracy)}, final "
                   f"{fmt_pct(run.final_accuracy)}", highlight=False)
-    if result.reason:
+    if run.status == "interrupted":
+        console.print(f"  interrupted: the run's {result.processes} processes were stopped; "
+                      f"logs in {escape(str(result.logs))}", highlight=False)
+    elif result.reason:
         console.print(f"  reason: {escape(result.reason)}", highlight=False)
     if result.failed_children:
         console.print(f"  processes that failed: {', '.join(result.failed_children)}; logs in "

@@ -1,4 +1,5 @@
-"""``psctl compare --plot``: a metric of the evaluations against wall time, one line per run."""
+"""``psctl compare --plot``: a metric of the evaluations against time since each run started,
+one line per run, with the legend below the chart so that it never covers the data."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from sqlalchemy import Engine
 from engine.db.metrics import EVALUATION_METRICS, RunRecord, evaluation_series
 from psctl.selection import UsageError
 
+X_LABEL = "seconds since the run started"
+# Bright terminal colours, readable on dark and light backgrounds alike (never colour 0).
+COLORS = ("blue+", "red+", "green+", "magenta+", "cyan+", "yellow+", "orange+", "white")
+# Without colour, each run gets its own marker instead.
+MARKERS = ("*", "o", "x", "+", "#", "@", "%", "=", "&", "$")
+Series = tuple[str, list[float], list[float]]
+
 
 def plot(
     engine: Engine,
@@ -20,31 +28,62 @@ def plot(
     height: int = 25,
     color: bool = True,
 ) -> str:
-    """The chart as text; runs without evaluations are left out (and named in the title)."""
-    import plotext as plt  # a few hundred ms to import: only when a plot is asked for
-
+    """The chart as text, then one legend line per run; runs without evaluations are named
+    below it."""
     if metric not in EVALUATION_METRICS:
         raise UsageError(f"--metric takes one of {', '.join(EVALUATION_METRICS)}, not {metric!r}")
-    plt.clear_figure()
-    plt.plotsize(width, height)
-    if not color:
-        plt.theme("clear")
+    drawn: list[Series] = []
     empty = []
     for record in records:
         points = evaluation_series(engine, record.summary.id, metric)
-        if not points:
-            empty.append(record.summary.name)
-            continue
-        xs, ys = zip(*points, strict=True)
         label = f"{record.summary.id[:8]} {record.summary.name}"
-        plt.plot(list(xs), list(ys), label=label, marker="braille" if color else "dot")
-    title = f"test {metric} vs wall time"
+        if points:
+            xs, ys = zip(*points, strict=True)
+            drawn.append((label, list(xs), list(ys)))
+        else:
+            empty.append(label)
+    lines = [_chart(drawn, metric, width, height, color)] if drawn else []
+    lines += [_legend_line(i, label, color) for i, (label, _, _) in enumerate(drawn)]
     if empty:
-        title += f" (no evaluations: {', '.join(empty)})"
-    plt.title(title)
-    plt.xlabel("seconds since the run started")
+        lines.append(f"no evaluations yet: {', '.join(empty)}")
+    return "\n".join(lines)
+
+
+def _chart(drawn: list[Series], metric: str, width: int, height: int, color: bool) -> str:
+    import plotext as plt  # a few hundred ms to import: only when a plot is asked for
+
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    # The terminal's own foreground and background: no theme colour can vanish into them.
+    plt.theme("clear")
+    for i, (_, xs, ys) in enumerate(drawn):
+        if color:
+            plt.plot(xs, ys, color=COLORS[i % len(COLORS)], marker="braille")
+        else:
+            plt.plot(xs, ys, marker=MARKERS[i % len(MARKERS)])
+    low, high = y_range([y for _, _, ys in drawn for y in ys])
+    plt.ylim(low, high)
+    plt.title(f"test {metric} against {X_LABEL}")
+    plt.xlabel(X_LABEL)
     plt.ylabel(metric)
-    return str(plt.build())
+    text = str(plt.build())
+    return text if color else str(plt.uncolorize(text))
+
+
+def y_range(values: Sequence[float]) -> tuple[float, float]:
+    """The data's own range plus a 5 % margin (at least 0.005), so that runs close together
+    stay apart instead of being flattened against an axis that starts at zero."""
+    low, high = min(values), max(values)
+    margin = max((high - low) * 0.05, 0.005)
+    return low - margin, high + margin
+
+
+def _legend_line(index: int, label: str, color: bool) -> str:
+    if not color:
+        return f"  {MARKERS[index % len(MARKERS)]}  {label}"
+    import plotext as plt
+
+    return f"  {plt.colorize('━━', COLORS[index % len(COLORS)])}  {label}"
 
 
 def want_color() -> bool:

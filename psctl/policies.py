@@ -16,7 +16,7 @@ def choices(registry: Registry[Any], default: str, *, extra: tuple[str, ...] = (
     """``a, b or c [default]``."""
     names = (*extra, *registry.names())
     listed = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
-    return f"{listed} \\[{default}]"  # escaped: rich would take [name] for markup
+    return f"{listed} [{default}]"
 
 
 SYNC_HELP = "consistency model: " + choices(CONSISTENCY_MODELS, "bsp")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,14 @@ def test_readme_mnist_example_runs(tmp_path: Path, mnist_dir: Path) -> None:
         shown = _run_psctl(line, db)
         assert shown.returncode == 0, shown.stderr
         assert "bsp" in shown.stdout
+    # `runs show` lists the best evaluation, as the database has it (issue 13, acceptance 3).
+    with sqlite3.connect(db) as conn:
+        best, step = conn.execute("SELECT accuracy, step FROM evaluations "
+                                  "ORDER BY accuracy DESC, at LIMIT 1").fetchone()
+    rows = [[cell.strip() for cell in row.split("│")[1:-1]]
+            for row in shown.stdout.splitlines() if row.startswith("│")]
+    assert [str(step), f"{100 * best:.2f}%", "best"] in [[r[2], r[3], r[-1]] for r in rows
+                                                        if len(r) == 6], shown.stdout
 
 
 def test_readme_consistency_examples_run(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from sqlalchemy import Engine
 from engine.db import open_engine
 from engine.db.queries import resolve_run
 from engine.errors import PsctlError, RunNotFound
-from webui import live
+from webui import compare_api, live, runs_api
 from webui.api import router
 
 HERE = Path(__file__).resolve().parent
@@ -102,6 +102,8 @@ def create_app(db: Path) -> FastAPI:
     app.state.db = Path(db)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.include_router(router)
+    app.include_router(compare_api.router)
+    app.include_router(runs_api.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.mount("/vendor/swagger", StaticFiles(directory=swagger_assets()), name="swagger")
     _add_pages(app, engine)

@@ -26,7 +26,7 @@ RECORD_FIELDS = (
 METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "throughput": ("samples/s", "Throughput", ("throughput",)),
     "idle_fraction": ("fraction of wall time", "Idle (wait) fraction", ("idle_fraction",)),
-    "staleness": ("updates", "Staleness", ("staleness_min", "staleness_max")),
+    "staleness": ("updates since the pull", "Staleness", ("staleness_min", "staleness_max")),
     "loss": ("cross-entropy", "Training loss", ("loss_min", "loss_max")),
     "bytes_sent": ("bytes/s", "Bytes sent", ("sent_per_s",)),
     "bytes_received": ("bytes/s", "Bytes received", ("received_per_s",)),

@@ -20,7 +20,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
-from engine.db.queries import CRASH_AFTER_S, Dictable, RunSummary, run_summaries
+from engine.db.queries import (
+    CRASH_AFTER_S,
+    Dictable,
+    RunSummary,
+    oversubscription_note,
+    run_summaries,
+)
 from engine.db.schema import evaluations, iterations, runs, tags, translate_errors
 
 EVALUATION_METRICS = ("accuracy", "loss", "step", "epoch")
@@ -46,6 +52,7 @@ class RunMetrics(Dictable):
     staleness_p95: int | None
     idle_fraction: float | None
     bytes_per_sample: float | None
+    oversubscribed: str | None = None  # the coordinator's warning, if the run had one
 
 
 def run_records(
@@ -74,6 +81,7 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
         totals = _iteration_totals(conn, run_id)
         p95 = _staleness_p95(conn, run_id, totals["n"])
         reached = None if target is None else _time_to_target(conn, run_id, target)
+        crowded = oversubscription_note(conn, run_id)
     samples = int(totals["samples"] or 0)
     wall = None if totals["n"] == 0 else max(0.0, totals["last_end"] - totals["first_start"])
     traffic = (totals["bytes_sent"] or 0) + (totals["bytes_received"] or 0)
@@ -87,6 +95,7 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
         staleness_p95=p95,
         idle_fraction=_ratio(totals["wait_s"], totals["busy_s"]),
         bytes_per_sample=_ratio(traffic, samples) if totals["n"] else None,
+        oversubscribed=crowded,
     )
 
 

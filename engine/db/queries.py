@@ -156,6 +156,9 @@ class RunDetail(Dictable):
     event_counts: dict[str, int]
     recent_events: tuple[EventEntry, ...]  # the last RECENT_EVENTS, oldest first
     syncs: SyncSummary | None = None  # ElasticBSP runs only
+    # What the coordinator said when the run had more busy processes than usable cores: its
+    # timings are then shaped by CPU contention, and every view says so.
+    oversubscribed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,35 @@ class Progress(Dictable):
     workers: tuple[WorkerProgress, ...]
     latest_evaluation: EvaluationPoint | None
     best_accuracy: float | None
+    startup: Startup | None = None
+
+
+@dataclass(frozen=True)
+class Startup(Dictable):
+    """How far start-up has come, from the coordinator's events; ``planned_iterations`` (every
+    worker's epochs x iterations per epoch) is known once training has started."""
+
+    processes_joined: int
+    servers_listening: int
+    workers_ready: int
+    planned_iterations: int | None
+
+
+_STARTUP_KINDS = ("process_joined", "server_listening", "worker_ready")
+
+
+def startup(conn: Connection, run_id: str) -> Startup:
+    ec = events.c
+    counts: dict[str, int] = dict(conn.execute(
+        select(ec.kind, func.count()).where(ec.run_id == run_id, ec.kind.in_(_STARTUP_KINDS))
+        .group_by(ec.kind)).all())
+    detail = conn.execute(select(ec.detail).where(ec.run_id == run_id,
+                                                  ec.kind == "training_started").limit(1)).scalar()
+    planned = None if detail is None else parse_json(detail).get("total_iterations")
+    return Startup(processes_joined=int(counts.get("process_joined", 0)),
+                   servers_listening=int(counts.get("server_listening", 0)),
+                   workers_ready=int(counts.get("worker_ready", 0)),
+                   planned_iterations=planned if isinstance(planned, int) else None)
 
 
 # -- status --------------------------------------------------------------------------------------
@@ -399,7 +431,19 @@ def run_detail(
             event_counts={str(kind): int(n) for kind, n in counts},
             recent_events=tuple(_recent_events(conn, run_id)),
             syncs=_sync_summary(conn, run_id),
+            oversubscribed=oversubscription_note(conn, run_id),
         )
+
+
+def oversubscription_note(conn: Connection, run_id: str) -> str | None:
+    """The message of the run's ``oversubscribed`` event, or None if it has none."""
+    detail = conn.execute(
+        select(events.c.detail).where(events.c.run_id == run_id,
+                                      events.c.kind == "oversubscribed").limit(1)).scalar()
+    if detail is None:
+        return None
+    message = parse_json(detail).get("message")
+    return str(message) if message else "more busy processes than cores"
 
 
 def _sync_summary(conn: Connection, run_id: str) -> SyncSummary | None:
@@ -557,6 +601,7 @@ def progress(
             workers=workers,
             latest_evaluation=_latest_evaluation(conn, run_id),
             best_accuracy=summary.best_accuracy,
+            startup=startup(conn, run_id),
         )
 
 

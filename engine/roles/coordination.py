@@ -309,8 +309,14 @@ class Coordinator:
                 self.servers_ready.set()
         elif isinstance(message, Ready):
             self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
+            # Each worker is ready once its data is loaded; the displays count these to say
+            # what start-up is waiting for, and take the run's total from training_started.
+            self._event("worker_ready", rank=peer.rank,
+                        iterations_per_epoch=message.iterations_per_epoch)
             if len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
-                self._event("training_started")
+                planned = self.config.train.epochs * sum(
+                    self.progress.iterations_per_epoch.values())
+                self._event("training_started", total_iterations=planned)
                 for worker in [p for p in self.peers.values() if p.role == "worker"]:
                     self._spawn(self._send(worker, Start()))
         elif isinstance(message, EpochDone):

@@ -92,9 +92,12 @@ def test_ctrl_c_stops_every_process_within_5_s_and_marks_interrupted(tmp_path: P
     token_holders = secret_holders + credential_holders
     interrupted = time.monotonic()
     launch.send_signal(signal.SIGINT)
-    launch.communicate(timeout=15)  # reaps it and closes its pipes
+    _, stderr = launch.communicate(timeout=15)  # reaps it and closes its pipes
     assert time.monotonic() - interrupted < 5.0
     assert launch.returncode == 130
+    # A normal Ctrl-C is an interruption, not a failure of the processes it stopped.
+    assert "interrupted: the run's 5 processes were stopped" in " ".join(stderr.split())
+    assert "failed" not in stderr
     assert query(db, "SELECT status FROM runs") == [("interrupted",)]
     assert [pid for pid in token_holders if Path(f"/proc/{pid}").exists()
             and "zombie" not in Path(f"/proc/{pid}/status").read_text()] == []

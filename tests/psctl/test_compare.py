@@ -145,6 +145,8 @@ def test_json_and_csv_carry_the_same_values(compare_db: Path) -> None:
         for key, value in from_json.items():
             if isinstance(value, float):
                 assert float(from_csv[key]) == value  # exact: repr round-trips
+            elif isinstance(value, bool):  # as JSON writes it, like lists
+                assert from_csv[key] == json.dumps(value)
             else:
                 assert from_csv[key] == ("" if value is None else str(value))
     assert "\x1b[" not in json.dumps(as_json)
@@ -160,8 +162,14 @@ def test_markdown_and_table(compare_db: Path) -> None:
 
 def test_plot_draws_one_line_per_run_with_a_legend(compare_db: Path) -> None:
     result = compare(compare_db, "--plot")
-    assert "seed-run" in result.stdout and "asp-run" in result.stdout
-    assert "seconds since the run started" in result.stdout
+    lines = result.stdout.splitlines()
+    # The title and the x-axis say the same; the legend lies below the chart, one marker each.
+    assert "test accuracy against seconds since the run started" in lines[0]
+    axis = max(i for i, line in enumerate(lines) if "seconds since the run started" in line)
+    legend = [line for line in lines[axis + 1:] if line.strip()]
+    assert [line.split()[0] for line in legend] == ["*", "o"]
+    assert {line.split()[-1] for line in legend} == {"seed-run", "asp-run"}
+    assert "\x1b[" not in result.stdout  # not a terminal: no colour codes
     assert "test loss" in compare(compare_db, "@last", "--plot", "--metric", "loss").stdout
     assert compare(compare_db, "--plot", "--metric", "nope", code=2).exit_code == 2
 
@@ -174,3 +182,24 @@ def test_table_into_a_pipe_is_not_squeezed_to_the_terminal_width(compare_db: Pat
     assert len(header) > 60 and "…" not in result.stdout
     for name, _ in query(compare_db, "SELECT name, id FROM runs"):
         assert name in result.stdout
+
+
+def test_plot_y_axis_spans_the_data_not_zero() -> None:
+    from psctl.plot import y_range
+
+    low, high = y_range([0.951, 0.968, 0.973])
+    assert 0.94 < low < 0.951 and 0.973 < high < 0.99
+    assert y_range([0.5, 0.5]) == (0.495, 0.505)
+
+
+def test_plot_in_colour_never_uses_colour_0(compare_db: Path) -> None:
+    from engine.db import open_engine
+    from engine.db.metrics import run_records
+    from psctl.plot import plot
+
+    engine = open_engine(compare_db, readonly=True)
+    records = run_records(engine, list(ids(compare_db).values()))
+    text = plot(engine, records, color=True)
+    engine.dispose()
+    assert "\x1b[38;5;12m" in text and "\x1b[38;5;9m" in text  # two bright colours
+    assert "\x1b[30m" not in text and "\x1b[38;5;0m" not in text and "\x1b[40m" not in text

@@ -27,8 +27,17 @@ PS.ema = (ys, weight) => {
     return last / (1 - Math.pow(weight, n));
   });
 };
-PS.fmtS = (s) => s >= 3600 ? (s / 3600).toFixed(1) + " h" : s >= 60 ? (s / 60).toFixed(1) + " min"
-  : s.toFixed(1) + " s";
+// One duration format everywhere (the CLI's too): H:MM:SS, from the run's ended_at - started_at.
+PS.fmtS = (s) => {
+  if (s === null || s === undefined || Number.isNaN(s)) return "–";
+  const t = Math.round(s), h = Math.floor(t / 3600), m = Math.floor((t % 3600) / 60), sec = t % 60;
+  return `${h}:${String(m).padStart(2, "0")}:${String(sec).padStart(2, "0")}`;
+};
+// ISO 8601 dates in the viewer's time zone (the CLI prints the same form), never a locale's.
+PS.date = (unixS) => {
+  const d = new Date(unixS * 1000), p = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+};
 PS.pct = (v) => v === null || v === undefined ? "–" : (100 * v).toFixed(2) + " %";
 PS.el = (tag, attrs, text) => {
   const e = document.createElement(tag);

@@ -1,0 +1,60 @@
+"""Every command's ``--help`` prints each option's and argument's description word for word:
+no markup swallows "[default]" or "[cluster]" (issue 13, defect 6)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from psctl.cli import app
+
+
+# Typer builds on its own copy of click, so groups are told apart by their subcommands.
+def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for name, command in group.commands.items():
+        found.append((*path, name))
+        if hasattr(command, "commands"):
+            found.extend(_commands(command, (*path, name)))
+    return found
+
+
+ROOT = typer.main.get_command(app)
+COMMANDS = _commands(ROOT)
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _command(path: tuple[str, ...]) -> Any:
+    command = ROOT
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return command
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=" ".join)
+def test_help_shows_every_description_word_for_word(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=200,
+                                env={"NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    shown = _words(result.output)
+    command = _command(path)
+    described = [p for p in command.params if getattr(p, "help", None)]
+    for param in described:
+        assert _words(param.help) in shown, (param.name, param.help)
+    if command.help and not hasattr(command, "commands"):
+        assert _words(command.help.split("\f")[0]) in shown
+
+
+def test_launch_help_keeps_bracketed_words() -> None:
+    # The defect as reported: "TOML file with , , , ... sections".
+    shown = _words(CliRunner().invoke(app, ["launch", "--help"], terminal_width=200).output)
+    assert "TOML file with [cluster], [sync], [train], ... sections" in shown
+    assert "RANK:FACTOR[@ONSET]" in shown
+    assert len(COMMANDS) >= 10

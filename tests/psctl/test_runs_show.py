@@ -1,0 +1,89 @@
+"""``psctl runs show`` lists the evaluation its header quotes as best (issue 13, defect 3), and
+says how many it shows when it does not list them all."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from engine.config import RunConfig
+from engine.recorder import Recorder
+from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from tests.conftest import psctl
+
+T0 = 1_700_000_000.0
+
+
+def _recorded_run(db: Path, accuracies: list[float],
+                  events: Sequence[EventRecord] = ()) -> str:
+    run = "e" * 32
+    recorder = Recorder(db)
+    try:
+        recorder.start_run(run, "many-evals", RunConfig().to_json_dict(), sync="bsp", workers=1,
+                           servers=1, dataset="mnist", started_at=T0)
+        recorder.record_iterations([
+            IterationRecord(worker=0, iteration=i, epoch=0, started_at=T0 + i, ended_at=T0 + i + 1,
+                            compute_s=0.5, push_s=0.1, pull_s=0.1, wait_s=0.3, staleness=0,
+                            loss=1.0, samples=8, bytes_sent=10, bytes_received=10)
+            for i in range(len(accuracies))])
+        for i, accuracy in enumerate(accuracies):
+            recorder.record_evaluation(EvaluationRecord(
+                at=T0 + i + 1, elapsed_s=i + 1, step=i, accuracy=accuracy, loss=1 - accuracy,
+                epoch=i / 10))
+        for event in events:
+            recorder.record_event(event)
+        recorder.finish(RunStatus.FINISHED)
+    finally:
+        recorder.close()
+    return run
+
+
+def _best(db: Path) -> tuple[float, int]:
+    with sqlite3.connect(db) as conn:
+        accuracy, step = conn.execute(
+            "SELECT accuracy, step FROM evaluations ORDER BY accuracy DESC, at LIMIT 1").fetchone()
+    return float(accuracy), int(step)
+
+
+@pytest.mark.parametrize("count", [7, 137])
+def test_best_evaluation_is_listed(tmp_path: Path, count: int) -> None:
+    db = tmp_path / "experiments.db"
+    # A peak at an odd index that an every-other-row sample would skip, then a decline.
+    accuracies = [0.5 + 0.3 * math.sin(i / 9) for i in range(count)]
+    accuracies[min(count - 2, 37)] = 0.97
+    _recorded_run(db, accuracies)
+    best, step = _best(db)
+    done = psctl("runs", "show", "@last", db=db)
+    assert done.returncode == 0, done.stderr
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in done.stdout.splitlines() if line.startswith("│")]
+    marked = [row for row in rows if row[-1] == "best"]
+    assert len(marked) == 1, done.stdout
+    assert marked[0][2:4] == [str(step), f"{100 * best:.2f}%"]
+    assert f"best accuracy {100 * best:.2f}%" in done.stdout
+    if count > 20:
+        words = " ".join(done.stdout.split())
+        assert f"20 of {count} shown, including the best and the last" in words
+    else:
+        assert "shown" not in done.stdout
+    listed = json.loads(psctl("runs", "show", "@last", "--json", db=db).stdout)["evaluations"]
+    assert len(listed) == count
+
+
+def test_an_oversubscribed_run_says_so_in_runs_show_and_compare(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    message = "9 busy processes (6 workers, 2 servers, 1 evaluator) share 2 cores: timings " \
+              "measure CPU contention as much as the consistency model"
+    run = _recorded_run(db, [0.5, 0.6], [EventRecord(
+        at=T0 + 1, kind="oversubscribed", detail={"cores": 2, "message": message})])
+    shown = " ".join(psctl("runs", "show", run, db=db).stdout.split())
+    assert f"oversubscribed: {message}" in shown
+    (row,) = json.loads(psctl("compare", "--json", db=db).stdout)
+    assert row["oversubscribed"] is True
+    assert json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["oversubscribed"] \
+        == message
