@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -12,13 +12,16 @@ from engine.db.metrics import RunMetrics, RunRecord, run_metrics
 from psctl.selection import UsageError, flatten, text
 
 Better = Literal["max", "min"] | None
+# How one run's metrics are measured: run_metrics by default; the dashboard passes a cached one.
+Measure = Callable[[str, float | None], RunMetrics]
 
 
 @dataclass(frozen=True)
 class Column:
     key: str  # the JSON / CSV field name
     header: str  # the table heading
-    # how the table formats it: text, config, flag, pct, secs, rate, num, int, speedup, std
+    # how the table formats it: text, config, flag, pct, duration (H:MM:SS), secs, rate, num,
+    # int, speedup, std
     kind: str
     better: Better = None  # which end is best, for highlighting and --sort-by
 
@@ -33,7 +36,7 @@ class Comparison:
 _HEAD = (Column("id", "run", "text"), Column("name", "name", "text"))
 _METRICS = (
     Column("status", "status", "text"),
-    Column("wall_s", "duration s", "secs", "min"),  # the run's ended_at - started_at
+    Column("wall_s", "duration", "duration", "min"),  # the run's ended_at - started_at
     Column("final_accuracy", "final acc", "pct", "max"),
     Column("best_accuracy", "best acc", "pct", "max"),
     Column("time_to_target_s", "to target s", "secs", "min"),
@@ -56,16 +59,18 @@ def compare(
     target: float | None = None,
     baseline: RunRecord | None = None,
     show_all: bool = False,
+    measure: Measure | None = None,
 ) -> Comparison:
     """The comparison table of ``records``; speedup is baseline time-to-target / the run's."""
     if baseline is not None and target is None:
         raise UsageError("--baseline compares time to target: give --target ACCURACY too")
-    measured = {r.summary.id: run_metrics(engine, r.summary.id, target=target) for r in records}
+    if measure is None:
+        def measure(run_id: str, goal: float | None) -> RunMetrics:
+            return run_metrics(engine, run_id, target=goal)
+    measured = {r.summary.id: measure(r.summary.id, target) for r in records}
     base_time = None
     if baseline is not None:
-        base = measured.get(baseline.summary.id) or run_metrics(
-            engine, baseline.summary.id, target=target
-        )
+        base = measured.get(baseline.summary.id) or measure(baseline.summary.id, target)
         base_time = base.time_to_target_s
     config_keys = _config_columns(records, show_all)
     rows = [_row(r, measured[r.summary.id], config_keys, base_time) for r in records]

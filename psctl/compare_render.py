@@ -15,7 +15,7 @@ from rich.text import Text
 
 from psctl.cliutil import show
 from psctl.compare import Column, Comparison, best_values
-from psctl.display import status_text
+from psctl.display import fmt_seconds, status_text
 from psctl.selection import text
 
 
@@ -26,6 +26,8 @@ def fmt(column: Column, value: Any) -> str:
     match column.kind:
         case "pct":
             return f"{100 * value:.2f}%"
+        case "duration":  # a run's duration: H:MM:SS in every view
+            return fmt_seconds(value)
         case "secs":
             return f"{value:.1f}"
         case "rate":

@@ -8,6 +8,9 @@ JavaScript lives in this repository.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import os
 import sys
 import sysconfig
 import threading
@@ -19,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import Engine
@@ -56,6 +59,40 @@ def plotly_js() -> Path:
     import plotly
 
     return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+class _GzippedPlotly:
+    """plotly.min.js (4.8 MB) gzipped once (1.4 MB), kept in memory and in the user's cache
+    folder so that the next server start only reads it. Compressed in a thread started with
+    the app: until it is ready the plain file is served, so no request waits for it."""
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+        stat = source.stat()
+        # The version in the URL makes the file immutable for browsers: a new plotly, a new URL.
+        self.version = f"{_plotly_version()}-{stat.st_size}-{int(stat.st_mtime)}"
+        self.body: bytes | None = None
+        threading.Thread(target=self._load, name="plotly-gzip", daemon=True).start()
+
+    def _load(self) -> None:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "psctl"
+        path = cache / f"plotly-{self.version}.min.js.gz"
+        with contextlib.suppress(OSError):
+            self.body = path.read_bytes()
+            return
+        body = gzip.compress(self.source.read_bytes(), compresslevel=9, mtime=0)
+        self.body = body
+        with contextlib.suppress(OSError):  # a read-only home only costs the next start 1 s
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(body)
+            partial.replace(path)
+
+
+def _plotly_version() -> str:
+    import plotly
+
+    return str(plotly.__version__)
 
 
 def swagger_assets() -> Path:
@@ -96,7 +133,9 @@ def create_app(db: Path) -> FastAPI:
 
     # FastAPI's own /docs and /redoc load their assets from a CDN; /docs is served below.
     app = FastAPI(title="psctl dashboard", version="0.2.0", lifespan=lifespan,
-                  description="Read-only views of the psctl experiments database.",
+                  description="Views of the psctl experiments database. The only writes are a "
+                              "run's tags and notes (PUT, from the runs table), made through "
+                              "the recorder.",
                   docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.db = Path(db)
@@ -111,11 +150,20 @@ def create_app(db: Path) -> FastAPI:
 
 
 def _add_pages(app: FastAPI, engine: _LazyEngine) -> None:
+    gzipped = _GzippedPlotly(plotly_js())
+    # Pages ask for /vendor/plotly.min.js?v=<version>: cached for a year without revalidation.
+    templates.env.globals["plotly_url"] = f"/vendor/plotly.min.js?v={gzipped.version}"
+
     @app.get("/vendor/plotly.min.js", include_in_schema=False)
-    def plotly() -> FileResponse:
-        # Long-lived: the file only changes with the installed plotly version.
-        return FileResponse(plotly_js(), media_type="text/javascript",
-                            headers={"Cache-Control": "public, max-age=86400"})
+    def plotly(request: Request, v: str = "") -> Response:
+        cache = ("public, max-age=31536000, immutable" if v == gzipped.version
+                 else "public, max-age=86400")
+        headers = {"Cache-Control": cache, "Vary": "Accept-Encoding"}
+        body = gzipped.body
+        if body is not None and "gzip" in request.headers.get("accept-encoding", ""):
+            return Response(body, media_type="text/javascript",
+                            headers={**headers, "Content-Encoding": "gzip"})
+        return FileResponse(plotly_js(), media_type="text/javascript", headers=headers)
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
@@ -137,9 +185,12 @@ def _add_pages(app: FastAPI, engine: _LazyEngine) -> None:
         return templates.TemplateResponse(request, "run.html", {"run_id": run_id})
 
     @app.get("/compare", response_class=HTMLResponse, include_in_schema=False)
-    def compare_page(request: Request, runs: str = "") -> Any:
+    def compare_page(request: Request, runs: str = "", group: str = "") -> Any:
         ids = [_resolve(engine, s) for s in runs.split(",") if s.strip()]
-        return templates.TemplateResponse(request, "compare.html", {"run_ids": ids})
+        if group:  # every run of a group of repeated runs (launch --repeat tags them)
+            ids += compare_api.group_run_ids(engine, group)
+        return templates.TemplateResponse(
+            request, "compare.html", {"run_ids": list(dict.fromkeys(ids)), "group": group})
 
     @app.websocket("/ws/runs")
     async def runs_socket(socket: WebSocket) -> None:

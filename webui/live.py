@@ -3,8 +3,8 @@
 The websocket handler polls the database every ``POLL_S`` with a few index lookups
 (:func:`engine.db.series.run_marker`); only when something changed does it read the new rows,
 through per-worker iteration cursors, and send the buckets they fell into, new evaluations,
-events and barriers. The first message of every connection is a full snapshot, so a page that
-reconnects is never left with a gap.
+events, barriers and the per-process CPU/memory samples. The first message of every connection
+is a full snapshot, so a page that reconnects is never left with a gap.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
-from sqlalchemy import Engine
+from sqlalchemy import ColumnClause, Engine, Integer, func, literal_column, select
 from starlette.concurrency import run_in_threadpool
 
 from engine.db import list_runs, series
+from engine.db.queries import reading
+from engine.db.schema import process_samples
 from engine.errors import PsctlError
 from webui.metrics import RECORD_FIELDS, derive
 
@@ -32,6 +34,10 @@ TIMELINE_LIMIT = 3000
 RESNAPSHOT_FACTOR = 2  # once a live run outgrows its buckets this many times, coarsen them
 RUNS_POLL_S = 1.0  # the runs list: one small indexed query a second
 PAINT_WAIT_S = 2.0  # the longest the staleness histogram waits for the page's first charts
+# One sample per process a second: a day-long run of 8 processes would be 700,000 points, so
+# the snapshot averages them into at most this many time slots per process.
+PROCESS_POINTS = 600
+PROCESS_LATE_S = 5.0  # a sample committed this late (behind a newer one) is still picked up
 
 
 @dataclass
@@ -44,6 +50,7 @@ class LiveState:
     cursors: dict[int, int]
     unreleased_sync: int = 0
     timeline_at: float = 0.0
+    samples: tuple[float, int] = (0.0, 0)  # (at, rowid) of the newest process sample sent
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -59,14 +66,16 @@ def snapshot(engine: Engine, run_id: str) -> tuple[dict[str, Any], LiveState]:
     syncs = series.syncs_from(engine, run_id)
     state = LiveState(run_id, workers, buckets.width, buckets.origin, marker, cursors,
                       unreleased_sync=_first_unreleased(syncs, 0))
+    state.samples = _newest_sample(engine, run_id)
     message = {
         "type": "snapshot", **header, "record_fields": list(RECORD_FIELDS),
         "origin": buckets.origin, "width": buckets.width, "total_rows": buckets.total_rows,
         "records": derive(buckets), "last": series.last_points(engine, run_id, workers),
         "evaluations": series.evaluations_since(engine, run_id),
         "events": series.events_since(engine, run_id), "syncs": syncs,
-        "timeline": _timeline(engine, run_id), "timeline_window_s": TIMELINE_WINDOW_S,
-        "timeline_limit": TIMELINE_LIMIT,
+        # Below the fold, and each costly for a long run: the timeline (3000 raw rows, half
+        # the message) and the process samples follow the first paint in messages of their own.
+        "timeline": [], "timeline_window_s": TIMELINE_WINDOW_S, "timeline_limit": TIMELINE_LIMIT,
     }
     return message, state
 
@@ -77,14 +86,92 @@ def staleness_message(engine: Engine, state: LiveState) -> dict[str, Any]:
     return {"type": "staleness", "counts": counts, "replace": True}
 
 
+def timeline_message(engine: Engine, state: LiveState) -> dict[str, Any]:
+    """The synchronisation timeline's raw rows (sent after the first paint)."""
+    state.timeline_at = time.time()
+    return {"type": "timeline", "timeline": _timeline(engine, state.run_id)}
+
+
+def processes_message(engine: Engine, state: LiveState) -> dict[str, Any]:
+    """Every process's CPU and memory samples up to the snapshot (sent after the first paint;
+    deltas carry the newer ones)."""
+    samples, width = process_snapshot(engine, state.run_id, upto=state.samples)
+    return {"type": "processes", "fields": ["role", "rank", "at", "cpu_percent", "rss_bytes"],
+            "samples": samples, "width_s": width}
+
+
+def process_snapshot(engine: Engine, run_id: str, upto: tuple[float, int] | None = None
+                     ) -> tuple[list[list[Any]], float]:
+    """Every process's CPU and memory samples as [role, rank, at, cpu %, rss bytes], averaged
+    into equal time slots (RSS: the slot's maximum) when there are more than PROCESS_POINTS
+    per process; also the slot width in seconds (0 when the samples are sent as recorded)."""
+    pc = process_samples.c
+    where = [pc.run_id == run_id]
+    if upto is not None:
+        where.append(pc.at <= upto[0])
+    with reading(engine, f"reading process samples of run {run_id}") as conn:
+        lo, hi, count = conn.execute(
+            select(func.min(pc.at), func.max(pc.at), func.count()).where(*where)).one()
+        if not count:
+            return [], 0.0
+        processes = conn.execute(
+            select(func.count()).select_from(select(pc.role, pc.rank).where(*where)
+                                             .distinct().subquery())).scalar() or 1
+        if count <= PROCESS_POINTS * processes:
+            stmt = (select(pc.role, pc.rank, pc.at, pc.cpu_percent, pc.rss_bytes)
+                    .where(*where).order_by(pc.at, pc.role, pc.rank))
+            return [list(r) for r in conn.execute(stmt)], 0.0
+        width = float(math.ceil((hi - lo) / PROCESS_POINTS)) or 1.0
+        slot = func.cast((pc.at - lo) / width, process_samples.c.rank.type)
+        stmt = (select(pc.role, pc.rank, func.avg(pc.at), func.avg(pc.cpu_percent),
+                       func.max(pc.rss_bytes))
+                .where(*where).group_by(pc.role, pc.rank, slot).order_by(func.avg(pc.at)))
+        return [[r[0], r[1], r[2], r[3], int(r[4])] for r in conn.execute(stmt)], width
+
+
+def _rowid() -> ColumnClause[int]:
+    return literal_column("process_samples.rowid", Integer)
+
+
+def _newest_sample(engine: Engine, run_id: str) -> tuple[float, int]:
+    """(at, rowid) of the run's newest process sample: one index lookup, cheap every poll."""
+    pc = process_samples.c
+    with reading(engine, f"polling process samples of run {run_id}") as conn:
+        row = conn.execute(select(pc.at, _rowid()).where(pc.run_id == run_id)
+                           .order_by(pc.at.desc(), _rowid().desc()).limit(1)).first()
+    return (0.0, 0) if row is None else (float(row[0]), int(row[1]))
+
+
+def _new_samples(engine: Engine, state: LiveState) -> list[list[Any]]:
+    """Samples recorded since the last call, raw (a poll's worth is a handful per process).
+
+    The rowid says what was sent; the time bound keeps the lookup on the (run_id, at) index.
+    """
+    pc = process_samples.c
+    at, rowid = state.samples
+    stmt = (select(pc.role, pc.rank, pc.at, pc.cpu_percent, pc.rss_bytes, _rowid())
+            .where(pc.run_id == state.run_id, pc.at >= at - PROCESS_LATE_S, _rowid() > rowid)
+            .order_by(pc.at, _rowid()))
+    with reading(engine, f"reading process samples of run {state.run_id}") as conn:
+        rows = [list(r) for r in conn.execute(stmt)]
+    if rows:
+        state.samples = (max(at, max(float(r[2]) for r in rows)), max(int(r[5]) for r in rows))
+    return [r[:5] for r in rows]
+
+
+
 def delta(engine: Engine, state: LiveState) -> dict[str, Any] | None:
     """What changed since the last call, or None; advances ``state``."""
     now = time.time()
     marker = series.run_marker(engine, state.run_id, now)
     old, state.marker = state.marker, marker
-    if _without_duration(marker) == _without_duration(old):
+    newest = _newest_sample(engine, state.run_id)
+    sampled = newest[1] != state.samples[1]
+    if _without_duration(marker) == _without_duration(old) and not sampled:
         return None  # the duration of a live run grows by itself; the heartbeat says it lives
     out: dict[str, Any] = {"type": "delta", "summary": marker["summary"]}
+    if sampled:
+        out["process_samples"] = _new_samples(engine, state)
     if marker["iterations"] != old["iterations"]:
         _add_iterations(engine, state, out, now)
     if marker["eval_id"] != old["eval_id"]:
@@ -143,9 +230,15 @@ async def serve(socket: WebSocket, engine: Engine, run_id: str) -> None:
             await socket.close()
             return
         await socket.send_json(message)
-        await _after_paint(socket)
-        await socket.send_json(await run_in_threadpool(staleness_message, engine, state))
+        await _below_the_fold(socket, engine, state)
         await _push_loop(socket, engine, state)
+
+
+async def _below_the_fold(socket: WebSocket, engine: Engine, state: LiveState) -> None:
+    """What follows a snapshot once the page has drawn it."""
+    await _after_paint(socket)
+    for build in (staleness_message, timeline_message, processes_message):
+        await socket.send_json(await run_in_threadpool(build, engine, state))
 
 
 async def _after_paint(socket: WebSocket) -> None:
@@ -181,8 +274,7 @@ async def _push_loop(socket: WebSocket, engine: Engine, state: LiveState) -> Non
             message, fresh = await run_in_threadpool(snapshot, engine, state.run_id)
             state.__dict__.update(fresh.__dict__)
             await socket.send_json(message)
-            await _after_paint(socket)
-            await socket.send_json(await run_in_threadpool(staleness_message, engine, state))
+            await _below_the_fold(socket, engine, state)
             continue
         await socket.send_json(change)
 

@@ -36,7 +36,7 @@ from sqlalchemy.pool import QueuePool
 
 from engine.errors import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
 DB_ENV_VAR = "PSCTL_DB"
 
@@ -67,6 +67,8 @@ runs = Table(
     # Maintained by the recorder in the same transaction as the rows it counts, so listing many
     # runs never has to count millions of iteration rows.
     Column("iteration_count", Integer, nullable=False, server_default="0"),
+    # Free text a person writes about a run from the dashboard; the recorder never sets it.
+    Column("notes", Text),
     CheckConstraint(
         "status IN ('running', 'finished', 'failed', 'interrupted')", name="ck_runs_status"
     ),
@@ -295,6 +297,8 @@ def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
             version = _migrate_from_1(conn)
         if version == 2 and not readonly:
             version = _migrate_from_2(conn)
+        if version == 3 and not readonly:
+            version = _migrate_from_3(conn)
     _check_version(version, path)
 
 
@@ -310,6 +314,15 @@ def _migrate_from_2(conn: Connection) -> int:
     """Version 3 added process_samples, which create_all has just made."""
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="3"))
     return 3
+
+
+def _migrate_from_3(conn: Connection) -> int:
+    """Version 4 added runs.notes; create_all does not alter a table that already exists."""
+    columns = {row[1] for row in conn.exec_driver_sql("PRAGMA table_info(runs)")}
+    if "notes" not in columns:
+        conn.exec_driver_sql("ALTER TABLE runs ADD COLUMN notes TEXT")
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="4"))
+    return 4
 
 
 def _stored_version(conn: Connection, path: Path) -> int | None:

@@ -25,7 +25,7 @@ from sqlalchemy import update
 
 from engine.db.schema import open_engine, runs, translate_errors
 from engine.errors import StoreError
-from engine.recorder.admin import delete_runs, set_tags
+from engine.recorder.admin import NOTES_MAX_CHARS, delete_runs, set_notes, set_tags
 from engine.recorder.writer import (
     DUPLICATE_EVENT,
     ENDED,
@@ -50,7 +50,15 @@ from engine.wire.records import (
     SyncRecord,
 )
 
-__all__ = ["DUPLICATE_EVENT", "REBUILD_ROLLUPS_SQL", "Recorder", "delete_runs", "set_tags"]
+__all__ = [
+    "DUPLICATE_EVENT",
+    "NOTES_MAX_CHARS",
+    "REBUILD_ROLLUPS_SQL",
+    "Recorder",
+    "delete_runs",
+    "set_notes",
+    "set_tags",
+]
 log = logging.getLogger(__name__)
 
 

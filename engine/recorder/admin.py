@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from engine.db.schema import (
@@ -55,3 +55,22 @@ def set_tags(
         engine.dispose()
 
 
+NOTES_MAX_CHARS = 10_000
+
+
+def set_notes(db_path: Path, run_id: str, notes: str | None) -> bool:
+    """Replace one run's notes (None or "" clears them); False when no such run exists.
+
+    Bounded here too, not only at the API, so no caller can grow the runs table without limit.
+    """
+    if notes is not None and len(notes) > NOTES_MAX_CHARS:
+        raise ValueError(f"notes are limited to {NOTES_MAX_CHARS} characters")
+    engine = open_engine(Path(db_path))
+    try:
+        with translate_errors(f"writing notes of run {run_id}"), engine.begin() as conn:
+            result = conn.execute(
+                update(runs).where(runs.c.id == run_id).values(notes=notes or None)
+            )
+            return result.rowcount > 0
+    finally:
+        engine.dispose()

@@ -79,5 +79,10 @@ def oversubscription(workers: int, servers: int, cores: int) -> str | None:
     busy = workers + servers + 1
     if busy <= cores:
         return None
-    return (f"{busy} busy processes ({workers} workers, {servers} servers, 1 evaluator) share "
-            f"{cores} cores: timings measure CPU contention as much as the consistency model")
+    return (f"{busy} busy processes ({_count(workers, 'worker')}, {_count(servers, 'server')}, "
+            f"1 evaluator) share {_count(cores, 'core')}: timings measure CPU contention as much "
+            "as the consistency model")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

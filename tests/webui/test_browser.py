@@ -68,9 +68,11 @@ def _block_foreign(route: object) -> None:
 
 
 def _assert_charts_labelled(page: object) -> None:
-    """Every chart has a title and both axis titles (plotly draws them as SVG text)."""
+    """Every chart shown has a title and both axis titles (plotly draws them as SVG text); a
+    card that does not apply to the run (ElasticBSP for an asp run) is hidden, not empty."""
     labels = page.evaluate(  # type: ignore[attr-defined]
-        """() => [...document.querySelectorAll('.chart')].map((c) => ({
+        """() => [...document.querySelectorAll('.chart')].filter((c) => !c.closest('[hidden]'))
+          .map((c) => ({
             id: c.id,
             title: c.querySelector('.gtitle')?.textContent || '',
             x: c.querySelector('.xtitle')?.textContent || '',

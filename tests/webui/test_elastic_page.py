@@ -41,8 +41,12 @@ def test_barriers_reach_the_api_and_the_snapshot(elastic_db: Path) -> None:
     run_id = client.get("/api/runs").json()[0]["id"]
     with client.websocket_connect(f"/ws/runs/{run_id}") as ws:
         snap = ws.receive_json()
+        ws.send_json({"type": "painted"})  # the staleness histogram, then the timeline follow
+        assert ws.receive_json()["type"] == "staleness"
+        timeline = ws.receive_json()
     assert [s["sync_index"] for s in snap["syncs"]] == [s["sync_index"] for s in syncs]
-    first = min(r["started_at"] for r in snap["timeline"])
+    assert timeline["type"] == "timeline"
+    first = min(r["started_at"] for r in timeline["timeline"])
     assert all(s["released_at"] >= first for s in released)  # every barrier in the timeline
 
 

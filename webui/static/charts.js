@@ -56,7 +56,11 @@ PS.card = (parent, id, downloads) => {
   box.append(div, count); parent.appendChild(box);
   return { div, span };
 };
-PS.setCount = (card, shown, total) => {
-  card.span.textContent = `showing ${shown.toLocaleString()} of ${total.toLocaleString()} points`;
+// Bucketed charts summarise raw rows (`what`: iterations) into fewer points, and draw one line
+// per worker plus one for all: their point count is not a share of the rows, so say both.
+PS.setCount = (card, shown, total, what) => {
+  card.span.textContent = what
+    ? `showing ${shown.toLocaleString("en-US")} points from ${total.toLocaleString("en-US")} ${what}`
+    : `showing ${shown.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} points`;
   card.div.dataset.points = String(shown);
 };

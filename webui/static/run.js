@@ -8,10 +8,20 @@
   const cards = {};
   [["acc", "accuracy"], ["tloss", "test_loss"], ["thr", "throughput"], ["loss", "loss"],
     ["stale_t", "staleness"], ["stale_h", "staleness"], ["breakdown", "wait"],
-    ["idle", "idle_fraction"], ["timeline", null], ["elastic", null], ["bytes", "bytes_sent"]]
+    ["idle", "idle_fraction"], ["timeline", null], ["elastic", null], ["bytes", "bytes_sent"],
+    ["cpu", null], ["mem", null]]
     .forEach(([id, m]) => { cards[id] = PS.card(grid, id, m ? dl(m) : []); });
+  // The ElasticBSP card stays hidden until the run has barriers (or is an elastic run).
+  cards.elastic.div.parentElement.hidden = true;
+  // Process samples are in the page already: their CSV is made here, from what is shown.
+  [cards.cpu, cards.mem].forEach((c) => {
+    const a = PS.el("a", { href: "#", download: `${RUN.slice(0, 8)}-process-samples.csv`, class: "proc-csv" }, "CSV");
+    a.addEventListener("click", () => { a.href = processCsv(); });
+    c.span.parentElement.appendChild(a);
+  });
   const S = { records: new Map(), evals: [], events: [], syncs: new Map(), stale: new Map(),
-    last: [], timeline: [], summary: null, origin: 0, width: 1, total: 0, f: {} };
+    last: [], timeline: [], summary: null, origin: 0, width: 1, total: 0, f: {},
+    procs: new Map(), procWidth: 0 };
   const probe = window.__psctl = { firstPaint: null, renders: [], latestT: null, messages: 0 };
   const xSel = document.getElementById("x-axis");
   xSel.addEventListener("change", () => schedule());
@@ -41,6 +51,43 @@
     if (m.evaluations) S.evals = S.evals.concat(m.evaluations);
     if (m.events) S.events = S.events.concat(m.events);
     if (m.syncs) m.syncs.forEach((s) => S.syncs.set(s.sync_index, s));
+    if (m.process_samples) addSamples(m.process_samples);
+  }
+
+  // -- per-process samples: [role, rank, at, cpu %, rss bytes], one series per process --------
+  const PROC_MAX = 1200;  // per process; past it, neighbours are averaged (a long live run)
+  const ROLE_ORDER = { coordinator: 0, server: 1, worker: 2, evaluator: 3 };
+  const procLabel = (role, rank) => role === "worker" || role === "server" ? `${role} ${rank}` : role;
+  function addSamples(rows) {
+    for (const [role, rank, at, cpu, rss] of rows) {
+      const key = role + ":" + rank;
+      if (!S.procs.has(key)) S.procs.set(key, { role, rank, at: [], cpu: [], rss: [] });
+      const p = S.procs.get(key);
+      p.at.push(at); p.cpu.push(cpu); p.rss.push(rss);
+      if (p.at.length > PROC_MAX) thin(p);
+    }
+  }
+  function thin(p) {
+    const half = (xs, f) => {
+      const out = [];
+      for (let i = 0; i + 1 < xs.length; i += 2) out.push(f(xs[i], xs[i + 1]));
+      if (xs.length % 2) out.push(xs[xs.length - 1]);  // the newest sample stays as it is
+      return out;
+    };
+    const mean = (a, b) => (a + b) / 2;
+    p.at = half(p.at, mean); p.cpu = half(p.cpu, mean); p.rss = half(p.rss, Math.max);
+    S.procThinned = true;
+  }
+  function processList() {
+    return [...S.procs.values()].sort((a, b) => (ROLE_ORDER[a.role] ?? 9) - (ROLE_ORDER[b.role] ?? 9) || a.rank - b.rank);
+  }
+  let csvUrl = null;
+  function processCsv() {
+    if (csvUrl) URL.revokeObjectURL(csvUrl);
+    const lines = ["role,rank,at,cpu_percent,rss_bytes"];
+    for (const p of processList()) p.at.forEach((t, i) => lines.push(`${p.role},${p.rank},${t},${p.cpu[i]},${Math.round(p.rss[i])}`));
+    csvUrl = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
+    return csvUrl;
   }
 
   // -- websocket with automatic reconnection -------------------------------------------------
@@ -59,6 +106,8 @@
       if (m.type === "snapshot") { applySnapshot(m); ackDue = true; }
       else if (m.type === "delta") applyDelta(m);
       else if (m.type === "staleness") { S.stale = new Map(); m.counts.forEach(([w, s, n]) => S.stale.set(w + ":" + s, n)); }
+      else if (m.type === "timeline") S.timeline = m.timeline;
+      else if (m.type === "processes") { S.procs = new Map(); S.procWidth = m.width_s; S.procThinned = false; addSamples(m.samples); }
       else if (m.type === "error") { document.getElementById("run-summary").textContent = m.message; return; }
       setBadge(S.summary.status === "running" ? "live" : S.summary.status);
       schedule();
@@ -125,44 +174,108 @@
   function render() {
     const mode = xSel.value, groups = byWorker(), sum = S.summary;
     document.getElementById("run-summary").textContent = `${sum.status} · ${sum.sync} · ${sum.workers} workers × ${sum.servers} servers · ${sum.dataset} · ` +
-      `${sum.iterations.toLocaleString()} iterations · best accuracy ${PS.pct(sum.best_accuracy)} · ${PS.fmtS(sum.duration_s)}`;
+      `${sum.iterations.toLocaleString()} iterations · best accuracy ${PS.pct(sum.best_accuracy)} · started ${PS.date(sum.started_at)} · `;
+    const dur = document.getElementById("run-duration") || document.getElementById("run-summary").appendChild(PS.el("span", { id: "run-duration" }));
+    dur.textContent = `duration ${PS.fmtS(sum.duration_s)}`;
+    renderBanner();
+    const ready = plotly === "ready";
+    const top = (card, traces, layout) => {
+      if (!ready) { preview(card.div, traces, layout); return; }
+      if (card.div.dataset.preview) { card.div.replaceChildren(); delete card.div.dataset.preview; }
+      PS.draw(card.div, traces, layout);
+    };
     const ex = (e) => PS.x(mode, e.at, S.origin, e.step);
-    PS.draw(cards.acc.div, [{ type: "scatter", mode: "lines+markers", name: "test accuracy", x: S.evals.map(ex), y: S.evals.map((e) => 100 * e.accuracy) }],
+    top(cards.acc, [{ type: "scatter", mode: "lines+markers", name: "test accuracy", x: S.evals.map(ex), y: S.evals.map((e) => 100 * e.accuracy) }],
       PS.layout("Test accuracy", mode, "accuracy (%)", { showlegend: false }));
     PS.setCount(cards.acc, S.evals.length, S.evals.length);
-    PS.draw(cards.tloss.div, [{ type: "scatter", mode: "lines+markers", name: "test loss", x: S.evals.map(ex), y: S.evals.map((e) => e.loss) }],
+    top(cards.tloss, [{ type: "scatter", mode: "lines+markers", name: "test loss", x: S.evals.map(ex), y: S.evals.map((e) => e.loss) }],
       PS.layout("Test loss", mode, "cross-entropy", { showlegend: false }));
     PS.setCount(cards.tloss, S.evals.length, S.evals.length);
     const [thrAll, nAll] = lineTraces(groups, mode, "throughput", { only: "all" });
     const [thrW, nW] = lineTraces(groups, mode, "throughput", {});
-    PS.draw(cards.thr.div, thrAll.concat(thrW), PS.layout("Throughput", mode, "samples/s"));
-    PS.setCount(cards.thr, nAll + nW, S.total);
+    top(cards.thr, thrAll.concat(thrW), PS.layout("Throughput", mode, "samples/s"));
+    PS.setCount(cards.thr, nAll + nW, S.total, "iterations");
     const [lossT, nLoss] = envelopeTraces(groups, mode, "loss_min", "loss_max", "loss");
-    PS.draw(cards.loss.div, lossT, PS.layout("Training loss (min and max per bucket)", mode, "cross-entropy"));
-    PS.setCount(cards.loss, nLoss, S.total);
-    // The charts above the fold are drawn first; the rest follow in the next task, so the page
-    // is readable before every chart is done.
+    top(cards.loss, lossT, PS.layout("Training loss (min and max per bucket)", mode, "cross-entropy"));
+    PS.setCount(cards.loss, nLoss, S.total, "iterations");
+    // The charts above the fold are drawn first (a preview until plotly.js runs); the rest
+    // follow in the next task, so the page is readable before every chart is done.
     if (probe.firstPaint === null) {
       requestAnimationFrame(() => {
-        probe.firstPaint = performance.now(); document.body.dataset.painted = "1"; sayPainted();
-        setTimeout(() => renderRest(mode, groups), 0);
+        probe.firstPaint = performance.now(); probe.preview = !ready;
+        if (ready) probe.plotlyPaint = probe.firstPaint;
+        document.body.dataset.painted = "1"; sayPainted();
+        setTimeout(ready ? () => renderRest(mode, groups) : loadPlotly, 0);
       });
+    } else if (!ready) {
+      sayPainted();
+    } else if (probe.plotlyPaint === undefined) {
+      requestAnimationFrame(() => { probe.plotlyPaint = performance.now(); setTimeout(() => renderRest(mode, groups), 0); });
     } else { sayPainted(); renderRest(mode, groups); }
+  }
+
+  // -- plotly.js: fetched by the page's head (preload), run once the preview is on screen -----
+  let plotly = "no";  // "no", then "loading", then "ready"
+  function loadPlotly() {
+    if (plotly !== "no") return;
+    plotly = "loading";
+    const script = PS.el("script", { src: window.PSCTL_PLOTLY });
+    script.onload = () => { plotly = "ready"; if (S.summary) schedule(); };
+    script.onerror = () => { document.getElementById("run-summary").textContent = "plotly.js did not load: reload the page"; };
+    document.head.appendChild(script);
+  }
+  setTimeout(loadPlotly, 1500);  // no snapshot by then (a slow database): wait no longer
+
+  // A static SVG of a line chart (title, axes, ticks, lines) for before plotly.js runs, laid
+  // out with PS.layout's margins so that nothing jumps when Plotly.react replaces it.
+  function preview(div, traces, layout) {
+    const W = div.clientWidth || 560, H = div.clientHeight || 320, m = { l: 58, r: 12, t: 34, b: 48 };
+    const xs = [], ys = [];
+    traces.forEach((t) => t.x.forEach((x, i) => { const y = t.y[i]; if (y !== null && Number.isFinite(+x) && Number.isFinite(y)) { xs.push(+x); ys.push(y); } }));
+    const lo = (a, d) => a.length ? a.reduce((p, v) => Math.min(p, v), Infinity) : d;
+    const hi = (a, d) => a.length ? a.reduce((p, v) => Math.max(p, v), -Infinity) : d;
+    const x0 = lo(xs, 0), x1 = hi(xs, 1), y0 = Math.min(0, lo(ys, 0)), y1 = hi(ys, 1);
+    const sx = (v) => m.l + (v - x0) / ((x1 - x0) || 1) * (W - m.l - m.r);
+    const sy = (v) => H - m.b - (v - y0) / ((y1 - y0) || 1) * (H - m.t - m.b);
+    const ticks = (a, b) => {
+      if (!(b > a)) return [a];
+      const raw = (b - a) / 5, p = Math.pow(10, Math.floor(Math.log10(raw)));
+      const step = [1, 2, 5, 10].map((k) => k * p).find((k) => k >= raw), out = [];
+      for (let v = Math.ceil(a / step) * step; v <= b + step * 1e-9 && out.length < 12; v += step) out.push(v);
+      return out;
+    };
+    const esc = (t) => String(t).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+    const num = (v) => String(Number(v.toPrecision(6)));
+    const xl = xSel.value === "wall" ? (v) => PS.date(v / 1000).slice(11) : num;
+    const text = (x, y, t, extra) => `<text x="${x}" y="${y}" ${extra || ""}>${esc(t)}</text>`;
+    const parts = [text(W * 0.02, 22, layout.title.text, 'font-size="14"')];
+    ticks(y0, y1).forEach((v) => parts.push(`<line x1="${m.l}" x2="${W - m.r}" y1="${sy(v)}" y2="${sy(v)}" stroke="#eee"/>`,
+      text(m.l - 6, sy(v) + 4, num(v), 'text-anchor="end"')));
+    ticks(x0, x1).forEach((v) => parts.push(text(sx(v), H - m.b + 16, xl(v), 'text-anchor="middle"')));
+    parts.push(text((m.l + W - m.r) / 2, H - 8, layout.xaxis.title.text, 'text-anchor="middle" font-size="13"'),
+      text(14, (m.t + H - m.b) / 2, layout.yaxis.title.text, `text-anchor="middle" font-size="13" transform="rotate(-90 14 ${(m.t + H - m.b) / 2})"`));
+    traces.forEach((t, i) => {
+      const pts = t.x.map((x, k) => t.y[k] === null || !Number.isFinite(+x) ? null : `${sx(+x).toFixed(1)},${sy(t.y[k]).toFixed(1)}`).filter((q) => q);
+      const color = (t.line && t.line.color) || PS.color(i), width = (t.line && t.line.width) || 1.5;
+      parts.push(`<polyline fill="none" stroke="${color}" stroke-width="${width}" points="${pts.join(" ")}"/>`);
+    });
+    div.innerHTML = `<svg class="preview" xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="system-ui, sans-serif" font-size="11" fill="#444">${parts.join("")}</svg>`;
+    div.dataset.preview = "1";
   }
 
   function renderRest(mode, groups) {
     const [stT, nSt] = envelopeTraces(groups, mode, "staleness_min", "staleness_max", "staleness");
-    PS.draw(cards.stale_t.div, stT, PS.layout("Staleness over time (min and max per bucket)", mode, "staleness (updates)"));
-    PS.setCount(cards.stale_t, nSt, S.total);
+    PS.draw(cards.stale_t.div, stT, PS.layout("Staleness over time (min and max per bucket)", mode, "staleness (updates since the pull)"));
+    PS.setCount(cards.stale_t, nSt, S.total, "iterations");
     renderHistogram(); renderBreakdown(groups);
     const [idleT, nIdle] = lineTraces(groups, mode, "idle_fraction", { scale: 100 });
     PS.draw(cards.idle.div, idleT, PS.layout("Idle (wait) fraction per worker", mode, "idle (% of wall time)"));
-    PS.setCount(cards.idle, nIdle, S.total);
+    PS.setCount(cards.idle, nIdle, S.total, "iterations");
     const all = (groups.get(-1) || []).slice(0, S.summary.status === "running" ? -1 : undefined);
     PS.draw(cards.bytes.div, ["sent_per_s", "received_per_s"].map((c, i) => ({ type: "scatter", mode: "lines", name: c === "sent_per_s" ? "sent" : "received",
       line: { color: PS.color(i), dash: i ? "solid" : "dash", width: i ? 1.5 : 2.5 }, x: all.map((r) => xOf(mode, r)), y: all.map((r) => r[S.f[c]]) })), PS.layout("Bytes on the wire (all workers)", mode, "bytes/s"));
-    PS.setCount(cards.bytes, 2 * all.length, S.total);
-    renderTimeline(); renderElastic(); renderEvents();
+    PS.setCount(cards.bytes, 2 * all.length, S.total, "iterations");
+    renderTimeline(); renderElastic(); renderProcesses(mode); renderEvents();
     const latest = Math.max(...S.last.map((p) => p.ended_at), -Infinity);
     probe.latestT = Number.isFinite(latest) ? latest : null;
     probe.renders.push([Date.now() / 1000, probe.latestT]);
@@ -177,10 +290,10 @@
       const xs = [...m.keys()].sort((a, b) => a - b);
       return { type: "bar", name: label(w), marker: { color: PS.color(w) }, x: xs, y: xs.map((s) => m.get(s)) };
     });
-    PS.draw(cards.stale_h.div, traces, PS.layout("Staleness distribution", "staleness", "iterations",
-      { xaxis: { title: { text: "staleness (updates behind)" }, dtick: 1 }, barmode: "group" }));
+    PS.draw(cards.stale_h.div, traces, PS.layout("Staleness distribution (updates since the pull)", "staleness", "iterations",
+      { xaxis: { title: { text: "staleness (updates since the pull)" }, dtick: 1 }, barmode: "group" }));
     const total = [...S.stale.values()].reduce((a, b) => a + b, 0);
-    PS.setCount(cards.stale_h, total, S.total);
+    PS.setCount(cards.stale_h, total, S.total, "iterations");
   }
 
   function renderBreakdown(groups) {
@@ -189,8 +302,9 @@
     const traces = phases.map(([p, color]) => ({ type: "bar", orientation: "h", name: p, marker: { color },
       y: ws.map(label), x: ws.map((w) => groups.get(w).reduce((a, r) => a + r[S.f[p]], 0)) }));
     PS.draw(cards.breakdown.div, traces, PS.layout("Time per worker: compute / push / pull / wait", "s", "",
-      { barmode: "stack", xaxis: { title: { text: "time blocked in phase (s)" } }, yaxis: { title: { text: "worker" }, automargin: true, autorange: "reversed" } }));
-    PS.setCount(cards.breakdown, ws.length * 4, S.total);
+      { barmode: "stack", xaxis: { title: { text: "seconds spent per phase (compute, push, pull, wait)" } },
+        yaxis: { title: { text: "worker" }, automargin: true, autorange: "reversed", type: "category", categoryorder: "array", categoryarray: ws.map(label) } }));
+    PS.setCount(cards.breakdown, ws.length * 4, S.total, "iterations");
   }
 
   function renderTimeline() {
@@ -211,14 +325,22 @@
       x: marks.map((s) => t(s.released_at)), y: marks.map(() => 1), customdata: marks.map((s) => [s.sync_index, s.actual_wait === null ? "–" : (1000 * s.actual_wait).toFixed(1)]),
       hovertemplate: "barrier %{customdata[0]} · actual wait %{customdata[1]} ms<extra></extra>" });
     const span = S.timelineWindow ? ` (last ${S.timelineWindow} s` + (rows.length >= S.timelineLimit ? `, newest ${rows.length.toLocaleString()} rows)` : ")") : "";
+    // Workers 0..n top to bottom, whatever order their rows arrived in (categories would
+    // otherwise follow first appearance: 3, 2, 0, 1).
+    const order = Array.from({ length: S.summary.workers }, (_, w) => label(w));
     PS.draw(cards.timeline.div, traces, PS.layout(`Synchronisation timeline${span}; ▼ dotted: barriers`, wall ? "wall" : "elapsed", "",
-      { barmode: "overlay", shapes, yaxis: { title: { text: "worker" }, automargin: true, autorange: "reversed" }, bargap: 0.3,
+      { barmode: "overlay", shapes, bargap: 0.3,
+        yaxis: { title: { text: "worker" }, automargin: true, autorange: "reversed", type: "category", categoryorder: "array", categoryarray: order },
         yaxis2: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true } }));
-    PS.setCount(cards.timeline, rows.length, S.total);
+    PS.setCount(cards.timeline, rows.length, S.total, "iterations");
     cards.timeline.div.dataset.barriers = String(marks.length);
+    cards.timeline.div.dataset.order = order.join(",");
   }
 
   function renderElastic() {
+    const box = cards.elastic.div.parentElement;
+    box.hidden = !(S.summary.sync === "elastic" || S.syncs.size > 0);
+    if (box.hidden) return;  // drawn only once shown: a hidden plot would lay out at 0 px
     // Sync 0 only watches the workers (nothing predicted); a barrier not yet reached has no
     // actual wait: both are left out, so each point pairs a prediction with what happened.
     const syncs = [...S.syncs.values()].filter((s) => s.predicted && s.predicted.length && s.actual_wait !== null)
@@ -230,6 +352,35 @@
     PS.draw(cards.elastic.div, traces, PS.layout("ElasticBSP: predicted vs actual wait per barrier", "barrier", "wait (s)",
       { xaxis: { title: { text: "barrier (sync index)" } }, annotations: note }));
     PS.setCount(cards.elastic, syncs.length, syncs.length);
+  }
+
+  function renderProcesses(mode) {
+    // Samples are timed, not numbered: on the iteration axis they are shown against time.
+    const xMode = mode === "iteration" ? "elapsed" : mode;
+    const procs = processList();
+    const trace = (p, i, ys) => ({ type: "scatter", mode: "lines", name: procLabel(p.role, p.rank), line: { color: PS.color(i), width: 1.3 },
+      x: p.at.map((t) => PS.x(xMode, t, S.origin, null)), y: ys });
+    const n = procs.reduce((a, p) => a + p.at.length, 0);
+    const every = S.procThinned ? ", averaged over time" : S.procWidth > 0 ? `, averaged over ${S.procWidth} s` : "";
+    PS.draw(cards.cpu.div, procs.map((p, i) => trace(p, i, p.cpu)),
+      PS.layout(`CPU per process${every}`, xMode, "CPU (% of one core)"));
+    PS.draw(cards.mem.div, procs.map((p, i) => trace(p, i, p.rss.map((b) => b / 1e6))),
+      PS.layout(`Memory per process (RSS${every ? ", maximum" + every : ""})`, xMode, "resident memory (MB)"));
+    [cards.cpu, cards.mem].forEach((c) => { PS.setCount(c, n, n); c.div.dataset.traces = String(procs.length); });
+  }
+
+  // A run with more busy processes than cores measures contention as much as its sync model.
+  function renderBanner() {
+    const ev = S.events.find((e) => e.kind === "oversubscribed");
+    const banner = document.getElementById("oversubscribed");
+    banner.hidden = !ev;
+    if (!ev) return;
+    const sum = S.summary, busy = sum.workers + sum.servers + 1, cores = ev.detail && ev.detail.cores;
+    const n = (k, noun) => `${k} ${noun}${k === 1 ? "" : "s"}`;
+    banner.textContent = cores
+      ? `Oversubscribed: ${busy} busy processes (${n(sum.workers, "worker")}, ${n(sum.servers, "server")}, 1 evaluator) shared ${n(cores, "CPU core")}. ` +
+        "Timing comparisons on this run (throughput, waits, staleness) are confounded by CPU contention."
+      : `Oversubscribed: ${(ev.detail && ev.detail.message) || "more busy processes than cores"}. Timing comparisons on this run are confounded by CPU contention.`;
   }
 
   function renderEvents() {

@@ -165,6 +165,28 @@ def test_a_version_2_database_gains_process_samples(tmp_path: Path) -> None:
         assert "process_samples" in inspect(engine).get_table_names()
         with engine.connect() as conn:
             version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-            assert version.scalar() == "3"
+            assert version.scalar() == str(SCHEMA_VERSION)
+    finally:
+        engine.dispose()
+
+
+def test_a_version_3_database_gains_runs_notes(tmp_path: Path) -> None:
+    path = tmp_path / "v3.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '3')")
+        conn.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL)")
+        conn.execute("INSERT INTO runs VALUES ('r1', 'kept')")
+    with pytest.raises(StoreError, match="upgraded by a writer"):
+        open_engine(path, readonly=True)
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        assert "notes" in {c["name"] for c in inspect(engine).get_columns("runs")}
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT name, notes FROM runs")).one()
+            assert tuple(row) == ("kept", None)
+            version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            assert version.scalar() == "4"
     finally:
         engine.dispose()

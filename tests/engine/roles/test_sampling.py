@@ -35,3 +35,9 @@ def test_oversubscription_is_said_only_when_busy_processes_outnumber_cores() -> 
     assert oversubscription(workers=4, servers=2, cores=2) == (
         "7 busy processes (4 workers, 2 servers, 1 evaluator) share 2 cores: timings measure "
         "CPU contention as much as the consistency model")
+
+
+def test_oversubscription_counts_read_as_english() -> None:
+    assert oversubscription(workers=2, servers=1, cores=1) == (
+        "4 busy processes (2 workers, 1 server, 1 evaluator) share 1 core: timings measure "
+        "CPU contention as much as the consistency model")
