@@ -147,6 +147,8 @@ def detail_view(detail: RunDetail) -> Group:
         lines.append(Text(f"reason: {detail.reason}", style="yellow"))
     if detail.oversubscribed:
         lines.append(Text(f"oversubscribed: {detail.oversubscribed}", style="yellow"))
+    if detail.notes:
+        lines.append(Text(f"notes: {detail.notes}"))
     lines.append(_workers_table(detail))
     if detail.syncs is not None:
         lines.append(Text(

@@ -159,6 +159,7 @@ class RunDetail(Dictable):
     # What the coordinator said when the run had more busy processes than usable cores: its
     # timings are then shaped by CPU contention, and every view says so.
     oversubscribed: str | None = None
+    notes: str | None = None  # written from the dashboard's runs table
 
 
 @dataclass(frozen=True)
@@ -432,6 +433,7 @@ def run_detail(
             recent_events=tuple(_recent_events(conn, run_id)),
             syncs=_sync_summary(conn, run_id),
             oversubscribed=oversubscription_note(conn, run_id),
+            notes=row.notes,
         )
 
 

@@ -54,8 +54,8 @@ def test_ambiguous_prefix_exits_4_and_lists_the_candidates(compare_db: Path,
     twin = seed[:3] + ("0" if seed[3] != "0" else "1") + seed[4:]
     with sqlite3.connect(db) as conn:  # a second run whose id shares the first 3 characters
         conn.execute("INSERT INTO runs SELECT ?, 'twin', status, reason, started_at, ended_at, "
-                     "heartbeat_at, config_json, sync, workers, servers, dataset, iteration_count "
-                     "FROM runs WHERE id = ?", (twin, seed))
+                     "heartbeat_at, config_json, sync, workers, servers, dataset, iteration_count, "
+                     "notes FROM runs WHERE id = ?", (twin, seed))
     result = compare(db, seed[:3], code=4)
     assert "more than one run" in result.stderr
     assert seed in result.stderr and twin in result.stderr

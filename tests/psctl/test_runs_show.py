@@ -87,3 +87,15 @@ def test_an_oversubscribed_run_says_so_in_runs_show_and_compare(tmp_path: Path) 
     assert row["oversubscribed"] is True
     assert json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["oversubscribed"] \
         == message
+
+
+def test_notes_written_from_the_dashboard_show_in_runs_show(tmp_path: Path) -> None:
+    from engine.recorder import set_notes
+
+    db = tmp_path / "experiments.db"
+    run = _recorded_run(db, [0.5, 0.6])
+    assert "notes:" not in psctl("runs", "show", run, db=db).stdout
+    set_notes(db, run, "diverged after the lr warm-up")
+    assert "notes: diverged after the lr warm-up" in psctl("runs", "show", run, db=db).stdout
+    assert json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["notes"] \
+        == "diverged after the lr warm-up"
