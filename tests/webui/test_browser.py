@@ -7,29 +7,24 @@ is downloaded). Every request that does not go to this machine is aborted.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
 from engine.db import open_engine
 from engine.db.queries import list_runs
 from engine.errors import StoreError
-from tests.conftest import REPO
+from tests.webui.chromium import ARTIFACTS, CHROMIUM, block_foreign
 
-CHROMIUM = shutil.which("chromium")
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
                        "(.ci/run installs it: apt-get install chromium)"),
     pytest.mark.timeout(180),
 ]
-ARTIFACTS = REPO / "test-artifacts"
-LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
 
 def _start_run(db: Path) -> subprocess.Popen[str]:
@@ -57,14 +52,6 @@ def _wait_for_iterations(db: Path, proc: subprocess.Popen[str], timeout_s: float
                 return runs[0].id
         time.sleep(0.2)
     raise AssertionError("the run recorded no iteration in time")
-
-
-def _block_foreign(route: object) -> None:
-    request = route.request  # type: ignore[attr-defined]
-    if urlparse(request.url).hostname in LOCAL_HOSTS or request.url.startswith("data:"):
-        route.continue_()  # type: ignore[attr-defined]
-    else:
-        route.abort()  # type: ignore[attr-defined]
 
 
 def _assert_charts_labelled(page: object) -> None:
@@ -108,7 +95,7 @@ def test_run_page_receives_points_live(tmp_path: Path) -> None:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.route("**/*", _block_foreign)
+            page.route("**/*", block_foreign)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(f"{base}/runs/{run_id}")

@@ -7,23 +7,19 @@ aborted; screenshots land in test-artifacts/.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, psctl
-from tests.webui.test_browser import _block_foreign
+from tests.conftest import psctl
+from tests.webui.chromium import checked_page, chromium, needs_chromium, screenshot, serving
 from tests.webui.test_compare_api import GROUP, SOLO, SOLO_ACCURACY, seed_compare_db
 
-CHROMIUM = shutil.which("chromium")
-ARTIFACTS = REPO / "test-artifacts"
 pytestmark = [
     pytest.mark.integration,  # a server and a browser: not the fast tier
-    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                       "(.ci/run installs it: apt-get install chromium)"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 ALL = ",".join([SOLO, *GROUP])
@@ -36,36 +32,20 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def base(db: Path) -> Iterator[str]:
-    from webui.server import BackgroundServer
-
-    server = BackgroundServer(db, port=0)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with serving(db) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.route("**/*", _block_foreign)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    page.close()
-    assert errors == []
+    with checked_page(browser) as opened:
+        yield opened
 
 
 def _open(page: Any, url: str) -> None:
@@ -133,8 +113,7 @@ def test_wide_chart_fits_evaluations_raw_and_group_banded(page: Any, base: str, 
     assert "g1 (3 runs, mean ± std)" in legend
     _assert_inside_box(page)
     assert page.text_content("#compare-count").startswith("showing ")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "compare-page.png"), full_page=True)
+    screenshot(page, "compare-page.png")
 
 
 def test_narrow_window_keeps_everything_in_the_box(page: Any, base: str) -> None:
@@ -146,8 +125,7 @@ def test_narrow_window_keeps_everything_in_the_box(page: Any, base: str) -> None
     _assert_inside_box(page)
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"the page scrolls sideways by {overflow} px at 400 px wide"
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "compare-narrow.png"), full_page=True)
+    screenshot(page, "compare-narrow.png")
     # The longest legend: every run on its own, each with a smoothed line (iteration metrics
     # are smoothed by default), wraps over several rows and still stays in the box.
     draws = page.get_attribute("#compare-chart", "data-draws")

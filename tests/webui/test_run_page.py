@@ -22,13 +22,10 @@ from fastapi.testclient import TestClient
 
 from engine.db import open_engine
 from engine.recorder import REBUILD_ROLLUPS_SQL
-from tests.conftest import REPO
-from tests.webui.test_browser import _block_foreign
+from tests.webui.chromium import block_foreign, chromium, needs_chromium, screenshot, serving
 from webui import live
 from webui.app import create_app
 
-CHROMIUM = shutil.which("chromium")
-ARTIFACTS = REPO / "test-artifacts"
 WORKERS, SERVERS = 4, 2
 DURATION_S = 3725.0  # 1:02:05
 PROCESSES = [("coordinator", 0), ("evaluator", 0), *(("server", s) for s in range(SERVERS)),
@@ -161,33 +158,23 @@ def test_plotly_is_served_gzipped_and_immutable(run_db: Path) -> None:
 
 # -- the page in headless Chromium ----------------------------------------------------------------
 
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
 
 
 @pytest.fixture(scope="module")
 def base(run_db: Path) -> Iterator[str]:
-    from webui.server import BackgroundServer
-
-    server = BackgroundServer(run_db, port=0)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with serving(run_db) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def _open(browser: Any, url: str, errors: list[str]) -> Any:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.route("**/*", _block_foreign)
+    page.route("**/*", block_foreign)
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(url)
     page.wait_for_selector("body[data-complete='1']", timeout=30_000)
@@ -242,8 +229,7 @@ def test_bsp_run_page(browser: Any, base: str) -> None:
     assert "updates since the pull" in _svg_text(page, "#chart-stale_t .ytitle")
     assert "updates since the pull" in _svg_text(page, "#chart-stale_h .xtitle")
     assert "seconds spent per phase" in _svg_text(page, "#chart-breakdown .xtitle")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "run-page.png"), full_page=True)
+    screenshot(page, "run-page.png")
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0
     page.close()
@@ -299,7 +285,7 @@ def test_charts_above_the_fold_show_before_plotly_runs(browser: Any, base: str) 
     """Until plotly.js has run (here: never, its request is held back), the four charts above
     the fold are drawn as static SVG previews from the snapshot."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.route("**/*", _block_foreign)
+    page.route("**/*", block_foreign)
     page.route("**/vendor/plotly*", lambda route: route.abort())  # the later route goes first
     page.goto(f"{base}/runs/{BSP}")
     page.wait_for_selector("body[data-painted='1']", timeout=30_000)
@@ -310,6 +296,5 @@ def test_charts_above_the_fold_show_before_plotly_runs(browser: Any, base: str) 
         assert svg.locator("polyline").count() >= 1
     assert page.evaluate("window.__psctl.preview") is True
     assert page.locator(".plot-container").count() == 0  # nothing drawn by plotly
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "run-page-preview.png"))
+    screenshot(page, "run-page-preview.png", full_page=False)
     page.close()

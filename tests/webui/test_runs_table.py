@@ -6,7 +6,6 @@ off this machine is aborted; a screenshot lands in test-artifacts/.
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -17,17 +16,13 @@ import pytest
 
 from engine.recorder import Recorder
 from engine.wire.records import EventRecord, RunStatus
-from tests.conftest import REPO
-from tests.webui.test_browser import _block_foreign
+from tests.webui.chromium import checked_page, chromium, needs_chromium, screenshot, serving
 from tests.webui.test_compare_api import GROUP, SOLO, seed_compare_db
 
-CHROMIUM = shutil.which("chromium")
-ARTIFACTS = REPO / "test-artifacts"
 CROWDED = "d" * 32
 pytestmark = [
     pytest.mark.integration,  # a server and a browser: not the fast tier
-    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                       "(.ci/run installs it: apt-get install chromium)"),
+    needs_chromium,
     pytest.mark.timeout(180),
 ]
 
@@ -49,38 +44,22 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def base(db: Path) -> Iterator[str]:
-    from webui.server import BackgroundServer
-
-    server = BackgroundServer(db, port=0)
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with serving(db) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
 def page(browser: Any, base: str) -> Iterator[Any]:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.route("**/*", _block_foreign)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(base + "/")
-    page.wait_for_selector("#runs-table tbody[data-rows='5']", timeout=30_000)
-    yield page
-    page.close()
-    assert errors == []
+    with checked_page(browser) as opened:
+        opened.goto(base + "/")
+        opened.wait_for_selector("#runs-table tbody[data-rows='5']", timeout=30_000)
+        yield opened
 
 
 def _names(page: Any) -> list[str]:
@@ -154,8 +133,7 @@ def test_oversubscription_groups_and_new_runs_are_shown(page: Any, db: Path) -> 
     assert page.inner_text(f"{crowded} .warn") == "oversubscribed"
     assert page.get_attribute(f"tr[data-id='{GROUP[0]}'] a.group", "href") == "/compare?group=g1"
     assert page.locator(f"tr[data-id='{SOLO}'] .warn").count() == 0
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "runs-page.png"), full_page=True)
+    screenshot(page, "runs-page.png")
 
     recorder = Recorder(db)  # a run starts while the page is open
     try:

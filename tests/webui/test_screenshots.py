@@ -5,29 +5,23 @@ prove by itself: no script error, no request off this machine, nothing wider tha
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
 
 from engine.config import RunConfig
 from engine.recorder import Recorder
 from engine.wire.records import EvaluationRecord, IterationRecord, ProcessSample, RunStatus
-from tests.conftest import REPO
-from tests.webui.test_browser import LOCAL_HOSTS
+from tests.webui.chromium import chromium, is_local, needs_chromium, screenshot
 from tests.webui.test_compare_api import SOLO, seed_compare_db
 
-CHROMIUM = shutil.which("chromium")
-ARTIFACTS = REPO / "test-artifacts"
 SAMPLED = "f" * 32
 pytestmark = [
     pytest.mark.integration,  # a server and a browser: not the fast tier
-    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                       "(.ci/run installs it: apt-get install chromium)"),
+    needs_chromium,
     pytest.mark.timeout(240),
 ]
 # page name -> (path, the selector that says the page has drawn everything)
@@ -85,14 +79,8 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.mark.parametrize("name", list(PAGES))
@@ -104,7 +92,7 @@ def test_every_page_renders_whole_at_1400_by_1000(browser: Any, base: str, name:
 
     def local_only(route: Any) -> None:
         url = route.request.url
-        if urlparse(url).hostname in LOCAL_HOSTS or url.startswith("data:"):
+        if is_local(url):
             route.continue_()
         else:
             foreign.append(url)
@@ -119,8 +107,7 @@ def test_every_page_renders_whole_at_1400_by_1000(browser: Any, base: str, name:
         page.wait_for_timeout(300)  # plotly's last relayout after the flag is set
         widths = page.evaluate(
             "() => [document.documentElement.scrollWidth, window.innerWidth]")
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"page-{name}.png"), full_page=True)
+        screenshot(page, f"page-{name}.png")
     finally:
         page.close()
     assert errors == [] and foreign == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,11 +20,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-CHROMIUM = shutil.which("chromium")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                    "(.ci/run installs it: apt-get install chromium)")
+from tests.webui.chromium import LOCAL_HOSTS, block_foreign, chromium, needs_chromium
+
 pytestmark = pytest.mark.timeout(180)
-LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 STOP_WITHIN_S = 2.0
 
 
@@ -87,30 +84,16 @@ def _end(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=10)
 
 
-def _block_foreign(route: Any) -> None:
-    request = route.request
-    if urlparse(request.url).hostname in LOCAL_HOSTS or request.url.startswith("data:"):
-        route.continue_()
-    else:
-        route.abort()
-
-
 @pytest.fixture()
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def _open_live(browser: Any, url: str) -> Any:
     """The run page at ``url``, once its charts are drawn (its websocket is then open)."""
     page = browser.new_page()
-    page.route("**/*", _block_foreign)
+    page.route("**/*", block_foreign)
     page.goto(url, timeout=30_000)
     page.wait_for_selector("body[data-complete='1']", timeout=30_000)
     return page

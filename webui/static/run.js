@@ -385,7 +385,12 @@
 
   function renderEvents() {
     const body = document.querySelector("#events tbody");
-    if (body.childElementCount === S.events.length) return;
+    if (S.events.length === 0) {
+      if (!body.querySelector(".empty")) body.replaceChildren(PS.el("tr", { class: "empty" }));
+      body.firstChild.replaceChildren(PS.el("td", { colspan: "3", class: "muted" }, "no events recorded yet"));
+      return;
+    }
+    if (body.childElementCount === S.events.length && !body.querySelector(".empty")) return;
     body.replaceChildren(...S.events.slice(-300).map((e) => {
       const tr = document.createElement("tr");
       tr.append(PS.el("td", {}, (e.at - S.origin).toFixed(2)), PS.el("td", {}, e.kind),
