@@ -349,7 +349,7 @@ async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
 class _NoOptimizer:
     """Diagnostic only: accepts every update and changes nothing (what SGD costs, by difference)."""
 
-    def apply(self, params: Any, update: Any) -> None:
+    def apply(self, params: Any, update: Any, scale: float = 1.0) -> None:
         pass
 
     def slots(self) -> tuple[Any, ...]:

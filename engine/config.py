@@ -29,12 +29,14 @@ def _registered(kind: str, name: str) -> str:
     registries are imported here, lazily, because their policies import this module."""
     from engine.consistency.registry import CONSISTENCY_MODELS
     from engine.server.aggregation import AGGREGATION_RULES
+    from engine.server.learning import SCHEDULES, STALENESS_RULES
     from engine.server.optimizers import SERVER_OPTIMIZERS
     from engine.worker.registry import WORKER_LOOPS
 
     registries: dict[str, Registry[Any]] = {
         "sync": CONSISTENCY_MODELS, "optimizer": SERVER_OPTIMIZERS,
-        "aggregation": AGGREGATION_RULES, "loop": WORKER_LOOPS}
+        "aggregation": AGGREGATION_RULES, "loop": WORKER_LOOPS,
+        "schedule": SCHEDULES, "rule": STALENESS_RULES}
     registry = registries[kind]
     if name not in registry and not (kind == "loop" and name == "auto"):
         known = ", ".join((("auto",) if kind == "loop" else ()) + registry.names())
@@ -148,10 +150,18 @@ class ModelConfig(_Frozen):
 
 class OptimizerConfig(_Frozen):
     name: str = Field("sgd", description="server optimizer (engine.server.optimizers)")
-    lr: float = Field(0.1, gt=0, description="server learning rate")
-    momentum: float = Field(0.9, ge=0, lt=1)
-    nesterov: bool = False
-    weight_decay: float = Field(0.0, ge=0)
+    # Filled in from the optimizer's own default when not given (see _default_lr), so the
+    # stored config always says which rate the run used.
+    lr: float = Field(0.1, gt=0, description="server learning rate [the optimizer's default]")
+    momentum: float = Field(0.9, ge=0, lt=1, description="sgd: momentum")
+    nesterov: bool = Field(False, description="sgd: Nesterov momentum")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient")
+    betas: tuple[float, float] = Field((0.9, 0.999), description=(
+        "adam: decay rates of the running mean of the gradient and of its square"))
+    alpha: float = Field(0.99, gt=0, lt=1, description=(
+        "rmsprop: decay rate of the running mean of the squared gradient"))
+    eps: float | None = Field(None, gt=0, le=1, description=(
+        "added to the denominator [adagrad 1e-10, adam and rmsprop 1e-8, as torch.optim]"))
     clip_norm: float | None = Field(None, gt=0, description=(
         "servers scale a pushed gradient whose L2 norm (of the part on one shard) exceeds this "
         "down to it; off by default"))
@@ -160,6 +170,66 @@ class OptimizerConfig(_Frozen):
     @classmethod
     def _known(cls, value: str) -> str:
         return _registered("optimizer", value)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError(f"betas are decay rates in [0, 1), got {list(value)}")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_lr(cls, data: Any) -> Any:
+        """No ``lr`` (or ``lr = None`` from a flag not given): the named optimizer's default."""
+        if isinstance(data, dict) and data.get("lr") is None:
+            from engine.server.optimizers import SERVER_OPTIMIZERS
+
+            name = data.get("name", "sgd")
+            if isinstance(name, str) and name in SERVER_OPTIMIZERS:
+                return {**data, "lr": SERVER_OPTIMIZERS.get(name).default_lr}
+        return data
+
+
+class LearningConfig(_Frozen):
+    """How large each update's step is on the servers (engine.server.learning, docs/learning.md):
+    a schedule over the shard's update count, and a staleness-aware rule for pushes applied on
+    arrival. Both multiply the optimizer's learning rate."""
+
+    schedule: str = Field("constant", description="learning-rate schedule: constant, step, cosine")
+    warmup: int = Field(0, ge=0, le=10**9, description=(
+        "updates of linear warm-up before the schedule starts [0: none]"))
+    step_every: int | None = Field(None, ge=1, le=10**9,
+                                   description="step: updates between decays")
+    gamma: float = Field(0.1, gt=0, le=1, description="step: the factor of each decay")
+    total: int | None = Field(None, ge=1, le=10**9,
+                              description="cosine: updates to anneal over")
+    floor: float = Field(0.0, ge=0, lt=1, description="cosine: the final factor")
+    rule: str = Field("none", description=(
+        "staleness-aware rule: none, consgd, dynsgd, dynssgc, adaptive or split"))
+    global_lr: float | None = Field(None, gt=0, le=1, description=(
+        "every rule but none: the global rate λ each push is multiplied by [1/workers]"))
+    window: int | None = Field(None, ge=1, le=100_000, description=(
+        "dynssgc: pushes over which the maximum staleness is taken [2 × workers]"))
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_schedule(cls, value: str) -> str:
+        return _registered("schedule", value)
+
+    @field_validator("rule")
+    @classmethod
+    def _known_rule(cls, value: str) -> str:
+        return _registered("rule", value)
+
+    @model_validator(mode="after")
+    def _complete(self) -> LearningConfig:
+        if self.schedule == "step" and self.step_every is None:
+            raise ValueError("learning.schedule step needs learning.step_every (updates per decay)")
+        if self.schedule == "cosine" and self.total is None:
+            raise ValueError("learning.schedule cosine needs learning.total (updates to anneal "
+                             "over)")
+        return self
 
 
 class TrainConfig(_Frozen):
@@ -171,8 +241,20 @@ class TrainConfig(_Frozen):
     )
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
     loop: str = Field("auto", description=(
-        "worker loop (engine.worker.registry); auto: overlapped, delayed or plain as the "
-        "settings need"))
+        "worker loop (engine.worker.registry); auto: overlapped, delayed, downpour or plain as "
+        "the settings need"))
+    fetch_every: int = Field(1, ge=1, le=10_000, description=(
+        "asp (Downpour's n_fetch): pull fresh values every N iterations, computing on the "
+        "fetched copy in between"))
+    push_every: int = Field(1, ge=1, le=10_000, description=(
+        "asp (Downpour's n_push): accumulate N gradients, then push their sum"))
+    warm_start: int = Field(0, ge=0, le=10**9, description=(
+        "asp: worker 0 trains alone for its first N iterations before the others join"))
+
+    @property
+    def downpour(self) -> bool:
+        """Whether the run needs the Downpour loop (any of its three settings is in use)."""
+        return self.fetch_every > 1 or self.push_every > 1 or self.warm_start > 0
 
     @field_validator("loop")
     @classmethod
@@ -197,6 +279,7 @@ class RunConfig(_Frozen):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
+    learning: LearningConfig = LearningConfig()
     train: TrainConfig = TrainConfig()
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
@@ -209,6 +292,17 @@ class RunConfig(_Frozen):
         loop, model = self.train.loop, self.sync.model
         if loop == "overlapped" and model != "asp":
             raise ValueError(f"train.loop overlapped needs asp; {model} must wait for its pulls")
+        if self.train.downpour and model != "asp":
+            raise ValueError(f"train.fetch_every, push_every and warm_start are Downpour's "
+                             f"asynchronous settings: they need sync.model asp, not {model}")
+        if self.train.downpour and loop not in ("auto", "downpour"):
+            raise ValueError(f"train.fetch_every, push_every and warm_start need the downpour "
+                             f"loop (train.loop auto or downpour), not {loop}")
+        if loop == "downpour" and model != "asp":
+            raise ValueError(f"train.loop downpour needs asp, not {model}")
+        if self.train.downpour and self.train.overlap:
+            raise ValueError("train.overlap and Downpour's fetch_every/push_every/warm_start "
+                             "are two different loops: choose one")
         if (loop == "delayed") != (model == "bounded-delay") and loop != "auto":
             raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
                              "runs the delayed loop, and only it does")

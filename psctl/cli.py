@@ -64,9 +64,25 @@ def launch(
     epochs: Annotated[int | None, typer.Option(help="passes over the training set [10]")] = None,
     batch_size: Annotated[int | None, typer.Option(help="samples per worker iteration [64]")] =
         None,
-    lr: Annotated[float | None, typer.Option(help="server learning rate [0.1]")] = None,
+    lr: Annotated[float | None, typer.Option(help=policies.LR_HELP)] = None,
     momentum: Annotated[float | None, typer.Option(help="server SGD momentum [0.9]")] = None,
     optimizer: Annotated[str | None, typer.Option(help=policies.OPTIMIZER_HELP)] = None,
+    lr_schedule: Annotated[str | None, typer.Option(
+        help="learning-rate schedule over each shard's updates: constant, step:EVERY[:GAMMA] or "
+        "cosine:TOTAL[:FLOOR] [constant]")] = None,
+    lr_warmup: Annotated[int | None, typer.Option(
+        help="updates of linear warm-up before the schedule [0]")] = None,
+    lr_rule: Annotated[str | None, typer.Option(help=policies.RULE_HELP)] = None,
+    global_lr: Annotated[float | None, typer.Option(
+        help="every --lr-rule but none: the global rate each push is multiplied by "
+        "[1/workers]")] =
+        None,
+    fetch_every: Annotated[int | None, typer.Option(
+        help="asp (Downpour): pull fresh values every N iterations [1]")] = None,
+    push_every: Annotated[int | None, typer.Option(
+        help="asp (Downpour): push the sum of N gradients at once [1]")] = None,
+    warm_start: Annotated[int | None, typer.Option(
+        help="asp (Downpour): worker 0 trains alone for its first N iterations [0]")] = None,
     clip_norm: Annotated[float | None, typer.Option(
         help="servers scale each pushed gradient down to this L2 norm (per shard) [off]")] = None,
     aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,
@@ -98,6 +114,7 @@ def launch(
 ) -> None:
     """Train a model on shard servers and workers started on this machine, recording the run."""
     from psctl.launch import repeats, resolve_config
+    from psctl.learnopts import parse_schedule
     from psctl.syncopts import sync_overrides
 
     overrides = {
@@ -107,6 +124,9 @@ def launch(
         "train.epochs": epochs, "train.batch_size": batch_size, "train.seed": seed,
         "train.overlap": overlap, "optimizer.lr": lr, "optimizer.momentum": momentum,
         "optimizer.name": optimizer, "optimizer.clip_norm": clip_norm,
+        "train.fetch_every": fetch_every, "train.push_every": push_every,
+        "train.warm_start": warm_start, "learning.warmup": lr_warmup, "learning.rule": lr_rule,
+        "learning.global_lr": global_lr,
         "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,
         "stop.max_seconds": max_seconds, "sync.staleness": staleness, "sync.range": dssp_range,
@@ -115,6 +135,8 @@ def launch(
     path = settings.database_path(db)
     try:
         overrides |= sync_overrides(stragglers=straggler, jitter=jitter, history=history, db=path)
+        if lr_schedule is not None:
+            overrides |= parse_schedule(lr_schedule)
         resolved = resolve_config(config, overrides, no_config=no_config)
         group, configs = repeats(resolved, repeat) if repeat > 1 else (None, [resolved])
         _prepare_database(path)

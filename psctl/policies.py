@@ -8,6 +8,7 @@ from typing import Any
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.registry import Registry
 from engine.server.aggregation import AGGREGATION_RULES
+from engine.server.learning import STALENESS_RULES
 from engine.server.optimizers import SERVER_OPTIMIZERS
 from engine.worker.registry import WORKER_LOOPS
 
@@ -21,6 +22,10 @@ def choices(registry: Registry[Any], default: str, *, extra: tuple[str, ...] = (
 
 SYNC_HELP = "consistency model: " + choices(CONSISTENCY_MODELS, "bsp")
 OPTIMIZER_HELP = "server optimizer: " + choices(SERVER_OPTIMIZERS, "sgd")
+LR_HELP = ("server learning rate [the optimizer's own: " + ", ".join(
+    f"{entry.name} {entry.value.default_lr:g}" for entry in SERVER_OPTIMIZERS) + "]")
+RULE_HELP = ("staleness-aware rule for pushes applied on arrival: "
+             + choices(STALENESS_RULES, "none"))
 AGGREGATION_HELP = ("how pushes combine, per key: " + choices(AGGREGATION_RULES, "mean"))
 LOOP_HELP = ("worker loop: " + choices(WORKER_LOOPS, "auto", extra=("auto",))
-             + "; auto picks overlapped, delayed or plain as the other options need")
+             + "; auto picks overlapped, downpour, delayed or plain as the other options need")

@@ -11,6 +11,7 @@ import pytest
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.registry import Registry
 from engine.server.aggregation import AGGREGATION_RULES
+from engine.server.learning import SCHEDULES, STALENESS_RULES
 from engine.server.optimizers import SERVER_OPTIMIZERS
 from engine.worker.registry import WORKER_LOOPS
 
@@ -26,6 +27,8 @@ def table_after(heading: str) -> list[str]:
     ("### Consistency models", CONSISTENCY_MODELS),
     ("### Server optimizers", SERVER_OPTIMIZERS),
     ("### Aggregation rules", AGGREGATION_RULES),
+    ("### Learning-rate schedules", SCHEDULES),
+    ("### Staleness rules", STALENESS_RULES),
     ("### Worker loops", WORKER_LOOPS),
 ])
 def test_policy_table_matches_its_registry(heading: str, registry: Registry[Any]) -> None:

@@ -11,7 +11,8 @@ from engine.consistency.registry import make_controller
 from engine.errors import ProtocolError, PsctlError, RunFailed
 from engine.keys import KeyLayout, KeyRange
 from engine.roles.control import ControlChannel
-from engine.server.aggregation import make_aggregator
+from engine.server.aggregation import AGGREGATION_RULES, make_aggregator
+from engine.server.learning import Learning, make_rule, make_schedule
 from engine.server.optimizers import make_optimizer
 from engine.server.service import ServerLimits, ShardServer
 from engine.server.shard import ShardState
@@ -55,6 +56,9 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
     model, the aggregation rule and the server optimizer, each from its registry."""
     ranges = layout.clock_ranges(keys)
     workers = config.cluster.workers
+    divisor = AGGREGATION_RULES.get(config.sync.push_scale)(workers)
+    learning = Learning(make_schedule(config.learning),
+                        make_rule(config.learning, workers, divisor, len(keys)))
     return ShardState(
         keys,
         make_controller(config.sync, workers=workers, ranges=len(ranges)),
@@ -63,6 +67,7 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
         ranges=ranges,
         aggregator=make_aggregator(config.sync.push_scale, keys, ranges, workers),
         clip_norm=config.optimizer.clip_norm,
+        learning=learning,
     )
 
 

@@ -1,26 +1,32 @@
 """Server optimizers: how a shard applies an update to its parameters.
 
 An update addresses a contiguous slice of the shard or a sorted list of its keys; an optimizer
-touches only those keys' parameters and state (momentum buffers), so a sparse push never moves
-a key nobody pushed. Optimizers are registered in ``SERVER_OPTIMIZERS`` by their config's name.
+touches only those keys' parameters and state (momentum, squared-gradient averages, step counts),
+so a sparse push never moves a key nobody pushed. Optimizers are registered in
+``SERVER_OPTIMIZERS`` by their config's name; docs/learning.md gives their formulas.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from engine.config import OptimizerConfig
 from engine.errors import ConfigError
 from engine.registry import Registry
 from engine.server.update import Update
 
+if TYPE_CHECKING:  # engine.config reads this registry for its default lr: no import cycle
+    from engine.config import OptimizerConfig
+
 
 class ServerOptimizer(Protocol):
-    def apply(self, params: np.ndarray, update: Update) -> None:
-        """Update the keys of ``update`` in ``params`` (the whole shard, float32) in place."""
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        """Update the keys of ``update`` in ``params`` (the whole shard, float32) in place, with
+        the learning rate multiplied by ``scale`` for this update only (a schedule's factor
+        times a staleness rule's: engine.server.learning)."""
         ...
 
     def slots(self) -> tuple[np.ndarray, ...]:
@@ -53,20 +59,21 @@ class SGD:
         # Reused for every dense step: fresh 2 MB temporaries cost page faults on each update.
         self._scratch = np.empty(size, dtype=np.float32)
 
-    def apply(self, params: np.ndarray, update: Update) -> None:
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        lr = self.lr * np.float32(scale)
         if update.index is None:
-            self._dense(params[update.span], update.values, update.span)
+            self._dense(params[update.span], update.values, update.span, lr)
         else:
-            self._sparse(params, update.values, update.index)
+            self._sparse(params, update.values, update.index, lr)
 
     def slots(self) -> tuple[np.ndarray, ...]:
         return () if self._buf is None else (self._buf,)
 
     def step(self, params: np.ndarray, grad: np.ndarray) -> None:
         """A dense step over the whole shard (the optimizer's original interface)."""
-        self._dense(params, grad, slice(0, len(params)))
+        self._dense(params, grad, slice(0, len(params)), self.lr)
 
-    def _dense(self, params: np.ndarray, grad: np.ndarray, span: slice) -> None:
+    def _dense(self, params: np.ndarray, grad: np.ndarray, span: slice, lr: np.float32) -> None:
         scratch = self._scratch[: len(params)]
         direction = grad
         if self.weight_decay:
@@ -77,25 +84,245 @@ class SGD:
             buf *= self.momentum
             buf += direction
             direction = direction + self.momentum * buf if self.nesterov else buf
-        params -= np.multiply(direction, self.lr, out=scratch)
+        params -= np.multiply(direction, lr, out=scratch)
 
-    def _sparse(self, params: np.ndarray, grad: np.ndarray, index: np.ndarray) -> None:
+    def _sparse(self, params: np.ndarray, grad: np.ndarray, index: np.ndarray,
+                lr: np.float32) -> None:
         direction = grad + self.weight_decay * params[index] if self.weight_decay else grad
         if self._buf is not None:
             buf = self.momentum * self._buf[index] + direction
             self._buf[index] = buf
             direction = direction + self.momentum * buf if self.nesterov else buf
-        params[index] -= self.lr * direction
+        params[index] -= lr * direction
 
 
-# (settings, shard size) -> the shard's optimizer
-OptimizerFactory = Callable[[OptimizerConfig, int], ServerOptimizer]
-SERVER_OPTIMIZERS: Registry[OptimizerFactory] = Registry("server optimizer")
+def _decayed(params: np.ndarray, grad: np.ndarray, weight_decay: np.float32,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """The gradient with torch's L2 weight decay, g + wd * p (``grad`` itself when it is off:
+    a pushed gradient can be a read-only view, so it is never written to)."""
+    if not weight_decay:
+        return grad
+    decayed: np.ndarray = np.multiply(params, weight_decay, out=out)
+    decayed += grad
+    return decayed
+
+
+class Adagrad:
+    """Adagrad with L2 weight decay, per key: the same update as ``torch.optim.Adagrad`` with
+    lr_decay 0 and initial_accumulator_value 0.
+
+    sum += g * g; p -= lr * g / (sqrt(sum) + eps), with g = grad + weight_decay * p. The
+    accumulator is per key, so a sparse push grows only its keys' sums: a rare key keeps a
+    large step, which is why DistBelief's Downpour used it (Dean et al., NIPS 2012).
+    """
+
+    DEFAULT_EPS = 1e-10
+
+    def __init__(self, size: int, *, lr: float, weight_decay: float = 0.0,
+                 eps: float | None = None) -> None:
+        self.lr, self.weight_decay = np.float32(lr), np.float32(weight_decay)
+        self.eps = np.float32(self.DEFAULT_EPS if eps is None else eps)
+        self._sum = np.zeros(size, dtype=np.float32)
+        # Reused by every dense step instead of fresh shard-sized temporaries (page faults).
+        self._scratch = np.empty((2, size), dtype=np.float32)
+
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        lr = self.lr * np.float32(scale)
+        if update.index is None:
+            n = update.span.stop - update.span.start
+            self._step(params[update.span], update.values, self._sum[update.span], lr,
+                       self._scratch[0, :n], self._scratch[1, :n])
+        else:
+            index = update.index
+            total = self._sum[index]
+            moved = params[index]
+            self._step(moved, update.values, total, lr, None, None)
+            self._sum[index], params[index] = total, moved
+
+    def slots(self) -> tuple[np.ndarray, ...]:
+        return (self._sum,)
+
+    def _step(self, params: np.ndarray, grad: np.ndarray, total: np.ndarray, lr: np.float32,
+              decayed: np.ndarray | None, work: np.ndarray | None) -> None:
+        """One step on matching views or gathered copies; ``decayed`` and ``work`` are scratch
+        (None: allocate, for a sparse step's small arrays)."""
+        grad = _decayed(params, grad, self.weight_decay, decayed)
+        square = np.multiply(grad, grad, out=work)
+        total += square
+        denom = np.sqrt(total, out=square)
+        denom += self.eps
+        step = np.divide(grad, denom, out=denom)
+        step *= lr
+        params -= step
+
+
+class Adam:
+    """Adam with L2 weight decay, per key: the same update as ``torch.optim.Adam`` (amsgrad off,
+    weight decay added to the gradient, not decoupled as in AdamW).
+
+    m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g;
+    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+
+    "Lazy" Adam with a step count t per key: a sparse push moves only its keys' m, v and t, so
+    every key follows exactly the trajectory torch.optim.Adam would take on that key's own
+    gradient subsequence, and a key nobody pushed neither drifts on stale momentum nor has its
+    bias correction advanced. (torch's SparseAdam is lazy in m and v too, but counts one t for
+    the whole tensor.) Under dense pushes all keys share t and this is torch.optim.Adam itself.
+    """
+
+    DEFAULT_EPS = 1e-8
+
+    def __init__(self, size: int, *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 weight_decay: float = 0.0, eps: float | None = None) -> None:
+        self.lr, self.weight_decay = np.float32(lr), np.float32(weight_decay)
+        self.beta1, self.beta2 = (float(beta) for beta in betas)
+        self.eps = np.float32(self.DEFAULT_EPS if eps is None else eps)
+        self._mean = np.zeros(size, dtype=np.float32)
+        self._square = np.zeros(size, dtype=np.float32)
+        # float32 like the other slots, since the shard's rollback copies are float32; counts
+        # are exact to 2^24 steps, long after the bias corrections have reached 1.
+        self._steps = np.zeros(size, dtype=np.float32)
+        self._scratch = np.empty((2, size), dtype=np.float32)
+
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        if update.index is None:
+            span = update.span
+            n = span.stop - span.start
+            self._step(params[span], update.values, self._mean[span], self._square[span],
+                       self._steps[span], scale, self._scratch[0, :n], self._scratch[1, :n])
+        else:
+            index = update.index
+            mean, square, steps = self._mean[index], self._square[index], self._steps[index]
+            moved = params[index]
+            self._step(moved, update.values, mean, square, steps, scale, None, None)
+            self._mean[index], self._square[index], self._steps[index] = mean, square, steps
+            params[index] = moved
+
+    def slots(self) -> tuple[np.ndarray, ...]:
+        return (self._mean, self._square, self._steps)
+
+    def _step(self, params: np.ndarray, grad: np.ndarray, mean: np.ndarray, square: np.ndarray,
+              steps: np.ndarray, scale: float, decayed: np.ndarray | None,
+              work: np.ndarray | None) -> None:
+        grad = _decayed(params, grad, self.weight_decay, decayed)
+        mean *= np.float32(self.beta1)
+        mean += np.multiply(grad, np.float32(1 - self.beta1), out=work)
+        square *= np.float32(self.beta2)
+        squared = np.multiply(grad, grad, out=work)
+        squared *= np.float32(1 - self.beta2)
+        square += squared
+        steps += 1
+        step_size, root = self._corrections(steps, scale)
+        denom = np.sqrt(square, out=squared)
+        denom /= root
+        denom += self.eps
+        step = np.divide(mean, denom, out=denom)
+        step *= step_size
+        params -= step
+
+    def _corrections(self, steps: np.ndarray,
+                     scale: float) -> tuple[np.float32 | np.ndarray, np.float32 | np.ndarray]:
+        """lr / (1 - b1^t) and sqrt(1 - b2^t): scalars when every key is at the same step (any
+        dense-only run), else per key. In float64, as torch computes them: 1 - b2 in float32 is
+        already 1e-5 off."""
+        first = float(steps[0]) if len(steps) else 0.0
+        t: float | np.ndarray = first if (steps == first).all() else steps.astype(np.float64)
+        step_size = float(self.lr) * scale / (1 - self.beta1 ** t)
+        root = np.sqrt(1 - self.beta2 ** t)
+        if isinstance(t, float):
+            return np.float32(step_size), np.float32(root)
+        return np.asarray(step_size, dtype=np.float32), np.asarray(root, dtype=np.float32)
+
+
+class RMSprop:
+    """RMSprop with L2 weight decay, per key: the same update as ``torch.optim.RMSprop`` with
+    momentum 0 and centered off.
+
+    s = alpha * s + (1 - alpha) * g * g; p -= lr * g / (sqrt(s) + eps). The config's
+    ``momentum`` is SGD's (default 0.9) and is not used here: torch's RMSprop defaults to no
+    momentum, and a momentum buffer on top of the running mean is a different optimizer.
+    """
+
+    DEFAULT_EPS = 1e-8
+
+    def __init__(self, size: int, *, lr: float, alpha: float = 0.99, weight_decay: float = 0.0,
+                 eps: float | None = None) -> None:
+        self.lr, self.alpha = np.float32(lr), np.float32(alpha)
+        self.weight_decay = np.float32(weight_decay)
+        self.eps = np.float32(self.DEFAULT_EPS if eps is None else eps)
+        self._square = np.zeros(size, dtype=np.float32)
+        self._scratch = np.empty((2, size), dtype=np.float32)
+
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        lr = self.lr * np.float32(scale)
+        if update.index is None:
+            n = update.span.stop - update.span.start
+            self._step(params[update.span], update.values, self._square[update.span], lr,
+                       self._scratch[0, :n], self._scratch[1, :n])
+        else:
+            index = update.index
+            square, moved = self._square[index], params[index]
+            self._step(moved, update.values, square, lr, None, None)
+            self._square[index], params[index] = square, moved
+
+    def slots(self) -> tuple[np.ndarray, ...]:
+        return (self._square,)
+
+    def _step(self, params: np.ndarray, grad: np.ndarray, square: np.ndarray, lr: np.float32,
+              decayed: np.ndarray | None, work: np.ndarray | None) -> None:
+        grad = _decayed(params, grad, self.weight_decay, decayed)
+        square *= self.alpha
+        squared = np.multiply(grad, grad, out=work)
+        squared *= np.float32(1) - self.alpha
+        square += squared
+        denom = np.sqrt(square, out=squared)
+        denom += self.eps
+        step = np.divide(grad, denom, out=denom)
+        step *= lr
+        params -= step
+
+
+@dataclass(frozen=True)
+class OptimizerKind:
+    """How to build an optimizer from the settings, and the learning rate it uses when the run
+    gives none (``--lr``): rates that suit one optimizer are far off for another."""
+
+    build: Callable[[OptimizerConfig, int], ServerOptimizer]  # (settings, shard size)
+    default_lr: float
+
+
+SERVER_OPTIMIZERS: Registry[OptimizerKind] = Registry("server optimizer")
 SERVER_OPTIMIZERS.register(
-    "sgd", lambda config, size: SGD(size, lr=config.lr, momentum=config.momentum,
-                                    nesterov=config.nesterov, weight_decay=config.weight_decay),
+    "sgd", OptimizerKind(
+        lambda config, size: SGD(size, lr=config.lr, momentum=config.momentum,
+                                 nesterov=config.nesterov, weight_decay=config.weight_decay),
+        default_lr=0.1),
     "SGD with optional (Nesterov) momentum and weight decay, as torch.optim.SGD")
+SERVER_OPTIMIZERS.register(
+    "adagrad", OptimizerKind(
+        lambda config, size: Adagrad(size, lr=config.lr, weight_decay=config.weight_decay,
+                                     eps=config.eps),
+        # torch's 0.01 reached 97.5 % on MNIST in one of two asp runs with 4 workers, 0.005 in
+        # both and twice as fast (docs/learning.md): normalised steps ignore the 1/workers scale.
+        default_lr=0.005),
+    "Adagrad, per-key sums of squared gradients, as torch.optim.Adagrad (Downpour's choice)")
+SERVER_OPTIMIZERS.register(
+    "adam", OptimizerKind(
+        lambda config, size: Adam(size, lr=config.lr, betas=config.betas,
+                                  weight_decay=config.weight_decay, eps=config.eps),
+        default_lr=0.001),
+    "Adam with per-key step counts (lazy under sparse pushes), as torch.optim.Adam")
+SERVER_OPTIMIZERS.register(
+    "rmsprop", OptimizerKind(
+        lambda config, size: RMSprop(size, lr=config.lr, alpha=config.alpha,
+                                     weight_decay=config.weight_decay, eps=config.eps),
+        default_lr=0.0005),  # 0.001 took 1.6-1.9x the iterations, with dips (docs/learning.md)
+    "RMSprop without momentum, as torch.optim.RMSprop")
+
+
+def default_lr(name: str) -> float:
+    return SERVER_OPTIMIZERS.get(name).default_lr
 
 
 def make_optimizer(config: OptimizerConfig, size: int) -> ServerOptimizer:
-    return SERVER_OPTIMIZERS.get(config.name)(config, size)
+    return SERVER_OPTIMIZERS.get(config.name).build(config, size)

@@ -252,7 +252,8 @@ class ShardServer:
         timing = PushTiming(from_ns(frame.stamp_ns), from_ns(frame.wait_ns),
                             bool(frame.flags & FLAG_FINAL))
         accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing,
-                                      index=frame.index, commit=bool(frame.flags & FLAG_COMMIT))
+                                      index=frame.index, commit=bool(frame.flags & FLAG_COMMIT),
+                                      base_version=frame.version)
         self._send(peer, self._ack(frame, accepted_at))
         syncs = self.state.controller.take_syncs()
         if syncs and self._on_syncs is not None:

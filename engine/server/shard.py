@@ -22,6 +22,7 @@ from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming
 from engine.errors import BadPayload, ProtocolError, UnsafeUpdate
 from engine.keys import KeyRange, RangeIndex
 from engine.server.aggregation import Aggregator, make_aggregator
+from engine.server.learning import PLAIN, Learning
 from engine.server.optimizers import ServerOptimizer
 from engine.server.update import Update
 from engine.wire.protocol import ANY_CLOCK
@@ -42,9 +43,11 @@ class ShardState:
         ranges: list[KeyRange] | None = None,
         aggregator: Aggregator | None = None,
         clip_norm: float | None = None,
+        learning: Learning = PLAIN,
     ) -> None:
         self.keys = keys
         self.clip_norm = clip_norm
+        self.learning = learning
         self.params = np.zeros(len(keys), dtype=np.float32)
         self.index = RangeIndex(ranges or [keys])
         self.controller, self.optimizer = controller, optimizer
@@ -103,10 +106,12 @@ class ShardState:
 
     def push(self, worker: int, clock: int, keys: KeyRange, grad: np.ndarray,
              timing: PushTiming = NO_TIMING, *, index: np.ndarray | None = None,
-             commit: bool = True) -> int:
+             commit: bool = True, base_version: int | None = None) -> int:
         """Accept a gradient for ``keys`` (all of them, or the sorted keys ``index`` inside it);
         with ``commit`` the worker is done with ``clock`` on every clock range ``keys`` covers.
-        Returns the version it was accepted at. Refused pushes change nothing."""
+        ``base_version`` is the version of the pull the gradient was computed on (a PUSH frame
+        carries it), which makes its staleness. Returns the version it was accepted at.
+        Refused pushes change nothing."""
         if not self.initialized:
             raise ProtocolError("push before the shard was initialised")
         self._check_owned(keys)
@@ -117,8 +122,10 @@ class ShardState:
             raise BadPayload(f"a commit must cover whole clock ranges; [{keys.start}, "
                              f"{keys.end}) cuts one: {self._describe(ranges)}")
         accepted_at = self.version_of(keys)
+        staleness = max(0, accepted_at - base_version) if base_version is not None else 0
         if len(grad):
-            self._contribute(self._local(keys, self._gradient(grad), index, ranges))
+            update = self._local(keys, self._gradient(grad), index, ranges)
+            self._contribute(update, worker, staleness)
         self.pushes += 1
         if commit and len(ranges):
             self._commit(worker, clock, ranges, timing)
@@ -139,11 +146,18 @@ class ShardState:
             return values * np.float32(self.clip_norm / norm)
         return values
 
-    def _contribute(self, update: Update) -> None:
+    def _contribute(self, update: Update, worker: int, staleness: int) -> None:
         if self.controller.accumulates:
             self.aggregator.add(update)
         else:
-            self._apply(self.aggregator.immediate(update))
+            scaled = self.aggregator.immediate(update)
+            scale = self.learning.scale(self._step(update), (worker, staleness, scaled))
+            self._apply(scaled, scale=scale)
+
+    def _step(self, update: Update) -> int:
+        """Updates the keys of ``update`` have had: what a schedule is indexed by."""
+        ranges = update.ranges
+        return int(self.versions[ranges.start:ranges.stop].min()) if len(ranges) else 0
 
     def _commit(self, worker: int, clock: int, ranges: range, timing: PushTiming) -> None:
         complete = self.controller.on_commit(worker, clock, ranges)
@@ -151,7 +165,8 @@ class ShardState:
         if complete:
             for update in self.aggregator.release(complete):
                 try:
-                    self._apply(update, count=False)
+                    self._apply(update, count=False,
+                                scale=self.learning.scale(self._step(update)))
                 except UnsafeUpdate as exc:  # the round still completes, without this update
                     refused.append(str(exc))
             # One version per completed round, even for a range nobody pushed a key of.
@@ -161,11 +176,11 @@ class ShardState:
         if refused:
             raise UnsafeUpdate(f"the round this push completed was not applied: {refused[0]}")
 
-    def _apply(self, update: Update, *, count: bool = True) -> None:
+    def _apply(self, update: Update, *, count: bool = True, scale: float = 1.0) -> None:
         arrays = (self.params, *self.optimizer.slots())
         saved = [self._snapshot(i, array, update) for i, array in enumerate(arrays)]
         with np.errstate(over="ignore", invalid="ignore"):  # checked just below
-            self.optimizer.apply(self.params, update)
+            self.optimizer.apply(self.params, update, scale)
         if not all(np.isfinite(update.select(array)).all() for array in arrays):
             for array, before in zip(arrays, saved, strict=True):
                 _restore(array, update, before)

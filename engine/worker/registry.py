@@ -1,7 +1,8 @@
 """The worker loops by name: how a worker orders its pulls, computes and pushes.
 
 ``train.loop = "auto"`` picks what the run's settings need (``overlapped`` for ``train.overlap``,
-``delayed`` for bounded delay, else ``plain``); any other name is looked up here. A new loop is
+``downpour`` for fetch_every / push_every / warm_start, ``delayed`` for bounded delay, else
+``plain``); any other name is looked up here. A new loop is
 one class (usually a ``PlainLoop`` subclass) plus a line here.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from engine.config import RunConfig
 from engine.registry import Registry
 from engine.worker.delayed import DelayedLoop
+from engine.worker.downpour import DownpourLoop
 from engine.worker.loops import LayeredLoop, OverlappedLoop, PlainLoop
 
 WORKER_LOOPS: Registry[type[PlainLoop]] = Registry("worker loop")
@@ -20,6 +22,8 @@ WORKER_LOOPS.register("overlapped", OverlappedLoop,
                       "asp: prefetch the next pull while computing (staleness at least 1)")
 WORKER_LOOPS.register("delayed", DelayedLoop,
                       "bounded delay: up to --delay own iterations in flight")
+WORKER_LOOPS.register("downpour", DownpourLoop,
+                      "asp: fetch every --fetch-every, push the sum every --push-every iterations")
 
 
 def loop_name(config: RunConfig) -> str:
@@ -27,4 +31,6 @@ def loop_name(config: RunConfig) -> str:
         return config.train.loop
     if config.train.overlap:
         return "overlapped"
+    if config.train.downpour:
+        return "downpour"
     return "delayed" if config.sync.model == "bounded-delay" else "plain"

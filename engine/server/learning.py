@@ -1,0 +1,279 @@
+"""How large a step each update takes: learning-rate schedules and staleness-aware rules.
+
+Both give a factor that multiplies the optimizer's learning rate for one update (the
+``scale`` of ``ServerOptimizer.apply``); they never touch the gradient itself, so a rule means
+the same for SGD as for Adam, whose step does not grow with the gradient's size.
+
+- A **schedule** depends on the shard's update count for the clock ranges an update touches
+  (the number of updates those keys have received): warm-up, step decay, cosine.
+- A **staleness rule** depends on the push: its staleness τ (updates applied to its keys
+  since the pull its gradient was computed on, the same number the worker records) and its
+  worker. Rules apply to pushes applied on arrival (asp, ssp, dssp, bounded delay); a BSP
+  round's mean has τ = 0 and gets the schedule alone.
+
+A rule's factor is relative to the aggregator's own scaling (``sync.push_scale``: the mean
+divides each asynchronous push by the number of workers), so that ``none`` is exactly the
+behaviour without rules, and a rule's global rate λ is the whole multiplier a push gets:
+λ = 1/workers by default, as the mean. docs/learning.md gives every formula and its source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from engine.config import LearningConfig
+from engine.errors import ConfigError
+from engine.registry import Registry
+from engine.server.update import Update
+
+
+class Schedule(Protocol):
+    def factor(self, step: int) -> float:
+        """The learning-rate multiplier for an update after ``step`` earlier ones."""
+        ...
+
+
+@dataclass(frozen=True)
+class Constant:
+    def factor(self, step: int) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class StepDecay:
+    """Multiplied by gamma every ``every`` updates (torch.optim.lr_scheduler.StepLR)."""
+
+    every: int
+    gamma: float
+
+    def factor(self, step: int) -> float:
+        return float(self.gamma ** (step // self.every))
+
+
+@dataclass(frozen=True)
+class Cosine:
+    """From 1 down to ``floor`` over ``total`` updates along half a cosine, then ``floor``
+    (torch.optim.lr_scheduler.CosineAnnealingLR with eta_min = floor * lr)."""
+
+    total: int
+    floor: float = 0.0
+
+    def factor(self, step: int) -> float:
+        progress = min(step, self.total) / self.total
+        return self.floor + (1 - self.floor) * (1 + math.cos(math.pi * progress)) / 2
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """Linear warm-up over ``updates`` (from 1/updates up to 1), then ``then``'s factor counted
+    from the end of the warm-up."""
+
+    updates: int
+    then: Schedule
+
+    def factor(self, step: int) -> float:
+        if step < self.updates:
+            return (step + 1) / self.updates
+        return self.then.factor(step - self.updates)
+
+
+def _step(config: LearningConfig) -> Schedule:
+    if config.step_every is None:
+        raise ConfigError("learning.schedule step needs learning.step_every (updates per decay)")
+    return StepDecay(config.step_every, config.gamma)
+
+
+def _cosine(config: LearningConfig) -> Schedule:
+    if config.total is None:
+        raise ConfigError("learning.schedule cosine needs learning.total (updates to anneal over)")
+    return Cosine(config.total, config.floor)
+
+
+SCHEDULES: Registry[Callable[[LearningConfig], Schedule]] = Registry("learning-rate schedule")
+SCHEDULES.register("constant", lambda config: Constant(), "the same rate throughout")
+SCHEDULES.register("step", _step, "times gamma every step_every updates")
+SCHEDULES.register("cosine", _cosine, "half a cosine from 1 to floor over total updates")
+
+
+def make_schedule(config: LearningConfig) -> Schedule:
+    schedule = SCHEDULES.get(config.schedule)(config)
+    return WarmUp(config.warmup, schedule) if config.warmup else schedule
+
+
+# -- staleness-aware rules --------------------------------------------------------------------
+
+
+class StalenessRule(Protocol):
+    def factor(self, worker: int, staleness: int, update: Update) -> float:
+        """The multiplier of a push applied on arrival, relative to the aggregator's scaling;
+        ``update`` is the push as the aggregator scaled it (some rules look at its size)."""
+        ...
+
+
+@dataclass(frozen=True)
+class NoRule:
+    def factor(self, worker: int, staleness: int, update: Update) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class ConSGD:
+    """CONSGD (seed 000): a constant global rate λ multiplies every local update."""
+
+    relative: float  # λ times the aggregator's divisor: 1 when λ is the mean's 1/workers
+
+    def factor(self, worker: int, staleness: int, update: Update) -> float:
+        return self.relative
+
+
+@dataclass(frozen=True)
+class DynSGD:
+    """DynSGD (Jiang et al., SIGMOD 2017): a push τ updates stale counts 1/(τ + 1)."""
+
+    relative: float
+
+    def factor(self, worker: int, staleness: int, update: Update) -> float:
+        return self.relative / (staleness + 1)
+
+
+class DynSSGC:
+    """DYNSSGC (seed 000): the server sets the global rate from the maximum staleness: here
+    λ / (τ_max + 1), τ_max over this shard's last ``window`` pushes, this one included."""
+
+    def __init__(self, relative: float, window: int) -> None:
+        self.relative = relative
+        self._recent: deque[int] = deque(maxlen=window)
+
+    def factor(self, worker: int, staleness: int, update: Update) -> float:
+        self._recent.append(staleness)
+        return self.relative / (max(self._recent) + 1)
+
+
+def _norm(values: np.ndarray) -> float:
+    """The L2 norm in float64: a float32 sum of squares loses digits over 10^5 keys."""
+    return float(np.sqrt(np.dot(values.astype(np.float64), values.astype(np.float64))))
+
+
+class PerWorkerAdaptive:
+    """The per-worker adaptive rate (seed 000): w += η / sqrt(Σ_{i≤t+1} g_i²) · g_{t+1}, with
+    the sum over the pushes of the pushing worker only, so a worker that has pushed less keeps
+    a larger rate. Our reading: g_i is one push of that worker to this shard and g_i² its squared
+    L2 norm (a scalar, as the slide writes it), kept per worker on each shard."""
+
+    def __init__(self, relative: float, workers: int, divisor: int) -> None:
+        self.relative, self.divisor = relative, divisor
+        self.squares = np.zeros(workers, dtype=np.float64)
+
+    def factor(self, worker: int, staleness: int, update: Update) -> float:
+        # The norms of the pushed gradients, before the aggregator divided them: a push then
+        # moves the parameters by lr * λ * g / sqrt(Σ |g_i|²), as the formula says.
+        self.squares[worker] += (self.divisor * _norm(update.values)) ** 2
+        total = float(self.squares[worker])
+        return self.relative / math.sqrt(total) if total > 0 else 0.0
+
+
+class SplitGradients:
+    """Gradient splitting (seed 000): each worker's latest gradient g_c is a direction
+    g_c/|g_c| and a distance |g_c|; at every push the server finds t with
+
+        t * |sum_c alpha_c g_c/|g_c|| = |sum_c g_c|
+
+    over the latest gradients of all workers on this shard, and applies the pushed gradient
+    with distance t * alpha_c: the sum of the latest gradients keeps its length, while each
+    worker's share of it is set by alpha_c. Our reading: alpha_c = 1/(τ_c + 1), τ_c the
+    staleness of worker c's latest push (the DynSGD weight: a stale direction counts less); a
+    worker that has not pushed yet has no g_c and is left out. A worker's latest gradient is
+    per key: a push replaces the keys it carries (a layer-by-layer push, its layer's keys).
+    """
+
+    def __init__(self, relative: float, workers: int, size: int) -> None:
+        self.relative = relative
+        self.latest = np.zeros((workers, size), dtype=np.float32)
+        self.weights = np.zeros(workers, dtype=np.float64)  # alpha_c; 0 until the worker pushes
+
+    def factor(self, worker: int, staleness: int, update: Update) -> float:
+        row = self.latest[worker]
+        if update.index is None:
+            row[update.span] = update.values
+        else:
+            row[update.index] = update.values
+        self.weights[worker] = 1.0 / (staleness + 1)
+        t = self.distance()
+        own = _norm(row)
+        return self.relative * t * self.weights[worker] / own if own > 0 else 0.0
+
+    def distance(self) -> float:
+        """t, from the latest gradients and weights (0 when every gradient is zero)."""
+        norms = np.sqrt(np.einsum("ij,ij->i", self.latest.astype(np.float64),
+                                  self.latest.astype(np.float64)))
+        live = norms > 0
+        if not live.any():
+            return 0.0
+        latest = self.latest[live].astype(np.float64)
+        directions = latest / norms[live, None]
+        combined = _norm(np.einsum("i,ij->j", self.weights[live], directions))
+        return _norm(latest.sum(axis=0)) / combined if combined > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule is built with: the settings, the workers, the aggregator's divisor and the
+    shard's size (for rules that keep per-worker state on the shard)."""
+
+    config: LearningConfig
+    workers: int
+    divisor: int
+    size: int
+
+    @property
+    def relative(self) -> float:
+        """λ relative to what the aggregator already applied (1/divisor of each push)."""
+        rate = self.config.global_lr if self.config.global_lr is not None else 1 / self.workers
+        return rate * self.divisor
+
+
+STALENESS_RULES: Registry[Callable[[RuleContext], StalenessRule]] = Registry("staleness rule")
+STALENESS_RULES.register("none", lambda c: NoRule(),
+                         "every push at the aggregator's scale (push_scale)")
+STALENESS_RULES.register("consgd", lambda c: ConSGD(c.relative),
+                         "a constant global rate λ (global_lr, default 1/workers) times every push")
+STALENESS_RULES.register("dynsgd", lambda c: DynSGD(c.relative),
+                         "λ / (staleness + 1): a push τ updates stale counts 1/(τ+1)")
+STALENESS_RULES.register(
+    "dynssgc", lambda c: DynSSGC(c.relative, c.config.window or 2 * c.workers),
+    "λ / (max staleness of the shard's recent pushes + 1)")
+STALENESS_RULES.register(
+    "adaptive", lambda c: PerWorkerAdaptive(c.relative, c.workers, c.divisor),
+    "λ / sqrt(sum of the worker's squared push norms): less-pushed workers step further")
+STALENESS_RULES.register(
+    "split", lambda c: SplitGradients(c.relative, c.workers, c.size),
+    "direction/distance splitting: the latest gradients' sum keeps its length")
+
+
+def make_rule(config: LearningConfig, workers: int, divisor: int, size: int) -> StalenessRule:
+    return STALENESS_RULES.get(config.rule)(RuleContext(config, workers, divisor, size))
+
+
+@dataclass
+class Learning:
+    """A shard's schedule and staleness rule together."""
+
+    schedule: Schedule
+    rule: StalenessRule
+
+    def scale(self, step: int, push: tuple[int, int, Update] | None = None) -> float:
+        """The factor of an update after ``step`` earlier ones on its keys; ``push`` is the
+        (worker, staleness, update) of a push applied on arrival, None for a BSP round's mean."""
+        factor = self.schedule.factor(step)
+        if push is not None:
+            factor *= self.rule.factor(*push)
+        return factor
+
+
+PLAIN = Learning(Constant(), NoRule())

@@ -1,0 +1,73 @@
+"""Server-side learning through real processes on digits: Downpour's fetch/push every N cut the
+bytes per sample by about N and still learn, warm start holds the other workers back, and a
+staleness rule and an adaptive optimizer train end to end. Numbers come from the database."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import psctl
+
+pytestmark = pytest.mark.timeout(300)
+COMMON = ("--dataset", "digits", "--workers", "2", "--servers", "1", "--epochs", "20",
+          "--sync", "asp", "--no-live")
+
+
+def _launch(db: Path, name: str, *extra: str) -> dict[str, Any]:
+    done = psctl("launch", *COMMON, "--name", name, *extra, db=db, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(psctl("compare", name, "--json", db=db).stdout)
+    assert len(rows) == 1
+    row: dict[str, Any] = rows[0]
+    return row
+
+
+def test_downpour_fetch_and_push_every_4_cut_traffic_and_still_learn(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    plain = _launch(db, "plain", "--optimizer", "adagrad")
+    downpour = _launch(db, "downpour", "--optimizer", "adagrad", "--fetch-every", "4",
+                       "--push-every", "4")
+    assert plain["bytes_per_sample"] / downpour["bytes_per_sample"] >= 3.5
+    assert downpour["best_accuracy"] >= 0.9
+    with sqlite3.connect(db) as conn:
+        (pushes,) = conn.execute(
+            "SELECT count(*) FROM iterations i JOIN runs r ON r.id = i.run_id "
+            "WHERE r.name = 'downpour' AND i.pushed_at IS NOT NULL").fetchone()
+        (total,) = conn.execute(
+            "SELECT count(*) FROM iterations i JOIN runs r ON r.id = i.run_id "
+            "WHERE r.name = 'downpour'").fetchone()
+    conn.close()
+    assert pushes * 4 == total  # one push per four iterations (180 per worker: divisible)
+
+
+def test_warm_start_lets_worker_0_train_alone_first(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    _launch(db, "warm", "--warm-start", "30", "--momentum", "0")
+    with sqlite3.connect(db) as conn:
+        (alone_until,) = conn.execute(
+            "SELECT ended_at FROM iterations WHERE worker = 0 ORDER BY iteration "
+            "LIMIT 1 OFFSET 29").fetchone()
+        (joined,) = conn.execute("SELECT min(started_at) FROM iterations WHERE worker = 1"
+                                 ).fetchone()
+    conn.close()
+    assert joined >= alone_until - 0.05  # worker 1 started after worker 0's 30th iteration
+
+
+@pytest.mark.parametrize("extra", [("--lr-rule", "dynsgd"), ("--lr-rule", "split"),
+                                   ("--optimizer", "adam", "--lr-schedule", "cosine:2000")])
+def test_rules_and_optimizers_train_end_to_end(tmp_path: Path, extra: tuple[str, ...]) -> None:
+    row = _launch(tmp_path / "experiments.db", "learn", *extra)
+    assert row["status"] == "finished"
+    assert row["best_accuracy"] >= 0.85
+
+
+def test_downpour_settings_outside_asp_fail_fast(tmp_path: Path) -> None:
+    done = psctl("launch", "--dataset", "digits", "--sync", "bsp", "--fetch-every", "4",
+                 "--no-live", db=tmp_path / "experiments.db", timeout=60)
+    assert done.returncode == 1  # a configuration error, said before anything starts
+    assert "need sync.model asp, not bsp" in done.stderr
