@@ -25,6 +25,7 @@ from psctl.display import (
     starting_view,
     status_text,
 )
+from psctl.learnopts import downpour_momentum_note
 
 
 def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
@@ -70,6 +71,9 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
     crowded = oversubscription(config.cluster.workers, config.cluster.servers, usable_cores())
     if crowded is not None:
         console.print(f"[yellow]warning:[/] {crowded}", highlight=False)
+    risky = downpour_momentum_note(config)
+    if risky is not None:
+        console.print(f"[yellow]warning:[/] {risky}", highlight=False)
     launcher.start()
     if tags:
         _tag(db, launcher.run_id, tags, console)

@@ -1,10 +1,12 @@
 """Parsing of ``psctl launch --lr-schedule``: ``constant``, ``step:EVERY[:GAMMA]`` or
-``cosine:TOTAL[:FLOOR]`` become the plain ``[learning]`` values the stored config keeps."""
+``cosine:TOTAL[:FLOOR]`` become the plain ``[learning]`` values the stored config keeps; and the
+launch's warning about settings measured to diverge."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from engine.config import RunConfig
 from engine.errors import ConfigError
 
 SCHEDULE_FORMS = "constant, step:EVERY[:GAMMA] or cosine:TOTAL[:FLOOR]"
@@ -31,3 +33,15 @@ def _number(text: str, value: str, *, whole: bool) -> int | float:
     except ValueError:
         kind = "a whole number" if whole else "a number"
         raise ConfigError(f"--lr-schedule {text!r}: {value!r} is not {kind}") from None
+
+
+def downpour_momentum_note(config: RunConfig) -> str | None:
+    """A warning for Downpour's summed, stale pushes on servers with momentum: measured to
+    diverge here (docs/learning.md), where Adagrad or plain SGD trained."""
+    train, optimizer = config.train, config.optimizer
+    batching = train.fetch_every > 1 or train.push_every > 1
+    if not batching or optimizer.name != "sgd" or optimizer.momentum == 0:
+        return None
+    return (f"server momentum {optimizer.momentum:g} with Downpour's summed, stale pushes "
+            "diverged on MNIST and digits here (docs/learning.md); DistBelief ran Downpour with "
+            "Adagrad: add --optimizer adagrad, or --momentum 0")

@@ -157,7 +157,8 @@ class DynSSGC:
 
 def _norm(values: np.ndarray) -> float:
     """The L2 norm in float64: a float32 sum of squares loses digits over 10^5 keys."""
-    return float(np.sqrt(np.dot(values.astype(np.float64), values.astype(np.float64))))
+    wide = values if values.dtype == np.float64 else values.astype(np.float64)
+    return math.sqrt(float(wide @ wide))
 
 
 class PerWorkerAdaptive:
@@ -192,33 +193,54 @@ class SplitGradients:
     per key: a push replaces the keys it carries (a layer-by-layer push, its layer's keys).
     """
 
+    # The running sums drift by rounding as pushes add and remove their parts; recomputing
+    # them from the latest gradients this often keeps them exact at a small cost.
+    REFRESH_EVERY = 512
+
     def __init__(self, relative: float, workers: int, size: int) -> None:
         self.relative = relative
         self.latest = np.zeros((workers, size), dtype=np.float32)
         self.weights = np.zeros(workers, dtype=np.float64)  # alpha_c; 0 until the worker pushes
+        # Kept up to date push by push, so that a push costs O(shard), not O(workers * shard):
+        self._squares = np.zeros(workers, dtype=np.float64)  # |g_c|^2
+        self._sum = np.zeros(size, dtype=np.float64)  # sum_c g_c
+        self._directions = np.zeros(size, dtype=np.float64)  # sum_c alpha_c g_c / |g_c|
+        self._pushes = 0
 
     def factor(self, worker: int, staleness: int, update: Update) -> float:
         row = self.latest[worker]
-        if update.index is None:
-            row[update.span] = update.values
-        else:
-            row[update.index] = update.values
+        keys: slice | np.ndarray = update.span if update.index is None else update.index
+        old = row[keys].astype(np.float64)
+        new = update.values.astype(np.float64)
+        self._directions -= self._coefficient(worker) * row  # this worker's old direction out
+        row[keys] = update.values
+        self._squares[worker] = max(0.0, self._squares[worker] + float(new @ new - old @ old))
+        self._sum[keys] += new - old
         self.weights[worker] = 1.0 / (staleness + 1)
-        t = self.distance()
-        own = _norm(row)
-        return self.relative * t * self.weights[worker] / own if own > 0 else 0.0
+        self._directions += self._coefficient(worker) * row  # and its new one in
+        self._pushes += 1
+        if self._pushes % self.REFRESH_EVERY == 0:
+            self._refresh()
+        own = math.sqrt(self._squares[worker])
+        return self.relative * self.distance() * self.weights[worker] / own if own > 0 else 0.0
+
+    def _coefficient(self, worker: int) -> float:
+        squares = self._squares[worker]
+        return float(self.weights[worker] / math.sqrt(squares)) if squares > 0 else 0.0
+
+    def _refresh(self) -> None:
+        """Recompute the running sums exactly from the latest gradients."""
+        latest = self.latest.astype(np.float64)
+        self._squares = np.einsum("ij,ij->i", latest, latest)
+        self._sum = latest.sum(axis=0)
+        self._directions = np.zeros_like(self._sum)
+        for worker in range(len(latest)):
+            self._directions += self._coefficient(worker) * latest[worker]
 
     def distance(self) -> float:
         """t, from the latest gradients and weights (0 when every gradient is zero)."""
-        norms = np.sqrt(np.einsum("ij,ij->i", self.latest.astype(np.float64),
-                                  self.latest.astype(np.float64)))
-        live = norms > 0
-        if not live.any():
-            return 0.0
-        latest = self.latest[live].astype(np.float64)
-        directions = latest / norms[live, None]
-        combined = _norm(np.einsum("i,ij->j", self.weights[live], directions))
-        return _norm(latest.sum(axis=0)) / combined if combined > 0 else 0.0
+        combined = _norm(self._directions)
+        return _norm(self._sum) / combined if combined > 0 else 0.0
 
 
 @dataclass(frozen=True)

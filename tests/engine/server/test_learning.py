@@ -224,3 +224,19 @@ def test_split_replaces_only_the_keys_a_push_carries() -> None:
     layer = Update(slice(0, 4), np.array([9.0], dtype=np.float32), np.array([2]))
     made.scale(0, (0, 0, layer))
     np.testing.assert_array_equal(rule.latest[0], [1.0, -2.0, 9.0, 4.0])
+
+
+def test_split_running_sums_stay_exact_over_many_sparse_pushes() -> None:
+    size = 50
+    config = LearningConfig(rule="split")
+    rule = make_rule(config, 3, 3, size)
+    assert isinstance(rule, SplitGradients)
+    rng = np.random.default_rng(11)
+    for _ in range(SplitGradients.REFRESH_EVERY + 40):  # through one exact refresh and beyond
+        keys = np.sort(rng.choice(size, size=int(rng.integers(1, size)), replace=False))
+        values = (rng.normal(size=len(keys)) * rng.uniform(0.01, 100)).astype(np.float32)
+        factor = rule.factor(int(rng.integers(3)), int(rng.integers(4)),
+                             Update(slice(0, size), values, keys))
+        assert np.isfinite(factor)
+        kept, target = _split_invariant(rule)
+        assert kept == pytest.approx(target, rel=1e-6)
