@@ -81,9 +81,9 @@ def run_config(label: str, overrides: dict[str, Any], args: argparse.Namespace,
 
 def table(rows: list[dict[str, Any]], target: float, budget_s: float) -> list[str]:
     base = next((r for r in rows if r["config"] == BASELINE), None)
-    lines = [f"| configuration | lr | time to {target:.0%} | speedup vs fixed-rate SGD | best "
-             f"accuracy in {budget_s:.0f} s | mean staleness | iterations |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| configuration | lr | status | time to {target:.0%} | speedup vs fixed-rate SGD | "
+             f"best accuracy in {budget_s:.0f} s | mean staleness | iterations |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
     for row in rows:
         reached = row["time_to_target_s"]
         speedup = ""
@@ -92,7 +92,7 @@ def table(rows: list[dict[str, Any]], target: float, budget_s: float) -> list[st
         best = row["best_accuracy"]
         stale = row["staleness_mean"]
         lines.append(
-            f"| {row['config']} | {row['lr']:g} | "
+            f"| {row['config']} | {row['lr']:g} | {row['status']} | "
             f"{'not reached' if reached is None else f'{reached:.1f} s'} | {speedup} | "
             f"{'' if best is None else f'{best:.2%}'} | "
             f"{'' if stale is None else f'{stale:.2f}'} | {row['iterations']} |")
@@ -110,12 +110,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="keep the earlier passes in bench/results/learning_rules.json")
     parser.add_argument("--only", action="append", default=None,
                         help="run only this configuration (repeatable; a smoke test)")
+    parser.add_argument("--redraw", action="store_true",
+                        help="rewrite the docs section from bench/results/learning_rules.json "
+                        "(runs nothing)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--db", type=Path, default=None)
     args = parser.parse_args(argv)
     args.dataset = "digits" if args.quick else "mnist"
     if args.quick:
         args.target, args.budget_s, args.data_dir = 0.9, 30.0, None
+    if args.redraw:
+        passes = _earlier_passes()
+        C.update_docs_section(DOCS_TITLE, "\n".join(C.wrap_lines(_docs_body(passes, args))))
+        return {"passes": passes}
     chosen = [c for c in CONFIGS if not args.only or c in args.only]
     if args.only and len(chosen) != len(args.only):
         raise SystemExit(f"--only takes one of: {', '.join(CONFIGS)}")
@@ -133,7 +140,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick or args.only:
         return {"passes": [this_pass]}
     passes = [*(_earlier_passes() if args.append else []), this_pass]
-    payload = {"parameters": {k: v for k, v in vars(args).items() if k != "db"},
+    payload = {"parameters": {k: v for k, v in vars(args).items()
+                              if k not in ("db", "redraw")},
                "passes": passes}
     C.write_result("learning_rules", payload)
     C.update_docs_section(DOCS_TITLE, "\n".join(C.wrap_lines(_docs_body(passes, args))))
@@ -172,7 +180,11 @@ def _verdict(passes: list[dict[str, Any]], target: float) -> str:
             winners.append(f"{best['config']} ({best['time_to_target_s']:.1f} s)")
         else:
             winners.append(f"none reached {target:.0%}")
-    return "Fastest to the target, per pass: " + "; ".join(winners) + "."
+    everywhere = [c for c in CONFIGS if all(
+        any(r["config"] == c and r["time_to_target_s"] is not None for r in one["results"])
+        for one in passes)]
+    return ("Fastest to the target, per pass: " + "; ".join(winners) + ". Reached "
+            f"{target:.0%} in every pass: " + (", ".join(everywhere) or "none") + ".")
 
 
 if __name__ == "__main__":
