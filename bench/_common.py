@@ -257,6 +257,14 @@ absolute numbers move by tens of percent from run to run, ratios much less); med
 """
 
 
+def earlier_passes(name: str) -> list[dict[str, Any]]:
+    """The passes recorded in bench/results/<name>.json, for ``--append``."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return []
+    return list(json.loads(path.read_text()).get("passes", []))
+
+
 def update_docs_section(title: str, body: str) -> None:
     """Replace (or append) the ``## title`` section of docs/benchmarks.md, keeping the others."""
     DOCS.parent.mkdir(parents=True, exist_ok=True)

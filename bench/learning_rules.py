@@ -17,7 +17,6 @@ pass); ``--quick`` runs a tiny digits version in about five minutes (docs untouc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.target, args.budget_s, args.data_dir = 0.9, 30.0, None
     if args.redraw:
-        passes = _earlier_passes()
+        passes = C.earlier_passes("learning_rules")
         C.update_docs_section(DOCS_TITLE, "\n".join(C.wrap_lines(_docs_body(passes, args))))
         return {"passes": passes}
     chosen = [c for c in CONFIGS if not args.only or c in args.only]
@@ -139,20 +138,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n".join(table(rows, args.target, args.budget_s)))
     if args.quick or args.only:
         return {"passes": [this_pass]}
-    passes = [*(_earlier_passes() if args.append else []), this_pass]
+    passes = [*(C.earlier_passes("learning_rules") if args.append else []), this_pass]
     payload = {"parameters": {k: v for k, v in vars(args).items()
                               if k not in ("db", "redraw")},
                "passes": passes}
     C.write_result("learning_rules", payload)
     C.update_docs_section(DOCS_TITLE, "\n".join(C.wrap_lines(_docs_body(passes, args))))
     return payload
-
-
-def _earlier_passes() -> list[dict[str, Any]]:
-    path = C.RESULTS / "learning_rules.json"
-    if not path.exists():
-        return []
-    return list(json.loads(path.read_text()).get("passes", []))
 
 
 def _docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:

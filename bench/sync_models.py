@@ -19,7 +19,6 @@ Reproduce: ``python bench/sync_models.py --data-dir ../shared/data/mnist`` (abou
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import sys
 import time
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.target, args.epochs, args.cap_s, args.data_dir = 0.5, 3, 60.0, None
     if args.reanalyse:
-        return _rewrite(reanalyse(_earlier_passes(), args.target), args)
+        return _rewrite(reanalyse(C.earlier_passes("sync_models"), args.target), args)
     db = args.db or Path(f"/tmp/psctl-bench-sync-{int(time.time())}.db")
     labels = list(MODELS) if args.order == "forward" else list(reversed(MODELS))
     info = C.machine_info()
@@ -163,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n".join(table(rows, args.target)))
     if args.quick:
         return {"passes": [this_pass]}
-    return _rewrite([*(_earlier_passes() if args.append else []), this_pass], args)
+    return _rewrite([*(C.earlier_passes("sync_models") if args.append else []), this_pass], args)
 
 
 def _rewrite(passes: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -220,13 +219,6 @@ def _waiting_bound(rows: list[dict[str, Any]]) -> str:
     return (f"BSP's workers were idle {mean:.0%} of the time here: a model that only removed the "
             f"waiting would finish at most 1 / (1 - {mean:.2f}) = {1 / (1 - mean):.2f}x sooner "
             "per iteration.")
-
-
-def _earlier_passes() -> list[dict[str, Any]]:
-    path = C.RESULTS / "sync_models.json"
-    if not path.exists():
-        return []
-    return list(json.loads(path.read_text()).get("passes", []))
 
 
 def _docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:

@@ -107,7 +107,42 @@ def _decayed(params: np.ndarray, grad: np.ndarray, weight_decay: np.float32,
     return decayed
 
 
-class Adagrad:
+class _Accumulating:
+    """An optimizer with one per-key accumulator of squared gradients (Adagrad, RMSprop): the
+    dense and sparse bookkeeping they share; ``_step`` is each one's arithmetic."""
+
+    DEFAULT_EPS = 1e-8
+
+    def __init__(self, size: int, *, lr: float, weight_decay: float, eps: float | None) -> None:
+        self.lr, self.weight_decay = np.float32(lr), np.float32(weight_decay)
+        self.eps = np.float32(self.DEFAULT_EPS if eps is None else eps)
+        self._acc = np.zeros(size, dtype=np.float32)
+        # Reused by every dense step instead of fresh shard-sized temporaries (page faults).
+        self._scratch = np.empty((2, size), dtype=np.float32)
+
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        lr = self.lr * np.float32(scale)
+        if update.index is None:
+            n = update.span.stop - update.span.start
+            self._step(params[update.span], update.values, self._acc[update.span], lr,
+                       self._scratch[0, :n], self._scratch[1, :n])
+        else:
+            index = update.index
+            acc, moved = self._acc[index], params[index]
+            self._step(moved, update.values, acc, lr, None, None)
+            self._acc[index], params[index] = acc, moved
+
+    def slots(self) -> tuple[np.ndarray, ...]:
+        return (self._acc,)
+
+    def _step(self, params: np.ndarray, grad: np.ndarray, acc: np.ndarray, lr: np.float32,
+              decayed: np.ndarray | None, work: np.ndarray | None) -> None:
+        """One step on matching views or gathered copies; ``decayed`` and ``work`` are scratch
+        (None: allocate, for a sparse step's small arrays)."""
+        raise NotImplementedError
+
+
+class Adagrad(_Accumulating):
     """Adagrad with L2 weight decay, per key: the same update as ``torch.optim.Adagrad`` with
     lr_decay 0 and initial_accumulator_value 0.
 
@@ -120,36 +155,14 @@ class Adagrad:
 
     def __init__(self, size: int, *, lr: float, weight_decay: float = 0.0,
                  eps: float | None = None) -> None:
-        self.lr, self.weight_decay = np.float32(lr), np.float32(weight_decay)
-        self.eps = np.float32(self.DEFAULT_EPS if eps is None else eps)
-        self._sum = np.zeros(size, dtype=np.float32)
-        # Reused by every dense step instead of fresh shard-sized temporaries (page faults).
-        self._scratch = np.empty((2, size), dtype=np.float32)
+        super().__init__(size, lr=lr, weight_decay=weight_decay, eps=eps)
 
-    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
-        lr = self.lr * np.float32(scale)
-        if update.index is None:
-            n = update.span.stop - update.span.start
-            self._step(params[update.span], update.values, self._sum[update.span], lr,
-                       self._scratch[0, :n], self._scratch[1, :n])
-        else:
-            index = update.index
-            total = self._sum[index]
-            moved = params[index]
-            self._step(moved, update.values, total, lr, None, None)
-            self._sum[index], params[index] = total, moved
-
-    def slots(self) -> tuple[np.ndarray, ...]:
-        return (self._sum,)
-
-    def _step(self, params: np.ndarray, grad: np.ndarray, total: np.ndarray, lr: np.float32,
+    def _step(self, params: np.ndarray, grad: np.ndarray, acc: np.ndarray, lr: np.float32,
               decayed: np.ndarray | None, work: np.ndarray | None) -> None:
-        """One step on matching views or gathered copies; ``decayed`` and ``work`` are scratch
-        (None: allocate, for a sparse step's small arrays)."""
         grad = _decayed(params, grad, self.weight_decay, decayed)
         square = np.multiply(grad, grad, out=work)
-        total += square
-        denom = np.sqrt(total, out=square)
+        acc += square
+        denom = np.sqrt(acc, out=square)
         denom += self.eps
         step = np.divide(grad, denom, out=denom)
         step *= lr
@@ -234,7 +247,7 @@ class Adam:
         return np.asarray(step_size, dtype=np.float32), np.asarray(root, dtype=np.float32)
 
 
-class RMSprop:
+class RMSprop(_Accumulating):
     """RMSprop with L2 weight decay, per key: the same update as ``torch.optim.RMSprop`` with
     momentum 0 and centered off.
 
@@ -243,39 +256,19 @@ class RMSprop:
     momentum, and a momentum buffer on top of the running mean is a different optimizer.
     """
 
-    DEFAULT_EPS = 1e-8
-
     def __init__(self, size: int, *, lr: float, alpha: float = 0.99, weight_decay: float = 0.0,
                  eps: float | None = None) -> None:
-        self.lr, self.alpha = np.float32(lr), np.float32(alpha)
-        self.weight_decay = np.float32(weight_decay)
-        self.eps = np.float32(self.DEFAULT_EPS if eps is None else eps)
-        self._square = np.zeros(size, dtype=np.float32)
-        self._scratch = np.empty((2, size), dtype=np.float32)
+        super().__init__(size, lr=lr, weight_decay=weight_decay, eps=eps)
+        self.alpha = np.float32(alpha)
 
-    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
-        lr = self.lr * np.float32(scale)
-        if update.index is None:
-            n = update.span.stop - update.span.start
-            self._step(params[update.span], update.values, self._square[update.span], lr,
-                       self._scratch[0, :n], self._scratch[1, :n])
-        else:
-            index = update.index
-            square, moved = self._square[index], params[index]
-            self._step(moved, update.values, square, lr, None, None)
-            self._square[index], params[index] = square, moved
-
-    def slots(self) -> tuple[np.ndarray, ...]:
-        return (self._square,)
-
-    def _step(self, params: np.ndarray, grad: np.ndarray, square: np.ndarray, lr: np.float32,
+    def _step(self, params: np.ndarray, grad: np.ndarray, acc: np.ndarray, lr: np.float32,
               decayed: np.ndarray | None, work: np.ndarray | None) -> None:
         grad = _decayed(params, grad, self.weight_decay, decayed)
-        square *= self.alpha
+        acc *= self.alpha
         squared = np.multiply(grad, grad, out=work)
         squared *= np.float32(1) - self.alpha
-        square += squared
-        denom = np.sqrt(square, out=squared)
+        acc += squared
+        denom = np.sqrt(acc, out=squared)
         denom += self.eps
         step = np.divide(grad, denom, out=denom)
         step *= lr
