@@ -16,7 +16,7 @@ import torch
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
-from engine.errors import RunFailed
+from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
 from engine.models.flat import FlatModel, evaluate
 from engine.models.spec import MLPSpec
@@ -75,7 +75,17 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str) -> None
     dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
     model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
                               dataset.spec.num_classes), seed=config.train.seed)
-    client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io)
+    try:
+        client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io)
+    except ConnectFailed:
+        # A run that ends while the evaluator is still loading its data has already closed its
+        # servers: nothing is left to evaluate, and that is no failure of the evaluator's.
+        stopped = _told_to_stop(control, STOP_GRACE_S)
+        control.close()
+        io.stop()
+        if stopped:
+            return
+        raise
     evaluator = Evaluator(model, torch.from_numpy(dataset.test_x),
                           torch.from_numpy(dataset.test_y), client, welcome.started_at)
     try:
@@ -84,3 +94,21 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str) -> None
         client.close()
         control.close()
         io.stop()
+
+
+# How long a failed connection waits for the coordinator's word that the run is over.
+STOP_GRACE_S = 2.0
+
+
+def _told_to_stop(control: SyncControl, within_s: float) -> bool:
+    """Whether the coordinator says stop or exit within ``within_s`` (messages are consumed:
+    the evaluator is about to leave)."""
+    deadline = time.monotonic() + within_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            message = control.inbox.get(timeout=left)
+        except queue.Empty:
+            return False
+        if isinstance(message, Stop | Exit):
+            return True
+    return False

@@ -60,6 +60,7 @@ def test_a_table_wider_than_the_terminal_is_paged_at_full_width(compare_db: Path
 
 def test_a_table_that_fits_is_printed_without_a_pager(compare_db: Path, tmp_path: Path) -> None:
     paged = tmp_path / "paged.txt"
-    screen = compare_on_a_terminal(compare_db, 1000, paged)
+    # --all lists every config key (about 60 columns): a terminal this wide holds them all.
+    screen = compare_on_a_terminal(compare_db, 4000, paged)
     assert not paged.exists()
     assert "┃ run" in screen and "seed-run" in screen

@@ -1,0 +1,45 @@
+"""The evaluator's exit when its servers are gone: quiet if the coordinator said the run is
+over (a run stopped while the evaluator was still loading), a failure otherwise."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from engine.roles.control import Lost
+from engine.roles.evaluator import _told_to_stop
+from engine.wire.messages import Exit, Stop
+
+
+class Inbox:
+    def __init__(self, *messages: Any) -> None:
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        for message in messages:
+            self.inbox.put(message)
+
+
+@pytest.mark.parametrize("message", [Stop(reason="time limit of 0.001 s reached"), Exit()])
+def test_a_stop_or_exit_means_the_run_is_over(message: Any) -> None:
+    assert _told_to_stop(Inbox(message), 1.0) is True  # type: ignore[arg-type]
+
+
+def test_a_stop_that_arrives_a_little_later_still_counts() -> None:
+    inbox = Inbox()
+
+    def later() -> None:
+        time.sleep(0.1)
+        inbox.inbox.put(Stop(reason="done"))
+
+    threading.Thread(target=later, daemon=True).start()
+    assert _told_to_stop(inbox, 2.0) is True  # type: ignore[arg-type]
+
+
+def test_silence_or_a_lost_coordinator_is_a_real_failure() -> None:
+    started = time.monotonic()
+    assert _told_to_stop(Inbox(), 0.2) is False  # type: ignore[arg-type]
+    assert time.monotonic() - started < 1.0  # bounded by the grace period
+    assert _told_to_stop(Inbox(Lost("gone")), 0.2) is False  # type: ignore[arg-type]
