@@ -257,6 +257,16 @@ absolute numbers move by tens of percent from run to run, ratios much less); med
 """
 
 
+def add_pass_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """The options every multi-pass benchmark takes: pass order, appending to the recorded
+    passes in bench/results/<name>.json, the quick smoke version, and the database."""
+    parser.add_argument("--order", choices=("forward", "reverse"), default="forward")
+    parser.add_argument("--append", action="store_true",
+                        help=f"keep the earlier passes in bench/results/{name}.json")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--db", type=Path, default=None)
+
+
 def earlier_passes(name: str) -> list[dict[str, Any]]:
     """The passes recorded in bench/results/<name>.json, for ``--append``."""
     path = RESULTS / f"{name}.json"

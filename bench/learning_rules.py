@@ -104,16 +104,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--budget-s", type=float, default=90.0,
                         help="seconds each configuration trains")
-    parser.add_argument("--order", choices=("forward", "reverse"), default="forward")
-    parser.add_argument("--append", action="store_true",
-                        help="keep the earlier passes in bench/results/learning_rules.json")
+    C.add_pass_arguments(parser, "learning_rules")
     parser.add_argument("--only", action="append", default=None,
                         help="run only this configuration (repeatable; a smoke test)")
     parser.add_argument("--redraw", action="store_true",
                         help="rewrite the docs section from bench/results/learning_rules.json "
                         "(runs nothing)")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--db", type=Path, default=None)
     args = parser.parse_args(argv)
     args.dataset = "digits" if args.quick else "mnist"
     if args.quick:

@@ -135,14 +135,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--cap-s", type=float, default=240.0)
-    parser.add_argument("--order", choices=("forward", "reverse"), default="forward")
-    parser.add_argument("--append", action="store_true",
-                        help="keep the earlier passes in bench/results/sync_models.json")
+    C.add_pass_arguments(parser, "sync_models")
     parser.add_argument("--reanalyse", action="store_true",
                         help="recompute the derived columns of the recorded passes from their "
                         "databases, then rewrite the results and docs (runs nothing)")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--db", type=Path, default=None)
     args = parser.parse_args(argv)
     args.dataset = "digits" if args.quick else "mnist"
     if args.quick:
