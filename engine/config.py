@@ -197,13 +197,16 @@ class LearningConfig(_Frozen):
     arrival. Both multiply the optimizer's learning rate."""
 
     schedule: str = Field("constant", description="learning-rate schedule: constant, step, cosine")
+    unit: Literal["updates", "epochs"] = Field("updates", description=(
+        "what warmup, step_every and total count: a shard's updates, or epochs (by the clock "
+        "of each push) [updates]"))
     warmup: int = Field(0, ge=0, le=10**9, description=(
-        "updates of linear warm-up before the schedule starts [0: none]"))
+        "updates (or epochs) of linear warm-up before the schedule starts [0: none]"))
     step_every: int | None = Field(None, ge=1, le=10**9,
-                                   description="step: updates between decays")
+                                   description="step: updates (or epochs) between decays")
     gamma: float = Field(0.1, gt=0, le=1, description="step: the factor of each decay")
     total: int | None = Field(None, ge=1, le=10**9,
-                              description="cosine: updates to anneal over")
+                              description="cosine: updates (or epochs) to anneal over")
     floor: float = Field(0.0, ge=0, lt=1, description="cosine: the final factor")
     rule: str = Field("none", description=(
         "staleness-aware rule: none, consgd, dynsgd, dynssgc, adaptive or split"))

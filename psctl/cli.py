@@ -71,7 +71,10 @@ def launch(
         help="learning-rate schedule over each shard's updates: constant, step:EVERY[:GAMMA] or "
         "cosine:TOTAL[:FLOOR] [constant]")] = None,
     lr_warmup: Annotated[int | None, typer.Option(
-        help="updates of linear warm-up before the schedule [0]")] = None,
+        help="updates (or epochs) of linear warm-up before the schedule [0]")] = None,
+    lr_unit: Annotated[str | None, typer.Option(
+        help="what --lr-schedule's and --lr-warmup's numbers count: updates (of each shard) or "
+        "epochs (by the clock of each push) [updates]")] = None,
     lr_rule: Annotated[str | None, typer.Option(help=policies.RULE_HELP)] = None,
     global_lr: Annotated[float | None, typer.Option(
         help="every --lr-rule but none: the global rate each push is multiplied by "
@@ -126,6 +129,7 @@ def launch(
         "optimizer.name": optimizer, "optimizer.clip_norm": clip_norm,
         "train.fetch_every": fetch_every, "train.push_every": push_every,
         "train.warm_start": warm_start, "learning.warmup": lr_warmup, "learning.rule": lr_rule,
+        "learning.unit": lr_unit,
         "learning.global_lr": global_lr,
         "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,

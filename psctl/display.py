@@ -12,7 +12,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from engine.db.queries import EvaluationPoint, Progress, RunDetail, RunSummary
+from engine.db.queries import EvaluationPoint, Progress, RunDetail, RunSummary, WorkerStats
 
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red",
                 "interrupted": "yellow", "crashed": "magenta"}
@@ -169,15 +169,28 @@ def _workers_table(detail: RunDetail) -> Table:
     table = Table(title="per worker (seconds are per iteration means)", title_justify="left",
                   caption=f"{STALENESS}: updates applied to the model between a worker's pull "
                   "and its push", caption_justify="left")
+    # The applied learning-rate scale (runs recorded before schema 5 have none).
+    scaled = any(w.lr_scale_mean is not None for w in detail.workers)
     for column in ("worker", "iterations", "compute", "push", "pull", "wait (idle)",
-                   "idle %", "staleness mean", "staleness max", "samples/s"):
+                   "idle %", "staleness mean", "staleness max", "samples/s",
+                   *(("lr scale mean", "lr scale min-max") if scaled else ())):
         table.add_column(column, justify="right")
+    if scaled:
+        table.caption = (f"{table.caption}\nlr scale: the factor the servers applied each "
+                         "gradient with (aggregator weight x schedule x staleness rule)")
     for w in detail.workers:
         table.add_row(str(w.worker), str(w.iterations), f"{w.compute_s_mean * 1e3:.1f} ms",
                       f"{w.push_s_mean * 1e3:.1f} ms", f"{w.pull_s_mean * 1e3:.1f} ms",
                       f"{w.wait_s_mean * 1e3:.1f} ms", fmt_pct(w.idle_fraction),
-                      f"{w.staleness_mean:.2f}", str(w.staleness_max), _rate(w.samples_per_s))
+                      f"{w.staleness_mean:.2f}", str(w.staleness_max), _rate(w.samples_per_s),
+                      *(_lr_cells(w) if scaled else ()))
     return table
+
+
+def _lr_cells(w: WorkerStats) -> tuple[str, str]:
+    if w.lr_scale_mean is None or w.lr_scale_min is None or w.lr_scale_max is None:
+        return "-", "-"
+    return f"{w.lr_scale_mean:.4g}", f"{w.lr_scale_min:.4g}-{w.lr_scale_max:.4g}"
 
 
 # Up to this many evaluations are listed whole; a longer run lists a sample of them.

@@ -19,7 +19,7 @@ ALL_WORKERS = -1
 RECORD_FIELDS = (
     "worker", "b", "n", "t", "it", "throughput", "idle_fraction", "staleness_min",
     "staleness_max", "loss_min", "loss_max", "sent_per_s", "received_per_s",
-    "compute", "push", "pull", "wait",
+    "compute", "push", "pull", "wait", "lr_min", "lr_max",
 )
 
 # metric -> (unit, title, record columns: one value, or a min/max pair)
@@ -34,6 +34,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "push": ("s per bucket", "Push time", ("push",)),
     "pull": ("s per bucket", "Pull time", ("pull",)),
     "wait": ("s per bucket", "Wait time", ("wait",)),
+    "lr_scale": ("factor on the learning rate", "Applied learning-rate scale",
+                 ("lr_min", "lr_max")),
 }
 EVALUATION_METRICS = {"accuracy": ("fraction", "Test accuracy"), "test_loss": ("cross-entropy",
                                                                              "Test loss")}
@@ -75,6 +77,7 @@ def _record(worker: int, rows: Sequence[tuple[Any, ...]], buckets: Buckets, ix: 
         extreme("loss_min", min), extreme("loss_max", max),
         total("sent") / span, total("received") / span,
         total("compute"), total("push"), total("pull"), total("wait"),
+        extreme("lr_min", min), extreme("lr_max", max),
     ]
 
 
@@ -113,5 +116,6 @@ def raw_value(metric: str, row: dict[str, Any]) -> float | None:
         "push": lambda: row["push_s"],
         "pull": lambda: row["pull_s"],
         "wait": lambda: row["wait_s"],
+        "lr_scale": lambda: row["lr_scale"],
     }
     return values[metric]()

@@ -103,6 +103,10 @@ class WorkerStats(Dictable):
     samples_per_s: float | None  # samples / wall_s; None when wall_s is 0
     bytes_sent: int
     bytes_received: int
+    # The applied learning-rate scale over the iterations that pushed (None: none recorded).
+    lr_scale_mean: float | None = None
+    lr_scale_min: float | None = None
+    lr_scale_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -485,6 +489,9 @@ def _worker_stats_select(run_id: str) -> Select[Any]:
             func.avg(it.ended_at - it.started_at).label("iteration_s_mean"),
             func.sum(it.bytes_sent).label("bytes_sent"),
             func.sum(it.bytes_received).label("bytes_received"),
+            func.avg(it.lr_scale).label("lr_scale_mean"),
+            func.min(it.lr_scale).label("lr_scale_min"),
+            func.max(it.lr_scale).label("lr_scale_max"),
         )
         .where(it.run_id == run_id)
         .group_by(it.worker)

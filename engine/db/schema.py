@@ -36,7 +36,7 @@ from sqlalchemy.pool import QueuePool
 
 from engine.errors import StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 5.0
 DB_ENV_VAR = "PSCTL_DB"
 
@@ -100,6 +100,9 @@ iterations = Table(
     # wait_s these are what ElasticBSP predicts from, so any prediction can be recomputed offline.
     Column("pushed_at", REAL),
     Column("acked_at", REAL),
+    # The multiplier the servers applied the pushed gradient with: the aggregator's weight times
+    # the learning-rate schedule's and the staleness rule's factors (NULL: nothing pushed).
+    Column("lr_scale", REAL),
     # The live progress display counts the iterations of the last few seconds.
     Index("ix_iterations_run_ended", "run_id", "ended_at"),
     sqlite_with_rowid=False,
@@ -132,6 +135,8 @@ iteration_rollups = Table(
     Column("loss_max", REAL),
     Column("bytes_sent", Integer, nullable=False),
     Column("bytes_received", Integer, nullable=False),
+    Column("lr_min", REAL),
+    Column("lr_max", REAL),
     sqlite_with_rowid=False,
 )
 
@@ -299,6 +304,8 @@ def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
             version = _migrate_from_2(conn)
         if version == 3 and not readonly:
             version = _migrate_from_3(conn)
+        if version == 4 and not readonly:
+            version = _migrate_from_4(conn)
     _check_version(version, path)
 
 
@@ -323,6 +330,18 @@ def _migrate_from_3(conn: Connection) -> int:
         conn.exec_driver_sql("ALTER TABLE runs ADD COLUMN notes TEXT")
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="4"))
     return 4
+
+
+def _migrate_from_4(conn: Connection) -> int:
+    """Version 5 added the applied learning-rate scale to iterations and their rollups."""
+    for table, names in (("iterations", ("lr_scale",)),
+                         ("iteration_rollups", ("lr_min", "lr_max"))):
+        columns = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table})")}
+        for name in names:
+            if name not in columns:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} REAL")
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="5"))
+    return 5
 
 
 def _stored_version(conn: Connection, path: Path) -> int | None:

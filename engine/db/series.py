@@ -37,7 +37,8 @@ _BUCKETS_SQL = """
            sum(pull_s) AS pull, sum(wait_s) AS wait,
            min(staleness) AS st_min, max(staleness) AS st_max,
            min(loss) AS loss_min, max(loss) AS loss_max,
-           sum(bytes_sent) AS sent, sum(bytes_received) AS received
+           sum(bytes_sent) AS sent, sum(bytes_received) AS received,
+           min(lr_scale) AS lr_min, max(lr_scale) AS lr_max
     FROM iterations
     WHERE run_id = :run AND worker = :worker {since}
     GROUP BY b
@@ -56,7 +57,7 @@ _ROLLUP_BUCKETS = text("""
     SELECT worker, slot / :k AS b, sum(n), max(last_ended_at), max(last_iteration),
            sum(samples), sum(compute_s), sum(push_s), sum(pull_s), sum(wait_s),
            min(staleness_min), max(staleness_max), min(loss_min), max(loss_max),
-           sum(bytes_sent), sum(bytes_received)
+           sum(bytes_sent), sum(bytes_received), min(lr_min), max(lr_max)
     FROM iteration_rollups
     WHERE run_id = :run AND slot >= :start
     GROUP BY worker, b
@@ -68,7 +69,7 @@ _HAS_ROLLUPS = text("SELECT 1 FROM sqlite_master WHERE type = 'table' "
 
 BUCKET_FIELDS = (
     "worker", "b", "n", "t_last", "it", "samples", "compute", "push", "pull", "wait",
-    "st_min", "st_max", "loss_min", "loss_max", "sent", "received",
+    "st_min", "st_max", "loss_min", "loss_max", "sent", "received", "lr_min", "lr_max",
 )
 
 
@@ -241,7 +242,7 @@ def worker_cursors(engine: Engine, run_id: str, workers: int) -> dict[int, int]:
 def last_points(engine: Engine, run_id: str, workers: int) -> list[dict[str, Any]]:
     """Each worker's latest raw row, so the newest value is shown even inside a bucket."""
     it = iterations.c
-    cols = (it.worker, it.iteration, it.ended_at, it.loss, it.staleness)
+    cols = (it.worker, it.iteration, it.ended_at, it.loss, it.staleness, it.lr_scale)
     with reading(engine, f"reading last points of run {run_id}") as conn:
         found = []
         for worker in range(workers):

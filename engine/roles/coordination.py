@@ -317,8 +317,8 @@ class Coordinator:
                 planned = self.config.train.epochs * sum(
                     self.progress.iterations_per_epoch.values())
                 self._event("training_started", total_iterations=planned)
-                for worker in [p for p in self.peers.values() if p.role == "worker"]:
-                    self._spawn(self._send(worker, Start()))
+                self._spawn(self._start_training(
+                    min(self.progress.iterations_per_epoch.values())))
         elif isinstance(message, EpochDone):
             self._on_epoch_done(peer.rank, message.epoch)
         elif isinstance(message, Done):
@@ -444,6 +444,16 @@ class Coordinator:
         self._spawn(self._send(evaluator, Evaluate(epoch=epoch, final=final)))
 
     # -- helpers --------------------------------------------------------------------------------
+
+    async def _start_training(self, iterations_per_epoch: int) -> None:
+        """Tell the servers an epoch's clocks (for schedules by epoch), then start the workers:
+        the servers' Start is on their sockets before any worker can push."""
+        clocks = iterations_per_epoch / self.config.train.push_every  # Downpour: one per push
+        by_role = {role: [p for p in self.peers.values() if p.role == role]
+                   for role in ("server", "worker")}
+        await asyncio.gather(*(self._send(server, Start(clocks_per_epoch=clocks))
+                               for server in by_role["server"]))
+        await asyncio.gather(*(self._send(worker, Start()) for worker in by_role["worker"]))
 
     async def _send(self, peer: Peer, message: Message) -> None:
         try:

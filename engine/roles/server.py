@@ -12,12 +12,12 @@ from engine.errors import ProtocolError, PsctlError, RunFailed
 from engine.keys import KeyLayout, KeyRange
 from engine.roles.control import ControlChannel
 from engine.server.aggregation import AGGREGATION_RULES, make_aggregator
-from engine.server.learning import Learning, make_rule, make_schedule
+from engine.server.learning import make_learning
 from engine.server.optimizers import make_optimizer
 from engine.server.service import ServerLimits, ShardServer
 from engine.server.shard import ShardState
 from engine.transport.base import Transport
-from engine.wire.messages import Event, Exit, Hello, Serving, Stop, Syncs, layout_of
+from engine.wire.messages import Event, Exit, Hello, Serving, Start, Stop, Syncs, layout_of
 from engine.wire.records import EventRecord, SyncRecord
 
 
@@ -57,8 +57,7 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
     ranges = layout.clock_ranges(keys)
     workers = config.cluster.workers
     divisor = AGGREGATION_RULES.get(config.sync.push_scale)(workers)
-    learning = Learning(make_schedule(config.learning),
-                        make_rule(config.learning, workers, divisor, len(keys)))
+    learning = make_learning(config.learning, workers, divisor, len(keys))
     return ShardState(
         keys,
         make_controller(config.sync, workers=workers, ranges=len(ranges)),
@@ -85,7 +84,9 @@ async def _obey(channel: ControlChannel, server: ShardServer,
             message = await channel.recv()
         except PsctlError as exc:
             raise RunFailed(f"shard server {server.rank} lost the coordinator: {exc}") from None
-        if isinstance(message, Stop):
+        if isinstance(message, Start) and message.clocks_per_epoch is not None:
+            server.state.learning.start(message.clocks_per_epoch)
+        elif isinstance(message, Stop):
             server.drain(message.reason)
         elif isinstance(message, Exit):
             with contextlib.suppress(TimeoutError):  # the barriers reach the database first

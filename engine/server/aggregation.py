@@ -19,6 +19,11 @@ from engine.server.update import Update
 
 
 class Aggregator(Protocol):
+    @property
+    def weight(self) -> float:
+        """What one push counts for in an update: 1/workers for the mean, 1 for the sum."""
+        ...
+
     def immediate(self, update: Update) -> Update:
         """What one push applied on arrival contributes."""
         ...
@@ -42,6 +47,10 @@ class RoundSum:
         self._dense = np.zeros(len(ranges), dtype=bool)  # every key of the range contributed
         self._divide = np.float32(divide_by)
         self._ranges = ranges
+
+    @property
+    def weight(self) -> float:
+        return 1.0 / float(self._divide)
 
     def immediate(self, update: Update) -> Update:
         if self._divide == 1:

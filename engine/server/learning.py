@@ -5,7 +5,9 @@ Both give a factor that multiplies the optimizer's learning rate for one update 
 the same for SGD as for Adam, whose step does not grow with the gradient's size.
 
 - A **schedule** depends on the shard's update count for the clock ranges an update touches
-  (the number of updates those keys have received): warm-up, step decay, cosine.
+  (the number of updates those keys have received): warm-up, step decay, cosine. Indexed by
+  epoch instead (``learning.unit = "epochs"``), it depends on the clock of the push (a BSP
+  round: of the push that completed it): the pushing worker's epoch, exact to the iteration.
 - A **staleness rule** depends on the push: its staleness τ (updates applied to its keys
   since the pull its gradient was computed on, the same number the worker records) and its
   worker. Rules apply to pushes applied on arrival (asp, ssp, dssp, bounded delay); a BSP
@@ -34,14 +36,15 @@ from engine.server.update import Update
 
 
 class Schedule(Protocol):
-    def factor(self, step: int) -> float:
-        """The learning-rate multiplier for an update after ``step`` earlier ones."""
+    def factor(self, step: float) -> float:
+        """The learning-rate multiplier for an update after ``step`` earlier ones (updates, or
+        a worker's clocks when indexed by epoch)."""
         ...
 
 
 @dataclass(frozen=True)
 class Constant:
-    def factor(self, step: int) -> float:
+    def factor(self, step: float) -> float:
         return 1.0
 
 
@@ -49,10 +52,10 @@ class Constant:
 class StepDecay:
     """Multiplied by gamma every ``every`` updates (torch.optim.lr_scheduler.StepLR)."""
 
-    every: int
+    every: float
     gamma: float
 
-    def factor(self, step: int) -> float:
+    def factor(self, step: float) -> float:
         return float(self.gamma ** (step // self.every))
 
 
@@ -61,10 +64,10 @@ class Cosine:
     """From 1 down to ``floor`` over ``total`` updates along half a cosine, then ``floor``
     (torch.optim.lr_scheduler.CosineAnnealingLR with eta_min = floor * lr)."""
 
-    total: int
+    total: float
     floor: float = 0.0
 
-    def factor(self, step: int) -> float:
+    def factor(self, step: float) -> float:
         progress = min(step, self.total) / self.total
         return self.floor + (1 - self.floor) * (1 + math.cos(math.pi * progress)) / 2
 
@@ -74,36 +77,42 @@ class WarmUp:
     """Linear warm-up over ``updates`` (from 1/updates up to 1), then ``then``'s factor counted
     from the end of the warm-up."""
 
-    updates: int
+    updates: float
     then: Schedule
 
-    def factor(self, step: int) -> float:
+    def factor(self, step: float) -> float:
         if step < self.updates:
             return (step + 1) / self.updates
         return self.then.factor(step - self.updates)
 
 
-def _step(config: LearningConfig) -> Schedule:
+def _step(config: LearningConfig, per: float) -> Schedule:
     if config.step_every is None:
         raise ConfigError("learning.schedule step needs learning.step_every (updates per decay)")
-    return StepDecay(config.step_every, config.gamma)
+    return StepDecay(config.step_every * per, config.gamma)
 
 
-def _cosine(config: LearningConfig) -> Schedule:
+def _cosine(config: LearningConfig, per: float) -> Schedule:
     if config.total is None:
         raise ConfigError("learning.schedule cosine needs learning.total (updates to anneal over)")
-    return Cosine(config.total, config.floor)
+    return Cosine(config.total * per, config.floor)
 
 
-SCHEDULES: Registry[Callable[[LearningConfig], Schedule]] = Registry("learning-rate schedule")
-SCHEDULES.register("constant", lambda config: Constant(), "the same rate throughout")
-SCHEDULES.register("step", _step, "times gamma every step_every updates")
-SCHEDULES.register("cosine", _cosine, "half a cosine from 1 to floor over total updates")
+# (settings, steps per unit) -> schedule; a unit is one update, or one epoch of clocks
+SCHEDULES: Registry[Callable[[LearningConfig, float], Schedule]] = Registry(
+    "learning-rate schedule")
+SCHEDULES.register("constant", lambda config, per: Constant(), "the same rate throughout")
+SCHEDULES.register("step", _step, "times gamma every step_every updates (or epochs)")
+SCHEDULES.register("cosine", _cosine,
+                   "half a cosine from 1 to floor over total updates (or epochs)")
 
 
-def make_schedule(config: LearningConfig) -> Schedule:
-    schedule = SCHEDULES.get(config.schedule)(config)
-    return WarmUp(config.warmup, schedule) if config.warmup else schedule
+def make_schedule(config: LearningConfig, per: float = 1.0) -> Schedule:
+    """The schedule over steps, its settings counted in units of ``per`` steps: 1 for
+    updates, a worker's clocks per epoch for epochs (so that an epoch-indexed schedule is an
+    exact schedule over the pushing worker's clock)."""
+    schedule = SCHEDULES.get(config.schedule)(config, per)
+    return WarmUp(config.warmup * per, schedule) if config.warmup else schedule
 
 
 # -- staleness-aware rules --------------------------------------------------------------------
@@ -282,20 +291,47 @@ def make_rule(config: LearningConfig, workers: int, divisor: int, size: int) -> 
     return STALENESS_RULES.get(config.rule)(RuleContext(config, workers, divisor, size))
 
 
-@dataclass
 class Learning:
-    """A shard's schedule and staleness rule together."""
+    """A shard's schedule and staleness rule together.
 
-    schedule: Schedule
-    rule: StalenessRule
+    With ``by_epoch`` settings the schedule is indexed by the clock of the push instead of the
+    update count, its settings counted in epochs; until ``start`` says how many clocks an epoch
+    has (the coordinator sends it before any worker starts) it counts one clock per epoch."""
 
-    def scale(self, step: int, push: tuple[int, int, Update] | None = None) -> float:
-        """The factor of an update after ``step`` earlier ones on its keys; ``push`` is the
-        (worker, staleness, update) of a push applied on arrival, None for a BSP round's mean."""
-        factor = self.schedule.factor(step)
+    def __init__(self, schedule: Schedule, rule: StalenessRule, *,
+                 by_epoch: LearningConfig | None = None) -> None:
+        self.schedule, self.rule = schedule, rule
+        self._by_epoch = by_epoch
+        self.clocks_per_epoch: float | None = None
+
+    @property
+    def by_epoch(self) -> bool:
+        return self._by_epoch is not None
+
+    def start(self, clocks_per_epoch: float) -> None:
+        """Training starts with ``clocks_per_epoch`` clocks (pushes) per worker per epoch."""
+        if clocks_per_epoch <= 0 or not math.isfinite(clocks_per_epoch):
+            raise ConfigError(f"clocks per epoch must be positive, got {clocks_per_epoch}")
+        self.clocks_per_epoch = clocks_per_epoch
+        if self._by_epoch is not None:
+            self.schedule = make_schedule(self._by_epoch, clocks_per_epoch)
+
+    def scale(self, step: int, push: tuple[int, int, Update] | None = None, *,
+              clock: int = 0) -> float:
+        """The factor of an update after ``step`` earlier ones on its keys (by epoch: of a push
+        of ``clock``); ``push`` is the (worker, staleness, update) of a push applied on
+        arrival, None for a BSP round's mean."""
+        factor = self.schedule.factor(clock if self.by_epoch else step)
         if push is not None:
             factor *= self.rule.factor(*push)
         return factor
+
+
+def make_learning(config: LearningConfig, workers: int, divisor: int, size: int) -> Learning:
+    """A shard's learning policies from the run's settings."""
+    epochs = config if config.unit == "epochs" else None
+    return Learning(make_schedule(config), make_rule(config, workers, divisor, size),
+                    by_epoch=epochs)
 
 
 PLAIN = Learning(Constant(), NoRule())

@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.consistency.base import PushTiming
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError
 from engine.server.shard import ShardState
@@ -29,6 +31,7 @@ from engine.transport.base import Connection, Listener, Transport
 from engine.wire.protocol import (
     FLAG_COMMIT,
     FLAG_FINAL,
+    DType,
     Frame,
     MsgType,
     Role,
@@ -254,7 +257,7 @@ class ShardServer:
         accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing,
                                       index=frame.index, commit=bool(frame.flags & FLAG_COMMIT),
                                       base_version=frame.version)
-        self._send(peer, self._ack(frame, accepted_at))
+        self._send(peer, self._ack(frame, accepted_at, self.state.last_scale))
         syncs = self.state.controller.take_syncs()
         if syncs and self._on_syncs is not None:
             self._on_syncs(syncs)
@@ -286,7 +289,7 @@ class ShardServer:
         )
         self._send(peer, reply)
 
-    def _ack(self, frame: Frame, version: int) -> Frame:
+    def _ack(self, frame: Frame, version: int, scale: float | None = None) -> Frame:
         return Frame(
             MsgType.ACK,
             frame.request_id,
@@ -296,6 +299,8 @@ class ShardServer:
             rank=self.rank,
             clock=frame.clock,
             version=version,
+            dtype=DType.FLOAT64 if scale is not None else DType.FLOAT32,
+            payload=None if scale is None else np.array([scale], dtype=np.float64),
         )
 
     def _refuse(self, peer: _Peer, request_id: int, exc: PsctlError) -> None:

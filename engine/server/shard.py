@@ -57,6 +57,11 @@ class ShardState:
         self.initialized = False
         self.pushes = 0
         self.hooks: list[UpdateHook] = []
+        # The multiplier the last accepted push's gradient got on its way to the optimizer:
+        # the aggregator's weight times the schedule's and the staleness rule's factors (a BSP
+        # contribution: the factor its round will be applied with). None when it carried no
+        # values. The ACK carries it back, so each iteration records its lr_scale.
+        self.last_scale: float | None = None
         self._saved: list[np.ndarray] = []  # rollback buffers, one per array an update changes
 
     @property
@@ -123,9 +128,10 @@ class ShardState:
                              f"{keys.end}) cuts one: {self._describe(ranges)}")
         accepted_at = self.version_of(keys)
         staleness = max(0, accepted_at - base_version) if base_version is not None else 0
+        self.last_scale = None
         if len(grad):
             update = self._local(keys, self._gradient(grad), index, ranges)
-            self._contribute(update, worker, staleness)
+            self.last_scale = self._contribute(update, worker, clock, staleness)
         self.pushes += 1
         if commit and len(ranges):
             self._commit(worker, clock, ranges, timing)
@@ -146,13 +152,17 @@ class ShardState:
             return values * np.float32(self.clip_norm / norm)
         return values
 
-    def _contribute(self, update: Update, worker: int, staleness: int) -> None:
+    def _contribute(self, update: Update, worker: int, clock: int, staleness: int) -> float:
+        """Hand a push to the aggregator (and apply it, on arrival); returns its scale."""
+        step = self._step(update)
         if self.controller.accumulates:
             self.aggregator.add(update)
-        else:
-            scaled = self.aggregator.immediate(update)
-            scale = self.learning.scale(self._step(update), (worker, staleness, scaled))
-            self._apply(scaled, scale=scale)
+            # The round is applied at this step with the schedule's factor alone.
+            return self.aggregator.weight * self.learning.scale(step, clock=clock)
+        scaled = self.aggregator.immediate(update)
+        scale = self.learning.scale(step, (worker, staleness, scaled), clock=clock)
+        self._apply(scaled, scale=scale)
+        return self.aggregator.weight * scale
 
     def _step(self, update: Update) -> int:
         """Updates the keys of ``update`` have had: what a schedule is indexed by."""
@@ -166,7 +176,7 @@ class ShardState:
             for update in self.aggregator.release(complete):
                 try:
                     self._apply(update, count=False,
-                                scale=self.learning.scale(self._step(update)))
+                                scale=self.learning.scale(self._step(update), clock=clock))
                 except UnsafeUpdate as exc:  # the round still completes, without this update
                     refused.append(str(exc))
             # One version per completed round, even for a range nobody pushed a key of.

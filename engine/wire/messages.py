@@ -100,6 +100,9 @@ class Start(Message):
     skew (process spawn, torch import, data load) is not counted as one worker leading."""
 
     type: Literal["start"] = "start"
+    # To the shard servers (before any worker starts): a worker's clocks per epoch, what a
+    # schedule indexed by epoch needs (iterations per epoch / push_every under Downpour).
+    clocks_per_epoch: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 class EpochDone(Message):

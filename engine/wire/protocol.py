@@ -8,6 +8,9 @@ raw array bytes::
     payload bytes | key kind | 3 pad bytes | key count
     shape[0..ndim) | keys[0..key count) (uint32 or uint64) | payload
 
+An ACK of a push may carry one FLOAT64 value: the scale the shard applied the pushed gradient
+with (aggregator weight times learning-rate factors; see ``engine.server.shard``).
+
 ``key start``/``key end`` is the frame's *span*. A ``RANGE`` frame addresses every key of the span
 and carries one value per key. A key-list frame (``U32`` or ``U64``) addresses a sorted, unique
 list of keys inside the span, one value per listed key; its span is what the frame speaks for
@@ -346,9 +349,13 @@ def _payload(
         )
     shape = tuple(_DIM.unpack_from(data, HEADER_BYTES + _DIM.size * i)[0] for i in range(ndim))
     if kind not in _CARRIES_VALUES and kind is not MsgType.ERROR:
-        if nbytes or ndim:
+        if not (nbytes or ndim):
+            return None
+        if kind is not MsgType.ACK:
             raise BadPayload(f"{kind.name} frames carry no payload, got {nbytes} bytes")
-        return None
+        if dtype is not DType.FLOAT64 or shape != (1,):
+            raise BadPayload(f"an ACK carries at most one FLOAT64 value (the applied scale), "
+                             f"got {dtype.name} of shape {shape}")
     itemsize = _NUMPY[dtype].itemsize
     count = 1
     for dim in shape:

@@ -50,6 +50,9 @@ class IterationRecord(_Record):
     bytes_received: int = Field(ge=0)
     pushed_at: float | None = None
     acked_at: float | None = None
+    # The multiplier the servers applied this iteration's gradient with (aggregator weight x
+    # schedule x staleness rule), key-weighted over shards; None when nothing was pushed.
+    lr_scale: float | None = Field(None, ge=0, allow_inf_nan=False)
 
     @field_validator("loss")
     @classmethod

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
@@ -68,6 +69,10 @@ class PushResult:
     bytes_sent: int
     bytes_received: int
     answered_at: float = field(default=0.0, compare=False)  # when the last ack arrived (unix s)
+    # The scale the shards applied the gradient with (aggregator weight x learning-rate
+    # factors), averaged over the keys that carried values; None when no key did.
+    lr_scale: float | None = None
+    scaled_keys: int = 0  # the keys lr_scale averages over
 
 
 Result = PullResult | PushResult
@@ -246,7 +251,8 @@ class ParameterClient:
 
     def _submit(self, kind: MsgType, parts: list[_Part], base: dict[int, int]) -> int:
         request_id = next(self._ids)
-        frames = [(part.shard, encode(replace(part.frame, request_id=request_id)), part.out)
+        frames = [(part.shard, encode(replace(part.frame, request_id=request_id)),
+                   part.out if kind is MsgType.PULL else part.frame.key_count)
                   for part in parts]
         self._requests[request_id] = self._io.submit(self._request(kind, request_id, frames, base))
         return request_id
@@ -276,7 +282,9 @@ class ParameterClient:
             wait_s = max((reply.wait_ns for reply, _ in replies), default=0) / 1e9
             return PullResult(versions, wait_s, sent, received, answered_at)
         staleness = max((versions[i] - base.get(i, versions[i]) for i in versions), default=0)
-        return PushResult(versions, max(staleness, 0), sent, received, answered_at)
+        scale, keys = _mean_scale([(reply, count) for (_, _, count), (reply, _)
+                                   in zip(parts, replies, strict=True)])
+        return PushResult(versions, max(staleness, 0), sent, received, answered_at, scale, keys)
 
     async def _connect_all(self) -> None:
         self._connections = list(
@@ -296,6 +304,19 @@ class ParameterClient:
 
     async def _close_all(self) -> None:
         await asyncio.gather(*(connection.close() for connection in self._connections))
+
+
+def _mean_scale(acks: list[tuple[Frame, int]]) -> tuple[float | None, int]:
+    """The key-weighted mean of the scales the ACKs carry (a shard that got no keys, or an
+    older server, carries none), and the keys behind it."""
+    total, keys = 0.0, 0
+    for ack, count in acks:
+        if ack.payload is None or not count:
+            continue
+        scale = float(ack.payload[0])
+        if math.isfinite(scale) and scale >= 0:
+            total, keys = total + scale * count, keys + count
+    return (total / keys, keys) if keys else (None, 0)
 
 
 class _ShardConnection:

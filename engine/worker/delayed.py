@@ -79,6 +79,7 @@ class DelayedLoop(PlainLoop):
         self._newest = pulled
         self.worker.record(task.row.model_copy(update={
             "staleness": pushed.staleness,
+            "lr_scale": pushed.lr_scale,
             "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
             "bytes_received": pushed.bytes_received + pulled.bytes_received,
             "acked_at": pushed.answered_at,

@@ -273,6 +273,7 @@ class OverlappedLoop(PlainLoop):
         pushed = self.settle(requests)
         self.worker.record(row.model_copy(update={
             "staleness": pushed.staleness,
+            "lr_scale": pushed.lr_scale,
             "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
             "bytes_received": pushed.bytes_received + pulled.bytes_received,
             "acked_at": pushed.answered_at,
@@ -293,9 +294,12 @@ def merge_pushes(results: list[PushResult]) -> PushResult:
     for result in results:
         for shard, version in result.versions.items():
             versions[shard] = max(version, versions.get(shard, version))
+    keys = sum(r.scaled_keys for r in results)
+    scale = (sum(r.lr_scale * r.scaled_keys for r in results if r.lr_scale is not None) / keys
+             if keys else None)
     return PushResult(versions, max(r.staleness for r in results),
                       sum(r.bytes_sent for r in results), sum(r.bytes_received for r in results),
-                      max(r.answered_at for r in results))
+                      max(r.answered_at for r in results), scale, keys)
 
 
 def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
@@ -313,4 +317,4 @@ def iteration_row(rank: int, clock: int, epoch: int, started: float, wall: float
         worker=rank, iteration=clock, epoch=epoch, started_at=started, ended_at=started + wall,
         compute_s=compute, push_s=push, pull_s=max(pull, 0.0), wait_s=wait,
         staleness=pushed.staleness if pushed else 0, loss=loss, samples=samples,
-        bytes_sent=sent, bytes_received=received)
+        bytes_sent=sent, bytes_received=received, lr_scale=pushed.lr_scale if pushed else None)

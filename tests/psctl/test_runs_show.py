@@ -20,7 +20,8 @@ T0 = 1_700_000_000.0
 
 
 def _recorded_run(db: Path, accuracies: list[float],
-                  events: Sequence[EventRecord] = ()) -> str:
+                  events: Sequence[EventRecord] = (),
+                  scales: Sequence[float | None] | None = None) -> str:
     run = "e" * 32
     recorder = Recorder(db)
     try:
@@ -29,7 +30,8 @@ def _recorded_run(db: Path, accuracies: list[float],
         recorder.record_iterations([
             IterationRecord(worker=0, iteration=i, epoch=0, started_at=T0 + i, ended_at=T0 + i + 1,
                             compute_s=0.5, push_s=0.1, pull_s=0.1, wait_s=0.3, staleness=0,
-                            loss=1.0, samples=8, bytes_sent=10, bytes_received=10)
+                            loss=1.0, samples=8, bytes_sent=10, bytes_received=10,
+                            lr_scale=None if scales is None else scales[i])
             for i in range(len(accuracies))])
         for i, accuracy in enumerate(accuracies):
             recorder.record_evaluation(EvaluationRecord(
@@ -99,3 +101,19 @@ def test_notes_written_from_the_dashboard_show_in_runs_show(tmp_path: Path) -> N
     assert "notes: diverged after the lr warm-up" in psctl("runs", "show", run, db=db).stdout
     assert json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["notes"] \
         == "diverged after the lr warm-up"
+
+
+def test_the_applied_lr_scale_shows_in_runs_show(tmp_path: Path) -> None:
+    old = tmp_path / "before.db"
+    plain = _recorded_run(old, [0.5, 0.6])
+    assert "lr scale" not in psctl("runs", "show", plain, db=old).stdout  # nothing recorded
+    db = tmp_path / "experiments.db"
+    run = _recorded_run(db, [0.5, 0.6, 0.7, 0.8], scales=[0.25, 0.125, None, 0.0625])
+    shown = psctl("runs", "show", run, db=db).stdout
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in shown.splitlines() if line.startswith("│")]
+    (worker,) = [row for row in rows if row[0] == "0" and len(row) == 12]
+    assert worker[-2:] == [f"{(0.25 + 0.125 + 0.0625) / 3:.4g}", "0.0625-0.25"]
+    assert "lr scale: the factor the servers applied" in " ".join(shown.split())
+    (stats,) = json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["workers"]
+    assert (stats["lr_scale_min"], stats["lr_scale_max"]) == (0.0625, 0.25)

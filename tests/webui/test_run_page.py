@@ -55,9 +55,9 @@ def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "fi
         for i in range(200):
             d = 0.5
             rows.append((run_id, w, i, i // 50, t, t + d, .3, .05, .05, .1, i % 3,
-                         2.0 / (1 + i), 16, 1000, 1000, t + .4, t + .45))
+                         2.0 / (1 + i), 16, 1000, 1000, t + .4, t + .45, 0.25 / (1 + i % 4)))
             t += d
-    conn.executemany(f"INSERT INTO iterations VALUES ({','.join('?' * 17)})", rows)
+    conn.executemany(f"INSERT INTO iterations VALUES ({','.join('?' * 18)})", rows)
     conn.execute(REBUILD_ROLLUPS_SQL, {"run": run_id, "origin": t0, "lo": 0, "hi": 10**9})
     conn.executemany(
         "INSERT INTO process_samples (run_id, at, role, rank, pid, cpu_percent, rss_bytes) "
@@ -229,6 +229,12 @@ def test_bsp_run_page(browser: Any, base: str) -> None:
     assert "updates since the pull" in _svg_text(page, "#chart-stale_t .ytitle")
     assert "updates since the pull" in _svg_text(page, "#chart-stale_h .xtitle")
     assert "seconds spent per phase" in _svg_text(page, "#chart-breakdown .xtitle")
+    # The applied learning-rate scale (iterations.lr_scale), min and max per bucket and worker.
+    assert page.locator("#chart-lr").is_visible()
+    assert _svg_text(page, "#chart-lr .ytitle") == "factor on the learning rate"
+    assert sorted(_trace_names(page, "lr")) == [f"worker {w}" for w in range(WORKERS)]
+    ys = page.evaluate("document.querySelector('#chart-lr').data.flatMap(t => t.y)")
+    assert min(ys) == pytest.approx(0.0625) and max(ys) == pytest.approx(0.25)
     screenshot(page, "run-page.png")
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0

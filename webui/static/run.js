@@ -9,10 +9,12 @@
   [["acc", "accuracy"], ["tloss", "test_loss"], ["thr", "throughput"], ["loss", "loss"],
     ["stale_t", "staleness"], ["stale_h", "staleness"], ["breakdown", "wait"],
     ["idle", "idle_fraction"], ["timeline", null], ["elastic", null], ["bytes", "bytes_sent"],
-    ["cpu", null], ["mem", null]]
+    ["lr", "lr_scale"], ["cpu", null], ["mem", null]]
     .forEach(([id, m]) => { cards[id] = PS.card(grid, id, m ? dl(m) : []); });
   // The ElasticBSP card stays hidden until the run has barriers (or is an elastic run).
   cards.elastic.div.parentElement.hidden = true;
+  // So does the learning-rate scale card until an iteration has one (runs before schema 5).
+  cards.lr.div.parentElement.hidden = true;
   // Process samples are in the page already: their CSV is made here, from what is shown.
   [cards.cpu, cards.mem].forEach((c) => {
     const a = PS.el("a", { href: "#", download: `${RUN.slice(0, 8)}-process-samples.csv`, class: "proc-csv" }, "CSV");
@@ -275,12 +277,24 @@
     PS.draw(cards.bytes.div, ["sent_per_s", "received_per_s"].map((c, i) => ({ type: "scatter", mode: "lines", name: c === "sent_per_s" ? "sent" : "received",
       line: { color: PS.color(i), dash: i ? "solid" : "dash", width: i ? 1.5 : 2.5 }, x: all.map((r) => xOf(mode, r)), y: all.map((r) => r[S.f[c]]) })), PS.layout("Bytes on the wire (all workers)", mode, "bytes/s"));
     PS.setCount(cards.bytes, 2 * all.length, S.total, "iterations");
+    renderLr(mode, groups);
     renderTimeline(); renderElastic(); renderProcesses(mode); renderEvents();
     const latest = Math.max(...S.last.map((p) => p.ended_at), -Infinity);
     probe.latestT = Number.isFinite(latest) ? latest : null;
     probe.renders.push([Date.now() / 1000, probe.latestT]);
     if (probe.renders.length > 500) probe.renders.shift();
     if (probe.allPainted === undefined) { probe.allPainted = performance.now(); document.body.dataset.complete = "1"; }
+  }
+
+  // The multiplier the servers applied each gradient with (aggregator weight x schedule x
+  // staleness rule): flat for plain SGD, falling with a schedule, spread out by dynsgd.
+  function renderLr(mode, groups) {
+    const box = cards.lr.div.parentElement;
+    const [traces, n] = envelopeTraces(groups, mode, "lr_min", "lr_max", "lr_scale");
+    box.hidden = !traces.some((t) => t.y.some((v) => v !== null && v !== undefined));
+    if (box.hidden) return;  // drawn only once shown: a hidden plot would lay out at 0 px
+    PS.draw(cards.lr.div, traces, PS.layout("Applied learning-rate scale (min and max per bucket)", mode, "factor on the learning rate"));
+    PS.setCount(cards.lr, n, S.total, "iterations");
   }
 
   function renderHistogram() {

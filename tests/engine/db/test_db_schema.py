@@ -187,6 +187,32 @@ def test_a_version_3_database_gains_runs_notes(tmp_path: Path) -> None:
             row = conn.execute(text("SELECT name, notes FROM runs")).one()
             assert tuple(row) == ("kept", None)
             version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-            assert version.scalar() == "4"
+            assert version.scalar() == str(SCHEMA_VERSION)
+    finally:
+        engine.dispose()
+
+
+def test_a_version_4_database_gains_the_applied_lr_scale(tmp_path: Path) -> None:
+    path = tmp_path / "v4.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '4')")
+        conn.execute("CREATE TABLE iterations (run_id TEXT, worker INTEGER, iteration INTEGER, "
+                     "staleness INTEGER)")
+        conn.execute("INSERT INTO iterations VALUES ('r1', 0, 7, 2)")
+        conn.execute("CREATE TABLE iteration_rollups (run_id TEXT, worker INTEGER, slot INTEGER)")
+    with pytest.raises(StoreError, match="upgraded by a writer"):
+        open_engine(path, readonly=True)
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        columns = {c["name"] for c in inspect(engine).get_columns("iterations")}
+        rollups = {c["name"] for c in inspect(engine).get_columns("iteration_rollups")}
+        assert "lr_scale" in columns and {"lr_min", "lr_max"} <= rollups
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT iteration, staleness, lr_scale FROM iterations")).one()
+            assert tuple(row) == (7, 2, None)
+            version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            assert version.scalar() == "5"
     finally:
         engine.dispose()

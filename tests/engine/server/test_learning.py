@@ -19,6 +19,7 @@ from engine.server.learning import (
     SplitGradients,
     StepDecay,
     WarmUp,
+    make_learning,
     make_rule,
     make_schedule,
 )
@@ -129,6 +130,59 @@ def test_a_schedule_is_indexed_by_the_updates_of_the_keys() -> None:
         state.push(0, clock, KEYS, GRAD)
         moves.append(float((before - state.params)[0]))
     assert moves == pytest.approx([1, 1, 0.5, 0.5, 0.25])
+
+
+def test_the_shard_reports_the_scale_each_push_got() -> None:
+    state = _asp_shard(learning(rule="dynsgd"))
+    state.push(0, 0, KEYS, GRAD, base_version=0)
+    assert state.last_scale == pytest.approx(1 / 4)  # the mean over 4 workers, τ = 0
+    for worker in (1, 2):
+        state.push(worker, 0, KEYS, GRAD, base_version=state.version)
+    state.push(3, 0, KEYS, GRAD, base_version=0)  # τ = 3
+    assert state.last_scale == pytest.approx(1 / 16)
+    state.push(0, 1, KEYS, np.zeros(0, dtype=np.float32), index=np.zeros(0, dtype=np.uint32))
+    assert state.last_scale is None  # an empty push carried nothing to scale
+
+
+def test_a_bsp_contribution_reports_the_factor_of_its_round() -> None:
+    rule = learning(schedule="step", step_every=2, gamma=0.5)
+    state = ShardState(KEYS, BSP(2), SGD(len(KEYS), lr=1.0), workers=2, learning=rule)
+    state.init(KEYS, np.zeros(len(KEYS), dtype=np.float32))
+    scales = []
+    for clock in range(4):
+        for worker in (0, 1):
+            state.push(worker, clock, KEYS, GRAD)
+            scales.append(state.last_scale)
+    # Rounds 0 and 1 at the full rate, 2 and 3 halved, each push weighing 1/2 of its round.
+    assert scales == pytest.approx([0.5] * 4 + [0.25] * 4)
+
+
+def test_a_schedule_by_epoch_follows_the_clock_of_the_push() -> None:
+    config = LearningConfig(schedule="step", step_every=2, gamma=0.5, unit="epochs")
+    made = make_learning(config, workers=1, divisor=1, size=len(KEYS))
+    made.start(10)  # ten clocks an epoch: decays at clocks 20 and 40
+    state = ShardState(KEYS, ASP(1), SGD(len(KEYS), lr=1.0), workers=1, learning=made)
+    state.init(KEYS, np.zeros(len(KEYS), dtype=np.float32))
+    scales = {}
+    for clock in range(45):
+        state.push(0, clock, KEYS, GRAD, base_version=state.version)
+        scales[clock] = state.last_scale
+    assert [scales[c] for c in (0, 19, 20, 39, 40, 44)] == [1, 1, 0.5, 0.5, 0.25, 0.25]
+
+
+def test_warm_up_and_cosine_by_epoch_count_fractional_epochs() -> None:
+    config = LearningConfig(schedule="cosine", total=2, warmup=1, unit="epochs")
+    made = make_learning(config, workers=1, divisor=1, size=len(KEYS))
+    made.start(4.0)
+    factors = [made.scale(0, clock=c) for c in range(13)]
+    assert factors[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])  # one epoch of warm-up
+    assert factors[8] == pytest.approx(0.5)  # half-way through the two cosine epochs
+    assert factors[12] == pytest.approx(0.0)
+    # Indexed by updates, the same settings ignore the clock.
+    by_update = make_learning(config.model_copy(update={"unit": "updates"}), 1, 1, len(KEYS))
+    assert by_update.scale(0, clock=12) == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="clocks per epoch"):
+        made.start(0)
 
 
 def test_bad_learning_settings_say_what_to_fix() -> None:

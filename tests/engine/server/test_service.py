@@ -22,6 +22,7 @@ import websockets
 from websockets.asyncio.client import connect as ws_connect
 
 from engine.aio import LoopThread
+from engine.config import LearningConfig
 from engine.consistency.registry import make_controller
 from engine.errors import (
     AuthenticationError,
@@ -33,6 +34,7 @@ from engine.errors import (
     ShuttingDown,
 )
 from engine.keys import KeyLayout, KeyRange, RangePartitioner, Segment
+from engine.server.learning import Learning, make_learning
 from engine.server.optimizers import SGD
 from engine.server.service import MAX_BAD_FRAMES, ShardServer
 from engine.server.shard import ShardState
@@ -78,6 +80,7 @@ class Rig:
         max_frame_bytes: int = MIB,
         layout: KeyLayout | None = None,
         momentum: float = 0.0,
+        learning: Callable[[], Learning] | None = None,
     ) -> None:
         for rank, owned in enumerate(keys):
             ranges = layout.clock_ranges(owned) if layout is not None else None
@@ -87,6 +90,7 @@ class Rig:
                 SGD(len(owned), lr=LR, momentum=momentum),
                 workers=workers,
                 ranges=ranges,
+                **({"learning": learning()} if learning is not None else {}),
             )
             server = ShardServer(state, run=RUN, rank=rank, max_frame_bytes=max_frame_bytes)
             address = self.server_loop.call(
@@ -286,10 +290,45 @@ def test_asp_interleaved_clients_see_staleness(rig: Rig) -> None:
     pushed_b = push(b, keys, grad_b, 0, pulled_b.versions)
     assert (pushed_a.staleness, pushed_a.versions) == (0, {0: 0})
     assert (pushed_b.staleness, pushed_b.versions) == (1, {0: 1})  # a's update came between
+    assert pushed_a.lr_scale == pushed_b.lr_scale == 0.5  # the mean's weight, no rule
     values, result = pull(a, keys, 1)
     assert result.versions == {0: 2}
     # each of the two workers' pushes applies half its gradient (push_scale "mean")
     np.testing.assert_allclose(values, START8 - LR * (grad_a + grad_b) / 2)
+
+
+def test_acks_carry_the_applied_scale_key_weighted_over_shards(rig: Rig) -> None:
+    config = LearningConfig(rule="dynsgd")
+    rig.start([KeyRange(0, 4), KeyRange(4, 8)], model="asp", workers=2,
+              learning=lambda: make_learning(config, 2, 2, 4))
+    a, b = rig.client(0), rig.client(1)
+    a.wait(a.init(START8))
+    _, pulled_a = pull(a, KeyRange(0, 8), 0)
+    _, pulled_b = pull(b, KeyRange(0, 8), 0)
+    fresh = push(a, KeyRange(0, 8), np.ones(8, dtype=np.float32), 0, pulled_a.versions)
+    assert (fresh.lr_scale, fresh.scaled_keys) == (0.5, 8)  # 1/2 (mean) x 1/(0+1)
+    # b's push is one update stale on both shards: 1/2 x 1/(1+1).
+    stale = push(b, KeyRange(0, 8), np.ones(8, dtype=np.float32), 0, pulled_b.versions)
+    assert (stale.staleness, stale.lr_scale) == (1, 0.25)
+    # A sparse push with keys on shard 0 only: shard 1 gets an empty commit and no scale.
+    _, pulled = pull(a, KeyRange(0, 8), 1)
+    sparse = a.wait(a.push(np.array([1, 2], dtype=np.uint32), np.ones(2, dtype=np.float32),
+                           clock=1, base_versions=pulled.versions))
+    assert (sparse.lr_scale, sparse.scaled_keys) == (0.5, 2)
+    empty = a.wait(a.push(np.array([], dtype=np.uint32), np.ones(0, dtype=np.float32),
+                          clock=2, base_versions=pulled.versions))
+    assert (empty.lr_scale, empty.scaled_keys) == (None, 0)
+
+
+def test_bsp_acks_carry_the_weight_of_the_round(rig: Rig) -> None:
+    keys = KeyRange(0, 8)
+    rig.start([keys], model="bsp", workers=2)
+    a, b = rig.client(0), rig.client(1)
+    a.wait(a.init(START8))
+    for client in (a, b):
+        _, pulled = pull(client, keys, 0)
+        assert push(client, keys, np.ones(8, dtype=np.float32), 0, pulled.versions).lr_scale \
+            == 0.5
 
 
 def test_push_of_a_repeated_clock_is_refused(rig: Rig) -> None:

@@ -487,11 +487,25 @@ def test_oversize_is_checked_before_anything_else() -> None:
     assert isinstance(error, FrameTooLarge)
 
 
-@pytest.mark.parametrize("kind", [MsgType.PULL, MsgType.ACK])
-def test_payload_on_a_frame_that_carries_none(kind: MsgType) -> None:
-    error = refusal(raw_frame(msg_type=kind))
+def test_payload_on_a_frame_that_carries_none() -> None:
+    error = refusal(raw_frame(msg_type=MsgType.PULL))
     assert isinstance(error, BadPayload)
-    assert str(error) == f"{kind.name} frames carry no payload, got 16 bytes"
+    assert str(error) == "PULL frames carry no payload, got 16 bytes"
+
+
+def test_an_ack_carries_at_most_one_float64_scale() -> None:
+    error = refusal(raw_frame(msg_type=MsgType.ACK))
+    assert isinstance(error, BadPayload)
+    assert str(error) == ("an ACK carries at most one FLOAT64 value (the applied scale), got "
+                          "FLOAT32 of shape (4,)")
+    two = raw_frame(msg_type=MsgType.ACK, dtype=DType.FLOAT64, shape=(2,), payload=bytes(16))
+    assert "at most one FLOAT64" in str(refusal(two))
+    ack = Frame(MsgType.ACK, 9, KeyRange(0, 4), dtype=DType.FLOAT64,
+                payload=np.array([0.0625], dtype=np.float64))
+    decoded = decode(encode(ack), max_bytes=1 << 20)
+    assert decoded.payload is not None and decoded.payload.tolist() == [0.0625]
+    bare = decode(encode(Frame(MsgType.ACK, 9, KeyRange(0, 4))), max_bytes=1 << 20)
+    assert bare.payload is None
 
 
 def test_pull_with_a_shape_but_no_bytes_is_refused() -> None:
