@@ -265,6 +265,40 @@ class TrainConfig(_Frozen):
         return _registered("loop", value)
 
 
+class CommConfig(_Frozen):
+    """What a worker's pushes carry (engine.worker.filters, docs/communication.md)."""
+
+    prune: str = Field("none", description=(
+        "push filter per layer: none, topk:P% (e.g. topk:1%), sigma:K or dynamic [none]"))
+    error_feedback: bool = Field(True, description=(
+        "add what the filter did not send to the next gradient (error feedback) [on]"))
+    momentum_correction: float = Field(0.0, ge=0, lt=1, description=(
+        "Deep Gradient Compression's momentum correction on the worker, with this momentum "
+        "[0: off]"))
+    wire_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description=(
+        "the workers' pushed and pulled values on the wire; servers keep float32 [float32]"))
+    compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none", description=(
+        "compress frames with key lists (sparse pushes and pulls) where it shrinks them "
+        "[none]"))
+
+    @field_validator("prune")
+    @classmethod
+    def _known_prune(cls, value: str) -> str:
+        from engine.worker.filters import parse_prune
+
+        try:
+            return parse_prune(value).spec
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CommConfig:
+        if self.momentum_correction and not self.error_feedback:
+            raise ValueError("comm.momentum_correction needs comm.error_feedback: the corrected "
+                             "momentum is what the filter holds back")
+        return self
+
+
 class StopConfig(_Frozen):
     target_accuracy: float | None = Field(None, gt=0, le=1)
     max_seconds: float | None = Field(None, gt=0, le=_LONGEST_S)
@@ -284,6 +318,7 @@ class RunConfig(_Frozen):
     optimizer: OptimizerConfig = OptimizerConfig()
     learning: LearningConfig = LearningConfig()
     train: TrainConfig = TrainConfig()
+    comm: CommConfig = CommConfig()
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
     heterogeneity: HeterogeneityConfig = HeterogeneityConfig()

@@ -195,7 +195,7 @@ class Launcher:
             Recorder.mark_ended(self.db, self.run_id, status, guess)
         except StoreError as exc:
             reason = f"{guess}; it could not be recorded either: {exc}"
-        recorded = self._recorded_end()
+        recorded = self._recorded_end_patiently()
         if recorded is not None and recorded[0] not in (RunStatus.RUNNING, RunStatus.CRASHED):
             status, reason = recorded
         return LaunchResult(self.run_id, status, reason, self.logs, failed, len(self.children))
@@ -232,6 +232,20 @@ class Launcher:
         except StoreError:
             return None
         return RunStatus(detail.summary.status), detail.reason
+
+    def _recorded_end_patiently(self, attempts: int = 5,
+                                pause_s: float = 0.4) -> tuple[RunStatus, str | None] | None:
+        """``_recorded_end``, read again a few times while the database cannot be read (a busy
+        machine) or the row still says running: the coordinator's last write may be landing."""
+        recorded = None
+        for attempt in range(attempts):
+            recorded = self._recorded_end()
+            if recorded is not None and recorded[0] not in (RunStatus.RUNNING,
+                                                            RunStatus.CRASHED):
+                return recorded
+            if attempt + 1 < attempts:
+                time.sleep(pause_s)
+        return recorded
 
     def _spawn(self, role: str, rank: int, args: list[str], *,
                stdout: int | None = None) -> Child:

@@ -86,6 +86,22 @@ def launch(
         help="asp (Downpour): push the sum of N gradients at once [1]")] = None,
     warm_start: Annotated[int | None, typer.Option(
         help="asp (Downpour): worker 0 trains alone for its first N iterations [0]")] = None,
+    prune: Annotated[str | None, typer.Option(
+        help="push filter per layer: none, topk:P% (e.g. topk:1%), sigma:K (|g| > K standard "
+        "deviations) or dynamic (seed 002); pruned pushes travel as sparse frames [none]")] =
+        None,
+    error_feedback: Annotated[bool | None, typer.Option(
+        "--error-feedback/--no-error-feedback",
+        help="add what --prune did not send to the next gradient [on]")] = None,
+    momentum_correction: Annotated[float | None, typer.Option(
+        help="with --prune: Deep Gradient Compression's momentum correction on the worker, "
+        "with this momentum (use --momentum 0 on the servers) [0: off]")] = None,
+    wire_dtype: Annotated[str | None, typer.Option(
+        help="workers' values on the wire: float32, float16 or bfloat16 (servers keep and "
+        "accumulate float32) [float32]")] = None,
+    compress: Annotated[str | None, typer.Option(
+        help="compress sparse frames (key lists) with none, lz4, zstd or snappy, where it "
+        "shrinks them [none]")] = None,
     clip_norm: Annotated[float | None, typer.Option(
         help="servers scale each pushed gradient down to this L2 norm (per shard) [off]")] = None,
     aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,
@@ -129,7 +145,9 @@ def launch(
         "optimizer.name": optimizer, "optimizer.clip_norm": clip_norm,
         "train.fetch_every": fetch_every, "train.push_every": push_every,
         "train.warm_start": warm_start, "learning.warmup": lr_warmup, "learning.rule": lr_rule,
-        "learning.unit": lr_unit,
+        "learning.unit": lr_unit, "comm.prune": prune, "comm.error_feedback": error_feedback,
+        "comm.momentum_correction": momentum_correction, "comm.wire_dtype": wire_dtype,
+        "comm.compress": compress,
         "learning.global_lr": global_lr,
         "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,

@@ -45,6 +45,8 @@ _METRICS = (
     Column("staleness_p95", "stale p95", "int", "min"),
     Column("idle_fraction", "idle", "pct", "min"),
     Column("bytes_per_sample", "bytes/sample", "rate", "min"),
+    # Dense push bytes / push bytes sent: the push filter's saving (1.00x without one).
+    Column("push_reduction", "push reduction", "speedup", "max"),
     Column("speedup", "speedup", "speedup", "max"),
     # More busy processes than cores: the run's timings measure CPU contention too.
     Column("oversubscribed", "oversubscribed", "flag"),
@@ -112,6 +114,7 @@ def _row(
         "staleness_p95": metrics.staleness_p95,
         "idle_fraction": metrics.idle_fraction,
         "bytes_per_sample": metrics.bytes_per_sample,
+        "push_reduction": metrics.push_reduction,
         "speedup": base_time / reached if base_time is not None and reached else None,
         "oversubscribed": metrics.oversubscribed is not None,
     }

@@ -171,9 +171,12 @@ def _workers_table(detail: RunDetail) -> Table:
                   "and its push", caption_justify="left")
     # The applied learning-rate scale (runs recorded before schema 5 have none).
     scaled = any(w.lr_scale_mean is not None for w in detail.workers)
+    # Push bytes before and after the push filter (runs before schema 5 have neither).
+    pushed = any(w.push_reduction is not None for w in detail.workers)
     for column in ("worker", "iterations", "compute", "push", "pull", "wait (idle)",
                    "idle %", "staleness mean", "staleness max", "samples/s",
-                   *(("lr scale mean", "lr scale min-max") if scaled else ())):
+                   *(("lr scale mean", "lr scale min-max") if scaled else ()),
+                   *(("push KB/it", "push reduction") if pushed else ())):
         table.add_column(column, justify="right")
     if scaled:
         table.caption = (f"{table.caption}\nlr scale: the factor the servers applied each "
@@ -183,8 +186,17 @@ def _workers_table(detail: RunDetail) -> Table:
                       f"{w.push_s_mean * 1e3:.1f} ms", f"{w.pull_s_mean * 1e3:.1f} ms",
                       f"{w.wait_s_mean * 1e3:.1f} ms", fmt_pct(w.idle_fraction),
                       f"{w.staleness_mean:.2f}", str(w.staleness_max), _rate(w.samples_per_s),
-                      *(_lr_cells(w) if scaled else ()))
+                      *(_lr_cells(w) if scaled else ()), *(_push_cells(w) if pushed else ()))
+    if pushed:
+        table.caption = (f"{table.caption}\npush reduction: dense float32 push bytes / push "
+                         "bytes sent (the push filter's saving; 1.0x without one)")
     return table
+
+
+def _push_cells(w: WorkerStats) -> tuple[str, str]:
+    if w.push_bytes is None or w.push_reduction is None:
+        return "-", "-"
+    return f"{w.push_bytes / w.iterations / 1e3:,.1f}", f"{w.push_reduction:.1f}x"
 
 
 def _lr_cells(w: WorkerStats) -> tuple[str, str]:

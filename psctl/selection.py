@@ -7,6 +7,7 @@ plain ``KEY``), then as the last part of exactly one config key (``lr`` for ``op
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -117,7 +118,9 @@ def _check_known(key: str, records: Sequence[RunRecord]) -> None:
     if any(lookup(r, key)[0] for r in records) or key.startswith("tag."):
         return
     known = sorted({k for r in records for k in flatten(r.config)} | set(RUN_COLUMNS))
+    # The nearest keys say what was probably meant; without any, a few to show the form.
+    near = difflib.get_close_matches(key[:200], known, n=6, cutoff=0.6) or known[:8]
     raise UsageError(
         f"unknown key {quoted(key)} in --where; use a config key, a run column or a tag, e.g. "
-        + ", ".join(known[:12])
+        + ", ".join(near)
     )

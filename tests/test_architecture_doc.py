@@ -13,6 +13,7 @@ from engine.registry import Registry
 from engine.server.aggregation import AGGREGATION_RULES
 from engine.server.learning import SCHEDULES, STALENESS_RULES
 from engine.server.optimizers import SERVER_OPTIMIZERS
+from engine.worker.filters import PRUNE_RULES
 from engine.worker.registry import WORKER_LOOPS
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
@@ -30,6 +31,7 @@ def table_after(heading: str) -> list[str]:
     ("### Learning-rate schedules", SCHEDULES),
     ("### Staleness rules", STALENESS_RULES),
     ("### Worker loops", WORKER_LOOPS),
+    ("### Push filters", PRUNE_RULES),
 ])
 def test_policy_table_matches_its_registry(heading: str, registry: Registry[Any]) -> None:
     assert table_after(heading) == list(registry.names())

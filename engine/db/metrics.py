@@ -53,6 +53,9 @@ class RunMetrics(Dictable):
     idle_fraction: float | None
     bytes_per_sample: float | None
     oversubscribed: str | None = None  # the coordinator's warning, if the run had one
+    # Dense float32 push bytes / push bytes sent: what the push filter saved (1.0 without one;
+    # None for runs recorded before schema 5).
+    push_reduction: float | None = None
 
 
 def run_records(
@@ -96,6 +99,7 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
         idle_fraction=_ratio(totals["wait_s"], totals["busy_s"]),
         bytes_per_sample=_ratio(traffic, samples) if totals["n"] else None,
         oversubscribed=crowded,
+        push_reduction=_ratio(totals["push_bytes_dense"] or 0, totals["push_bytes"] or 0),
     )
 
 
@@ -125,6 +129,8 @@ def _iteration_totals(conn: Connection, run_id: str) -> dict[str, Any]:
         func.avg(it.staleness).label("staleness_mean"),
         func.sum(it.bytes_sent).label("bytes_sent"),
         func.sum(it.bytes_received).label("bytes_received"),
+        func.sum(it.push_bytes).label("push_bytes"),
+        func.sum(it.push_bytes_dense).label("push_bytes_dense"),
     ).where(it.run_id == run_id)
     return dict(conn.execute(stmt).one()._mapping)
 

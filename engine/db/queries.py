@@ -107,6 +107,16 @@ class WorkerStats(Dictable):
     lr_scale_mean: float | None = None
     lr_scale_min: float | None = None
     lr_scale_max: float | None = None
+    # Push frames' bytes as sent and as dense float32 frames (None: recorded before schema 5).
+    push_bytes: int | None = None
+    push_bytes_dense: int | None = None
+
+    @property
+    def push_reduction(self) -> float | None:
+        """How many times fewer bytes the push filter sent than dense pushes would have."""
+        if not self.push_bytes or self.push_bytes_dense is None:
+            return None
+        return self.push_bytes_dense / self.push_bytes
 
 
 @dataclass(frozen=True)
@@ -492,6 +502,8 @@ def _worker_stats_select(run_id: str) -> Select[Any]:
             func.avg(it.lr_scale).label("lr_scale_mean"),
             func.min(it.lr_scale).label("lr_scale_min"),
             func.max(it.lr_scale).label("lr_scale_max"),
+            func.sum(it.push_bytes).label("push_bytes"),
+            func.sum(it.push_bytes_dense).label("push_bytes_dense"),
         )
         .where(it.run_id == run_id)
         .group_by(it.worker)

@@ -103,6 +103,10 @@ iterations = Table(
     # The multiplier the servers applied the pushed gradient with: the aggregator's weight times
     # the learning-rate schedule's and the staleness rule's factors (NULL: nothing pushed).
     Column("lr_scale", REAL),
+    # The push frames' bytes (part of bytes_sent), and the same pushes as dense float32 frames:
+    # what the worker's push filter saved (equal without one).
+    Column("push_bytes", Integer),
+    Column("push_bytes_dense", Integer),
     # The live progress display counts the iterations of the last few seconds.
     Index("ix_iterations_run_ended", "run_id", "ended_at"),
     sqlite_with_rowid=False,
@@ -333,13 +337,15 @@ def _migrate_from_3(conn: Connection) -> int:
 
 
 def _migrate_from_4(conn: Connection) -> int:
-    """Version 5 added the applied learning-rate scale to iterations and their rollups."""
-    for table, names in (("iterations", ("lr_scale",)),
+    """Version 5 added the applied learning-rate scale and the push bytes before and after the
+    push filter to iterations, and the scale's extremes to their rollups."""
+    for table, names in (("iterations", ("lr_scale", "push_bytes", "push_bytes_dense")),
                          ("iteration_rollups", ("lr_min", "lr_max"))):
         columns = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table})")}
         for name in names:
             if name not in columns:
-                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} REAL")
+                kind = "INTEGER" if name.startswith("push_bytes") else "REAL"
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="5"))
     return 5
 

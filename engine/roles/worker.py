@@ -17,7 +17,7 @@ from engine.roles.control import SyncControl
 from engine.transport.base import Transport
 from engine.wire.messages import Hello, Welcome
 from engine.wire.protocol import Role
-from engine.worker.client import ParameterClient, ShardAddress
+from engine.worker.client import PLAIN_WIRE, ParameterClient, ShardAddress, WireFormat
 from engine.worker.loops import Worker, shard_for
 
 
@@ -36,7 +36,8 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
                       batch_size=config.train.batch_size)
     model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
                               dataset.spec.num_classes), seed=config.train.seed)
-    client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io)
+    client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io,
+                            wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress))
     try:
         return Worker(welcome, rank, control, client).run(shard, model)
     finally:
@@ -46,12 +47,15 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
 
 
 def connect_client(transport: Transport, welcome: Welcome, config: RunConfig, role: Role,
-                   rank: int, token: str, io: LoopThread) -> ParameterClient:
+                   rank: int, token: str, io: LoopThread,
+                   wire: WireFormat = PLAIN_WIRE) -> ParameterClient:
+    """A connected client; ``wire`` says how its values travel (the evaluator's stay
+    float32, so it measures the model the servers hold exactly)."""
     shards = [ShardAddress(s.index, s.address, KeyRange(s.start, s.end)) for s in welcome.shards]
     client = ParameterClient(
         transport, shards, token=token, run=bytes.fromhex(welcome.run_id)[:16], role=role,
         rank=rank, connect_timeout_s=config.cluster.connect_timeout_s,
         request_timeout_s=config.cluster.request_timeout_s,
-        max_frame_bytes=config.cluster.max_frame_bytes, io=io)
+        max_frame_bytes=config.cluster.max_frame_bytes, io=io, wire=wire)
     client.connect()
     return client

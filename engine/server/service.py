@@ -28,9 +28,11 @@ from engine.consistency.base import PushTiming
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError
 from engine.server.shard import ShardState
 from engine.transport.base import Connection, Listener, Transport
+from engine.wire.codecs import Codec, narrow
 from engine.wire.protocol import (
     FLAG_COMMIT,
     FLAG_FINAL,
+    FLOAT_DTYPES,
     DType,
     Frame,
     MsgType,
@@ -39,6 +41,7 @@ from engine.wire.protocol import (
     encode,
     error_frame,
     from_ns,
+    numpy_dtype,
     peek_request_id,
 )
 from engine.wire.records import SyncRecord
@@ -235,6 +238,9 @@ class ShardServer:
 
     def _pull(self, peer: _Peer, frame: Frame) -> None:
         self.state.read(frame.keys, frame.index)  # validates the keys before the pull may wait
+        if frame.dtype not in FLOAT_DTYPES:
+            raise ProtocolError(f"a pull asks for its values as {frame.dtype.name}; ask for "
+                                "FLOAT32, FLOAT16, BFLOAT16 or FLOAT64")
         if self.state.pull_ready(frame.rank, frame.clock, frame.keys):
             self._answer_pull(peer, frame, waited_s=0.0)
         elif self._draining:
@@ -274,6 +280,8 @@ class ShardServer:
         self._pending = still_waiting
 
     def _answer_pull(self, peer: _Peer, frame: Frame, *, waited_s: float) -> None:
+        # Answered in the type the pull asked for and, for a key list, packed as it came.
+        values = narrow(self.state.read(frame.keys, frame.index), numpy_dtype(frame.dtype))
         reply = Frame(
             MsgType.VALUES,
             frame.request_id,
@@ -284,8 +292,10 @@ class ShardServer:
             clock=frame.clock,
             version=self.state.version_of(frame.keys),
             wait_ns=int(waited_s * 1e9),
-            payload=self.state.read(frame.keys, frame.index),
+            dtype=frame.dtype,
+            payload=values,
             index=frame.index,
+            codec=frame.codec if frame.index is not None else Codec.NONE,
         )
         self._send(peer, reply)
 

@@ -5,7 +5,7 @@ raw array bytes::
 
     magic "PS" | version | type | dtype | ndim | sender role | flags | sender rank
     run id (16 bytes) | request id | clock | version | key start | key end | wait ns | stamp ns |
-    payload bytes | key kind | 3 pad bytes | key count
+    payload bytes | key kind | codec | 2 pad bytes | key count
     shape[0..ndim) | keys[0..key count) (uint32 or uint64) | payload
 
 An ACK of a push may carry one FLOAT64 value: the scale the shard applied the pushed gradient
@@ -17,6 +17,10 @@ list of keys inside the span, one value per listed key; its span is what the fra
 (a PUSH with ``FLAG_COMMIT`` commits its clock for the clock ranges the span covers), so an
 empty list is a legal push that only advances the clock. The header is 104 bytes, so the
 keys and values that follow it stay 8-byte aligned.
+
+A nonzero *codec* byte says the body after the header is compressed (``engine.wire.codecs``);
+the header's sizes are the uncompressed ones, so the reader knows the inflated size, bounded by its
+frame limit, before inflating. Values travel as FLOAT32, FLOAT16 or BFLOAT16 (or FLOAT64).
 
 Nothing is pickled. ``decode`` validates everything a peer could get wrong (magic, version, type,
 dtype, shape against the keys and the byte count, key order and bounds, size limit, finiteness of
@@ -35,11 +39,13 @@ import numpy as np
 
 from engine.errors import BadPayload, FrameTooLarge, ProtocolError
 from engine.keys import KeyRange
+from engine.wire.codecs import BFLOAT16, Codec, pack, unpack
 
 MAGIC = b"PS"
 PROTOCOL_VERSION = 3
 MAX_NDIM = 4
-_HEADER = struct.Struct("<2sBBBBBBI16sQqQQQQQQB3xQ")
+_HEADER = struct.Struct("<2sBBBBBBI16sQqQQQQQQBB2xQ")
+_CODEC_OFFSET = _HEADER.size - 11  # the codec byte follows the key kind
 _DIM = struct.Struct("<Q")
 HEADER_BYTES = _HEADER.size
 
@@ -76,6 +82,7 @@ class DType(IntEnum):
     FLOAT64 = 2
     FLOAT16 = 3
     BYTES = 4  # JSON error bodies
+    BFLOAT16 = 5  # the upper half of a float32 (ml_dtypes.bfloat16)
 
 
 _NUMPY: dict[DType, np.dtype[Any]] = {
@@ -83,7 +90,18 @@ _NUMPY: dict[DType, np.dtype[Any]] = {
     DType.FLOAT64: np.dtype("<f8"),
     DType.FLOAT16: np.dtype("<f2"),
     DType.BYTES: np.dtype("u1"),
+    DType.BFLOAT16: BFLOAT16,
 }
+FLOAT_DTYPES = (DType.FLOAT32, DType.FLOAT64, DType.FLOAT16, DType.BFLOAT16)
+
+
+def wire_dtype(name: str) -> DType:
+    """``float32``, ``float16`` or ``bfloat16`` (the ``comm.wire_dtype`` setting) as a DType."""
+    return DType[name.upper()]
+
+
+def numpy_dtype(dtype: DType) -> np.dtype[Any]:
+    return _NUMPY[dtype]
 _CARRIES_VALUES = {MsgType.PUSH, MsgType.INIT, MsgType.VALUES}
 _TAKES_KEY_LIST = {MsgType.PUSH, MsgType.PULL, MsgType.VALUES}
 # Keys index a flat array, so the key space ends where a signed 64-bit length does.
@@ -123,6 +141,9 @@ class Frame:
     dtype: DType = DType.FLOAT32
     payload: np.ndarray | None = None
     index: np.ndarray | None = None  # sorted unique keys inside ``keys``; None: all of ``keys``
+    # How the body travels (encode falls back to NONE where packing does not shrink it); a
+    # decoded frame says how it arrived, so a server can answer in kind.
+    codec: Codec = Codec.NONE
 
     @property
     def key_count(self) -> int:
@@ -169,6 +190,7 @@ def encode(frame: Frame) -> bytearray:
         frame.stamp_ns,
         nbytes,
         kind,
+        Codec.NONE,
         0 if index is None else len(index),
     )
     offset = HEADER_BYTES
@@ -182,7 +204,21 @@ def encode(frame: Frame) -> bytearray:
     if payload is not None:
         target = np.frombuffer(buffer, dtype=_NUMPY[frame.dtype], offset=offset, count=payload.size)
         np.copyto(target, payload.reshape(-1), casting="no")
-    return buffer
+    if frame.codec is Codec.NONE:
+        return buffer
+    return _packed(buffer, frame.codec)
+
+
+def _packed(buffer: bytearray, codec: Codec) -> bytearray:
+    """``buffer`` with its body compressed by ``codec``; as it was when that does not shrink it."""
+    body = pack(codec, memoryview(buffer)[HEADER_BYTES:])
+    if len(body) >= len(buffer) - HEADER_BYTES:
+        return buffer
+    packed = bytearray(HEADER_BYTES + len(body))
+    packed[:HEADER_BYTES] = buffer[:HEADER_BYTES]
+    packed[_CODEC_OFFSET] = codec
+    packed[HEADER_BYTES:] = body
+    return packed
 
 
 def key_kind(frame: Frame) -> KeyKind:
@@ -241,6 +277,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         stamp_ns,
         nbytes,
         raw_key_kind,
+        raw_codec,
         key_count,
     ) = fields
     if magic != MAGIC:
@@ -262,6 +299,9 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         raise ProtocolError(f"key end {key_end} is past the largest key space ({MAX_KEY} keys)")
     keys = KeyRange(key_start, key_end)
     keying = _enum(KeyKind, raw_key_kind, "key kind")
+    codec = _enum(Codec, raw_codec, "codec")
+    if codec is not Codec.NONE:
+        data = _inflate(data, codec, ndim, keying, key_count, nbytes, max_bytes)
     index = _index(data, kind, keying, ndim, key_count, keys)
     payload = _payload(data, kind, dt, ndim, nbytes, keys, index)
     return Frame(
@@ -279,7 +319,25 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         dtype=dt,
         payload=payload,
         index=index,
+        codec=codec,
     )
+
+
+def _inflate(data: bytes | bytearray | memoryview, codec: Codec, ndim: int, keying: KeyKind,
+             key_count: int, nbytes: int, max_bytes: int) -> bytearray:
+    """The frame with its body inflated to exactly the size its header declares, which must
+    stay within ``max_bytes``: a peer cannot make a small frame inflate without bound."""
+    if ndim > MAX_NDIM:
+        raise ProtocolError(f"{ndim} dimensions exceed the maximum of {MAX_NDIM}")
+    key_bytes = key_count * _KEY_DTYPES[keying].itemsize if keying is not KeyKind.RANGE else 0
+    size = HEADER_BYTES + _DIM.size * ndim + key_bytes + nbytes
+    if size > max_bytes:
+        raise FrameTooLarge(f"the frame would inflate to {size} bytes, past the limit of "
+                            f"{max_bytes}")
+    inflated = bytearray(size)
+    inflated[:HEADER_BYTES] = data[:HEADER_BYTES]
+    unpack(codec, memoryview(data)[HEADER_BYTES:], memoryview(inflated)[HEADER_BYTES:])
+    return inflated
 
 
 _E = TypeVar("_E", bound=IntEnum)

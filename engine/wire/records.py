@@ -53,6 +53,10 @@ class IterationRecord(_Record):
     # The multiplier the servers applied this iteration's gradient with (aggregator weight x
     # schedule x staleness rule), key-weighted over shards; None when nothing was pushed.
     lr_scale: float | None = Field(None, ge=0, allow_inf_nan=False)
+    # The push frames' bytes (part of bytes_sent), and what they would have been as dense
+    # float32 frames: their ratio is what the push filter saved.
+    push_bytes: int = Field(0, ge=0)
+    push_bytes_dense: int = Field(0, ge=0)
 
     @field_validator("loss")
     @classmethod

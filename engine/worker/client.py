@@ -34,15 +34,20 @@ from engine.errors import (
 )
 from engine.keys import KeyRange, split_by_shard, split_keys_by_shard
 from engine.transport.base import Connection, Transport
+from engine.wire.codecs import CODECS, Codec, narrow
 from engine.wire.protocol import (
     FLAG_COMMIT,
     FLAG_FINAL,
+    HEADER_BYTES,
+    DType,
     Frame,
     MsgType,
     Role,
     decode,
     encode,
+    numpy_dtype,
     to_ns,
+    wire_dtype,
 )
 
 
@@ -51,6 +56,23 @@ class ShardAddress:
     index: int
     address: str
     keys: KeyRange
+
+
+@dataclass(frozen=True, slots=True)
+class WireFormat:
+    """How a client's values travel: their type on the wire (pushes are narrowed before they
+    are framed, pulls are answered in it) and the codec of its key-list frames."""
+
+    dtype: DType = DType.FLOAT32
+    codec: Codec = Codec.NONE
+
+    @classmethod
+    def of(cls, dtype: str, codec: str) -> WireFormat:
+        """From the ``comm.wire_dtype`` and ``comm.compress`` settings."""
+        return cls(wire_dtype(dtype), CODECS.get(codec).code)
+
+
+PLAIN_WIRE = WireFormat()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +95,9 @@ class PushResult:
     # factors), averaged over the keys that carried values; None when no key did.
     lr_scale: float | None = None
     scaled_keys: int = 0  # the keys lr_scale averages over
+    # What the same push would have cost as dense float32 frames of its spans (before any
+    # filter): bytes_sent / dense_bytes is what filtering saved.
+    dense_bytes: int = 0
 
 
 Result = PullResult | PushResult
@@ -126,8 +151,10 @@ class ParameterClient:
         request_timeout_s: float,
         max_frame_bytes: int,
         io: LoopThread,
+        wire: WireFormat = PLAIN_WIRE,
     ) -> None:
         self._transport, self._shards, self._token = transport, shards, token
+        self._wire = wire
         self._run, self._role, self._rank = run, role, rank
         self._connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
         self._max_frame_bytes = max_frame_bytes
@@ -217,10 +244,13 @@ class ParameterClient:
               clock: int, base: dict[int, int], index: np.ndarray | None = None,
               stamp_ns: int = 0, wait_ns: int = 0, flags: int = 0) -> _Part:
         pull = kind is MsgType.PULL
+        # INIT stays float32: the servers start from exactly the model worker 0 built.
+        dtype = DType.FLOAT32 if kind is MsgType.INIT else self._wire.dtype
+        payload = None if pull else narrow(values, numpy_dtype(dtype))
         frame = Frame(kind, 0, span, run=self._run, role=self._role, rank=self._rank,
                       clock=clock, version=base.get(shard, 0), stamp_ns=stamp_ns,
-                      wait_ns=wait_ns, flags=flags, payload=None if pull else values,
-                      index=index)
+                      wait_ns=wait_ns, flags=flags, dtype=dtype, payload=payload, index=index,
+                      codec=self._wire.codec if index is not None else Codec.NONE)
         return _Part(shard, frame, values if pull else None)
 
     def _range_parts(self, kind: MsgType, span: KeyRange, values: np.ndarray, *,
@@ -254,7 +284,9 @@ class ParameterClient:
         frames = [(part.shard, encode(replace(part.frame, request_id=request_id)),
                    part.out if kind is MsgType.PULL else part.frame.key_count)
                   for part in parts]
-        self._requests[request_id] = self._io.submit(self._request(kind, request_id, frames, base))
+        dense = sum(_dense_size(part.frame) for part in parts) if kind is MsgType.PUSH else 0
+        self._requests[request_id] = self._io.submit(
+            self._request(kind, request_id, frames, base, dense))
         return request_id
 
     async def _request(
@@ -263,6 +295,7 @@ class ParameterClient:
         request_id: int,
         parts: list[tuple[int, bytearray, Any]],
         base: dict[int, int],
+        dense: int = 0,
     ) -> Result:
         sent = sum(len(data) for _, data, _ in parts)
         replies = await asyncio.gather(
@@ -284,7 +317,8 @@ class ParameterClient:
         staleness = max((versions[i] - base.get(i, versions[i]) for i in versions), default=0)
         scale, keys = _mean_scale([(reply, count) for (_, _, count), (reply, _)
                                    in zip(parts, replies, strict=True)])
-        return PushResult(versions, max(staleness, 0), sent, received, answered_at, scale, keys)
+        return PushResult(versions, max(staleness, 0), sent, received, answered_at, scale, keys,
+                          dense)
 
     async def _connect_all(self) -> None:
         self._connections = list(
@@ -304,6 +338,11 @@ class ParameterClient:
 
     async def _close_all(self) -> None:
         await asyncio.gather(*(connection.close() for connection in self._connections))
+
+
+def _dense_size(frame: Frame) -> int:
+    """The bytes of ``frame`` as a dense float32 frame of its whole span."""
+    return HEADER_BYTES + 8 + 4 * len(frame.keys)
 
 
 def _mean_scale(acks: list[tuple[Frame, int]]) -> tuple[float | None, int]:

@@ -21,7 +21,7 @@ from engine.errors import ShuttingDown
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
 from engine.worker.client import PullHandle, PushHandle
-from engine.worker.loops import PlainLoop, Shard, iteration_row
+from engine.worker.loops import PlainLoop, Shard, iteration_row, push_bytes
 
 
 @dataclass
@@ -80,6 +80,7 @@ class DelayedLoop(PlainLoop):
         self.worker.record(task.row.model_copy(update={
             "staleness": pushed.staleness,
             "lr_scale": pushed.lr_scale,
+            **push_bytes(pushed),
             "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
             "bytes_received": pushed.bytes_received + pulled.bytes_received,
             "acked_at": pushed.answered_at,

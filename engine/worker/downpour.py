@@ -87,10 +87,10 @@ class DownpourLoop(PlainLoop):
         base = self._base or self._fetched
         assert base is not None  # a fetch precedes every gradient
         pushed_at = time.time()
-        request = self.client.push(self.worker.keys, self._sum, clock=self._pushes,
-                                   base_versions=base.versions, pushed_at=pushed_at,
-                                   waited_s=waited_s, final=clock == self.last_clock)
-        pushed = self.client.wait(request)
+        requests = self.send(self._sum, clock=self._pushes, base_versions=base.versions,
+                             pushed_at=pushed_at, waited_s=waited_s,
+                             final=clock == self.last_clock)
+        pushed = self.settle(requests)
         self._pushes += 1
         self._sum.fill(0.0)
         self._held, self._base = 0, None

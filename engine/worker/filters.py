@@ -31,6 +31,8 @@ from engine.registry import Registry
 if TYPE_CHECKING:  # the config layer lists the rules without paying for torch
     import torch
 
+    from engine.config import CommConfig
+
 
 @dataclass(slots=True)
 class LayerState:
@@ -372,3 +374,13 @@ class GradientFilter:
         if not parts:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         return torch.cat(parts)
+
+
+def make_filter(config: CommConfig, segments: Sequence[KeyRange],
+                num_keys: int) -> GradientFilter | None:
+    """The worker's push filter for the run's ``[comm]`` settings; None pushes dense."""
+    rule = parse_prune(config.prune)
+    if isinstance(rule, NoPrune) and not config.momentum_correction:
+        return None
+    return GradientFilter(rule, segments, num_keys, error_feedback=config.error_feedback,
+                          momentum=config.momentum_correction)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from engine.wire.messages import (
 )
 from engine.wire.records import IterationRecord
 from engine.worker.client import ParameterClient, PullResult, PushHandle, PushResult
+from engine.worker.filters import make_filter
 from engine.worker.heterogeneity import Slowdown
 
 if TYPE_CHECKING:  # torch is imported by the worker role, not by whoever lists the loops
@@ -152,6 +153,9 @@ class PlainLoop:
         self.worker, self.model = worker, model
         self.client = worker.client
         self.last_clock = -1
+        self.filter = make_filter(worker.config.comm,
+                                  [segment.keys for segment in worker.layout.segments],
+                                  worker.keys.end)
 
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
         """One gradient into ``model.grads_np``, stretched by any injected slowness."""
@@ -165,12 +169,23 @@ class PlainLoop:
         """Send this clock's gradient stamped with its timing, committing the clock on every
         key; (the requests in flight, pushed_at)."""
         pushed_at = time.time()
-        requests = [self.client.push(keys, self.model.grads_np[keys.start:keys.end],
-                                     clock=clock, base_versions=pulled.versions,
-                                     pushed_at=pushed_at, waited_s=waited_s,
-                                     final=clock == self.last_clock)
-                    for keys in self.push_order()]
+        requests = self.send(self.model.grads_np, clock=clock, base_versions=pulled.versions,
+                             pushed_at=pushed_at, waited_s=waited_s,
+                             final=clock == self.last_clock)
         return requests, pushed_at
+
+    def send(self, grads: np.ndarray, **header: Any) -> list[PushHandle]:
+        """Push ``grads`` in ``push_order``'s pieces; through the push filter, if the run has
+        one, as sparse frames that still commit every piece's clock."""
+        if self.filter is None:
+            return [self.client.push(keys, grads[keys.start:keys.end], **header)
+                    for keys in self.push_order()]
+        keys, values = self.filter.apply(grads)
+        requests = []
+        for span in self.push_order():
+            lo, hi = np.searchsorted(keys, (span.start, span.end))
+            requests.append(self.client.push(keys[lo:hi], values[lo:hi], span=span, **header))
+        return requests
 
     def push_order(self) -> list[KeyRange]:
         """The key ranges pushed per clock, one frame (per shard) each: the whole model."""
@@ -274,6 +289,7 @@ class OverlappedLoop(PlainLoop):
         self.worker.record(row.model_copy(update={
             "staleness": pushed.staleness,
             "lr_scale": pushed.lr_scale,
+            **push_bytes(pushed),
             "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
             "bytes_received": pushed.bytes_received + pulled.bytes_received,
             "acked_at": pushed.answered_at,
@@ -299,7 +315,8 @@ def merge_pushes(results: list[PushResult]) -> PushResult:
              if keys else None)
     return PushResult(versions, max(r.staleness for r in results),
                       sum(r.bytes_sent for r in results), sum(r.bytes_received for r in results),
-                      max(r.answered_at for r in results), scale, keys)
+                      max(r.answered_at for r in results), scale, keys,
+                      sum(r.dense_bytes for r in results))
 
 
 def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
@@ -317,4 +334,13 @@ def iteration_row(rank: int, clock: int, epoch: int, started: float, wall: float
         worker=rank, iteration=clock, epoch=epoch, started_at=started, ended_at=started + wall,
         compute_s=compute, push_s=push, pull_s=max(pull, 0.0), wait_s=wait,
         staleness=pushed.staleness if pushed else 0, loss=loss, samples=samples,
-        bytes_sent=sent, bytes_received=received, lr_scale=pushed.lr_scale if pushed else None)
+        bytes_sent=sent, bytes_received=received, lr_scale=pushed.lr_scale if pushed else None,
+        **push_bytes(pushed))
+
+
+def push_bytes(pushed: PushResult | None) -> dict[str, int]:
+    """An iteration's push bytes as sent, and as dense frames would have been (before the
+    push filter)."""
+    if pushed is None:
+        return {"push_bytes": 0, "push_bytes_dense": 0}
+    return {"push_bytes": pushed.bytes_sent, "push_bytes_dense": pushed.dense_bytes}

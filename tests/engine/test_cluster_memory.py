@@ -338,3 +338,32 @@ def test_a_worker_cannot_join_as_another_and_the_run_goes_on() -> None:
     assert "admitted as worker 1, it said hello as worker 0" in reason
     assert not ended  # the run was not failed by the impostor
     assert "process_joined" not in events
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("model", "extra"), [
+    ("asp", {}), ("bsp", {"train.loop": "layered"}),
+    ("asp", {"train.push_every": 2, "optimizer.name": "adagrad"}),
+    ("ssp", {"sync.staleness": 1, "comm.momentum_correction": 0.9, "optimizer.momentum": 0.0}),
+])
+def test_pruned_pushes_travel_sparse_and_commit_every_clock(model: str,
+                                                            extra: dict[str, object]) -> None:
+    outcome = run_cluster({"cluster.workers": 2, "cluster.servers": 2, "train.epochs": 3,
+                           "train.batch_size": 32, "sync.model": model, "model.hidden": [512],
+                           "comm.prune": "topk:1%", **extra})
+    assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
+    rows = [row for row in outcome.sink.iterations if row.push_bytes]
+    assert rows
+    for row in rows:
+        # 1 % of the keys, each a uint32 key and a float32 value (2 % of the dense bytes),
+        # plus up to 8 frames' headers (112 bytes each: four layers on two shards).
+        assert row.push_bytes <= 0.02 * row.push_bytes_dense + 8 * 4 + 8 * 112, row
+        assert row.lr_scale is not None and row.lr_scale > 0
+    # Every clock was committed on every range of every shard (an empty push where a shard
+    # got no key): under BSP one round per clock, so every range is at the clocks pushed.
+    stats = [e.detail for e in outcome.sink.events if e.kind == "server_stats"]
+    for shard in stats:
+        assert shard["duplicates"] == 0
+        if model == "bsp":
+            assert set(shard["range_versions"]) == {len(rows) // 2}
+    assert outcome.sink.evaluations[-1].accuracy > 0.6

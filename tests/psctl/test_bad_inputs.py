@@ -132,6 +132,23 @@ def test_huge_numbers_are_refused_naming_the_setting(flags: tuple[str, str], set
     assert message.startswith(f"invalid configuration: {setting}: ")
 
 
+@pytest.mark.parametrize(("flags", "says"), [
+    (("--prune", "topk:150%"), "topk:P% (e.g. topk:1%)"),
+    (("--prune", "topk:0%"), "topk:P% (e.g. topk:1%)"),
+    (("--prune", "sigma:-1"), "sigma:K (e.g. sigma:2)"),
+    (("--prune", "sigma:nan"), "sigma:K (e.g. sigma:2)"),
+    (("--prune", "magic:3"), "dynamic, none"),
+    (("--momentum-correction", "1.5"), "comm.momentum_correction"),
+    (("--prune", "topk:1%", "--momentum-correction", "0.9", "--no-error-feedback"),
+     "needs comm.error_feedback"),
+])
+def test_bad_push_filters_are_refused_saying_what_to_write(flags: tuple[str, ...], says: str,
+                                                           fresh_db: Path) -> None:
+    message = refused("launch", *SMALL, *flags, db=fresh_db, code=1)
+    assert message.startswith("invalid configuration: comm") and says in message, message
+    assert not fresh_db.parent.exists()
+
+
 @pytest.mark.parametrize(("toml", "setting"), [
     ("[optimizer]\nlr = nan\n", "optimizer.lr"),
     ("[stop]\nmax_seconds = inf\n", "stop.max_seconds"),

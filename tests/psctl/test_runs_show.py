@@ -117,3 +117,30 @@ def test_the_applied_lr_scale_shows_in_runs_show(tmp_path: Path) -> None:
     assert "lr scale: the factor the servers applied" in " ".join(shown.split())
     (stats,) = json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["workers"]
     assert (stats["lr_scale_min"], stats["lr_scale_max"]) == (0.0625, 0.25)
+
+
+def test_push_bytes_before_and_after_the_filter_show_in_runs_show_and_compare(
+        tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    run = "f" * 32
+    recorder = Recorder(db)
+    try:
+        recorder.start_run(run, "pruned", RunConfig().to_json_dict(), sync="asp", workers=1,
+                           servers=1, dataset="mnist", started_at=T0)
+        recorder.record_iterations([
+            IterationRecord(worker=0, iteration=i, epoch=0, started_at=T0 + i, ended_at=T0 + i + 1,
+                            compute_s=0.5, push_s=0.1, pull_s=0.1, wait_s=0.3, staleness=0,
+                            loss=1.0, samples=8, bytes_sent=2_100, bytes_received=40_000,
+                            push_bytes=2_000, push_bytes_dense=50_000)
+            for i in range(4)])
+        recorder.finish(RunStatus.FINISHED)
+    finally:
+        recorder.close()
+    shown = psctl("runs", "show", run, db=db).stdout
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in shown.splitlines() if line.startswith("│")]
+    (worker,) = [row for row in rows if row[0] == "0" and len(row) == 12]
+    assert worker[-2:] == ["2.0", "25.0x"]  # KB per iteration, dense / sent
+    (row,) = json.loads(psctl("compare", "--json", db=db).stdout)
+    assert row["push_reduction"] == 25.0
+    assert "push reduction" in " ".join(psctl("compare", "--all", db=db).stdout.split())

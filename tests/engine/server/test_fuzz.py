@@ -55,6 +55,7 @@ from engine.server.shard import ShardState
 from engine.transport import WebSocketTransport
 from engine.transport.admission import credential
 from engine.transport.websocket import TOKEN_HEADER
+from engine.wire.codecs import BFLOAT16
 from engine.wire.protocol import (
     ANY_CLOCK,
     FLAG_COMMIT,
@@ -119,7 +120,8 @@ EXTREMES: dict[str, list[int]] = {
 BOUNDS = {"<B": (0, 255), "<I": (0, 2**32 - 1), "<Q": (0, 2**64 - 1), "<q": (-(2**63), 2**63 - 1)}
 DIM_EXTREMES = [0, 1, 2, 3, 63, 64, 65, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1]
 NUMPY: dict[DType, np.dtype[Any]] = {
-    DType.FLOAT32: np.dtype("<f4"), DType.FLOAT64: np.dtype("<f8"), DType.FLOAT16: np.dtype("<f2")}
+    DType.FLOAT32: np.dtype("<f4"), DType.FLOAT64: np.dtype("<f8"), DType.FLOAT16: np.dtype("<f2"),
+    DType.BFLOAT16: BFLOAT16}
 SPECIALS = {
     "nan": math.nan, "inf": math.inf, "-inf": -math.inf, "1e300": 1e300, "-1e300": -1e300,
     "3e38": 3e38, "-3e38": -3e38, "f32max": 3.4028235e38, "1e19": 1e19, "2e19": 2e19,
@@ -224,9 +226,10 @@ NEXT_CLOCK = st.sampled_from([0, 0, 0, 0, 1, -1]).map(lambda delta: ("next", del
 ANY_CLOCK_CHOICE = st.one_of(
     st.sampled_from([0, 0, 0, 1, -1]).map(lambda delta: ("next", delta)),
     st.sampled_from([ANY_CLOCK, 0, 1, 2**62, -(2**63), 2**63 - 1]).map(lambda c: ("raw", c)))
-FLOAT_DTYPES = st.sampled_from([DType.FLOAT32] * 3 + [DType.FLOAT64, DType.FLOAT16])
+FLOAT_DTYPES = st.sampled_from([DType.FLOAT32] * 3 + [DType.FLOAT64, DType.FLOAT16,
+                                                      DType.BFLOAT16])
 ANY_DTYPE = st.sampled_from([DType.FLOAT32] * 4 + [DType.FLOAT64] * 2
-                            + [DType.FLOAT16, DType.BYTES])
+                            + [DType.FLOAT16, DType.BFLOAT16, DType.BYTES])
 ROLES = st.sampled_from([Role.WORKER] * 6 + list(Role))
 SHAPES = st.sampled_from(["flat"] * 8 + ["2d", "3d", "scalar", "short", "long"])
 OTHER_RUN_CHOICE = st.sampled_from([False] * 15 + [True])
@@ -435,8 +438,9 @@ def build(spec: Spec, request_id: int, server: ShardServer, admission: int | Non
                    f"{spec.dtype.name} flags {spec.flags} other_run={spec.other_run} "
                    f"mutations={list(spec.mutations)}")
     permitted = admission is None or (spec.role is Role.WORKER and rank == admission)
+    # A pull names the type its values come back in: BYTES is no such type.
     clean_pull = (spec.kind is MsgType.PULL and not spec.mutations and not spec.other_run
-                  and SHARD.contains(span) and permitted)
+                  and SHARD.contains(span) and permitted and spec.dtype is not DType.BYTES)
     return Built(bytes(buffer), description, clean_pull)
 
 

@@ -41,8 +41,24 @@ from engine.server.shard import ShardState
 from engine.transport import MemoryTransport, WebSocketTransport
 from engine.transport.base import Transport
 from engine.transport.websocket import TOKEN_HEADER
-from engine.wire.protocol import ANY_CLOCK, DType, Frame, MsgType, Role, decode, encode
-from engine.worker.client import ParameterClient, PullResult, PushResult, ShardAddress
+from engine.wire.protocol import (
+    ANY_CLOCK,
+    HEADER_BYTES,
+    DType,
+    Frame,
+    MsgType,
+    Role,
+    decode,
+    encode,
+)
+from engine.worker.client import (
+    PLAIN_WIRE,
+    ParameterClient,
+    PullResult,
+    PushResult,
+    ShardAddress,
+    WireFormat,
+)
 
 TOKEN = "join-token-for-tests"
 RUN = bytes.fromhex("00112233445566778899aabbccddeeff")
@@ -114,6 +130,7 @@ class Rig:
         run: bytes = RUN,
         shards: list[ShardAddress] | None = None,
         connect: bool = True,
+        wire: WireFormat = PLAIN_WIRE,
     ) -> ParameterClient:
         client = ParameterClient(
             self.transport,
@@ -126,6 +143,7 @@ class Rig:
             request_timeout_s=10.0,
             max_frame_bytes=4 * MIB,
             io=self.io,
+            wire=wire,
         )
         self.clients.append(client)
         if connect:
@@ -329,6 +347,47 @@ def test_bsp_acks_carry_the_weight_of_the_round(rig: Rig) -> None:
         _, pulled = pull(client, keys, 0)
         assert push(client, keys, np.ones(8, dtype=np.float32), 0, pulled.versions).lr_scale \
             == 0.5
+
+
+@pytest.mark.parametrize(("dtype", "codec"), [("float16", "zstd"), ("bfloat16", "lz4"),
+                                              ("float16", "none"), ("float32", "snappy")])
+def test_narrow_and_packed_frames_carry_the_same_update(rig: Rig, dtype: str,
+                                                        codec: str) -> None:
+    keys = KeyRange(0, 4000)
+    rig.start([KeyRange(0, 2000), KeyRange(2000, 4000)], model="asp", workers=1)
+    plain, wire = rig.client(0), rig.client(0, wire=WireFormat.of(dtype, codec))
+    start = np.linspace(-1, 1, len(keys), dtype=np.float32)
+    plain.wait(plain.init(start))
+    rng = np.random.default_rng(3)
+    index = np.sort(rng.choice(len(keys), size=400, replace=False)).astype(np.uint32)
+    grad = rng.standard_normal(400).astype(np.float32)
+    sent = wire.wait(wire.push(index, grad, clock=0, base_versions={}))
+    dense_pull = wire.wait(wire.pull(keys, out := np.empty(len(keys), np.float32), clock=1))
+    expected = start.copy()
+    expected[index] -= LR * grad
+    tolerance = {"float32": 0.0, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+    np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance)
+    exact = np.empty(len(keys), np.float32)
+    plain.wait(plain.pull(keys, exact, clock=ANY_CLOCK))
+    np.testing.assert_allclose(exact, expected, rtol=tolerance, atol=tolerance)
+    # A dense pull in a 2-byte type is half the bytes of float32 (less the headers).
+    if dtype != "float32":
+        assert dense_pull.bytes_received == 2 * (HEADER_BYTES + 8) + 2 * len(keys)
+    # The sparse push: keys (4 bytes each) and values, packed where the codec shrinks them.
+    width = 4 if dtype == "float32" else 2
+    unpacked = 2 * (HEADER_BYTES + 8) + 400 * (4 + width)
+    assert sent.bytes_sent <= unpacked and (codec != "zstd" or sent.bytes_sent < unpacked)
+    sparse = np.empty(len(index), np.float32)
+    wire.wait(wire.pull(index, sparse, clock=ANY_CLOCK))
+    np.testing.assert_allclose(sparse, expected[index], rtol=tolerance, atol=tolerance)
+
+
+def test_a_pull_for_bytes_is_refused(rig: Rig) -> None:
+    rig.start([KeyRange(0, 8)], model="asp", workers=1)
+    client = rig.client(0, wire=WireFormat(DType.BYTES))
+    client.wait(client.init(START8))
+    with pytest.raises(RemoteError, match="asks for its values as BYTES"):
+        client.wait(client.pull(KeyRange(0, 8), np.empty(8, np.float32), clock=ANY_CLOCK))
 
 
 def test_push_of_a_repeated_clock_is_refused(rig: Rig) -> None:

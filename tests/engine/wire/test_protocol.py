@@ -387,7 +387,7 @@ def test_unsupported_version(version: int) -> None:
         ("msg_type", 0, "type"),
         ("msg_type", 7, "type"),
         ("dtype", 0, "dtype"),
-        ("dtype", 5, "dtype"),
+        ("dtype", 6, "dtype"),
         ("role", 5, "role"),
         ("role", 255, "role"),
     ],
