@@ -277,6 +277,11 @@ class CommConfig(_Frozen):
         "[0: off]"))
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description=(
         "the workers' pushed and pulled values on the wire; servers keep float32 [float32]"))
+    pull_filter: str = Field("none", description=(
+        "servers answer a worker's pull with only the values that moved by more than DELTA "
+        "since it last got them: none or significant:DELTA [none]"))
+    refresh_every: int = Field(100, ge=1, le=10**6, description=(
+        "with a pull filter: every Nth pull of a worker is answered whole [100]"))
     compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none", description=(
         "compress frames with key lists (sparse pushes and pulls) where it shrinks them "
         "[none]"))
@@ -290,6 +295,17 @@ class CommConfig(_Frozen):
             return parse_prune(value).spec
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("pull_filter")
+    @classmethod
+    def _known_pull_filter(cls, value: str) -> str:
+        from engine.server.pull_filter import parse_pull_filter
+
+        try:
+            spec = parse_pull_filter(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return spec.name if spec.name == "none" else f"{spec.name}:{spec.delta:g}"
 
     @model_validator(mode="after")
     def _consistent(self) -> CommConfig:

@@ -102,6 +102,11 @@ def launch(
     compress: Annotated[str | None, typer.Option(
         help="compress sparse frames (key lists) with none, lz4, zstd or snappy, where it "
         "shrinks them [none]")] = None,
+    pull_filter: Annotated[str | None, typer.Option(
+        help="servers answer a worker's pull with only the values that moved by more than "
+        "DELTA since it last got them: none or significant:DELTA [none]")] = None,
+    refresh_every: Annotated[int | None, typer.Option(
+        help="with --pull-filter: every Nth pull of a worker is answered whole [100]")] = None,
     clip_norm: Annotated[float | None, typer.Option(
         help="servers scale each pushed gradient down to this L2 norm (per shard) [off]")] = None,
     aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,
@@ -147,7 +152,8 @@ def launch(
         "train.warm_start": warm_start, "learning.warmup": lr_warmup, "learning.rule": lr_rule,
         "learning.unit": lr_unit, "comm.prune": prune, "comm.error_feedback": error_feedback,
         "comm.momentum_correction": momentum_correction, "comm.wire_dtype": wire_dtype,
-        "comm.compress": compress,
+        "comm.compress": compress, "comm.pull_filter": pull_filter,
+        "comm.refresh_every": refresh_every,
         "learning.global_lr": global_lr,
         "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,

@@ -13,6 +13,8 @@ from engine.registry import Registry
 from engine.server.aggregation import AGGREGATION_RULES
 from engine.server.learning import SCHEDULES, STALENESS_RULES
 from engine.server.optimizers import SERVER_OPTIMIZERS
+from engine.server.pull_filter import PULL_FILTERS
+from engine.wire.codecs import CODECS
 from engine.worker.filters import PRUNE_RULES
 from engine.worker.registry import WORKER_LOOPS
 
@@ -32,6 +34,8 @@ def table_after(heading: str) -> list[str]:
     ("### Staleness rules", STALENESS_RULES),
     ("### Worker loops", WORKER_LOOPS),
     ("### Push filters", PRUNE_RULES),
+    ("### Pull filters", PULL_FILTERS),
+    ("### Wire codecs", CODECS),
 ])
 def test_policy_table_matches_its_registry(heading: str, registry: Registry[Any]) -> None:
     assert table_after(heading) == list(registry.names())

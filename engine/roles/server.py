@@ -14,6 +14,7 @@ from engine.roles.control import ControlChannel
 from engine.server.aggregation import AGGREGATION_RULES, make_aggregator
 from engine.server.learning import make_learning
 from engine.server.optimizers import make_optimizer
+from engine.server.pull_filter import make_pull_filter
 from engine.server.service import ServerLimits, ShardServer
 from engine.server.shard import ShardState
 from engine.transport.base import Transport
@@ -36,9 +37,11 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
     cluster = config.cluster
     limits = ServerLimits(max_queued_bytes=cluster.max_queued_bytes,
                           max_pending_pulls=cluster.max_pending_pulls)
+    pulls = make_pull_filter(config.comm.pull_filter, config.comm.refresh_every,
+                             cluster.workers, len(keys))
     server = ShardServer(state, run=bytes.fromhex(welcome.run_id)[:16], rank=rank,
                          max_frame_bytes=cluster.max_frame_bytes, limits=limits,
-                         on_syncs=reports.put_nowait if rank == 0 else None)
+                         on_syncs=reports.put_nowait if rank == 0 else None, pull_filter=pulls)
     address = await server.start(transport, host, port, token=token)
     await channel.send(Serving(address=address))
     reporter = asyncio.create_task(_report_syncs(channel, reports))

@@ -37,7 +37,8 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
     model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
                               dataset.spec.num_classes), seed=config.train.seed)
     client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io,
-                            wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress))
+                            wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress,
+                                               keeps_copy=config.comm.pull_filter != "none"))
     try:
         return Worker(welcome, rank, control, client).run(shard, model)
     finally:

@@ -26,6 +26,7 @@ import numpy as np
 
 from engine.consistency.base import PushTiming
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError
+from engine.server.pull_filter import PullFilter, SendAll
 from engine.server.shard import ShardState
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.codecs import Codec, narrow
@@ -122,8 +123,10 @@ class ServerStats:
 class ShardServer:
     def __init__(self, state: ShardState, *, run: bytes, rank: int, max_frame_bytes: int,
                  on_syncs: Callable[[list[SyncRecord]], None] | None = None,
-                 limits: ServerLimits | None = None) -> None:
+                 limits: ServerLimits | None = None,
+                 pull_filter: PullFilter | None = None) -> None:
         self.state = state
+        self.pull_filter = pull_filter or SendAll()
         self._on_syncs = on_syncs
         self.run = run
         self.rank = rank
@@ -281,7 +284,8 @@ class ShardServer:
 
     def _answer_pull(self, peer: _Peer, frame: Frame, *, waited_s: float) -> None:
         # Answered in the type the pull asked for and, for a key list, packed as it came.
-        values = narrow(self.state.read(frame.keys, frame.index), numpy_dtype(frame.dtype))
+        index, values = self._pulled(frame)
+        values = narrow(values, numpy_dtype(frame.dtype))
         reply = Frame(
             MsgType.VALUES,
             frame.request_id,
@@ -294,10 +298,24 @@ class ShardServer:
             wait_ns=int(waited_s * 1e9),
             dtype=frame.dtype,
             payload=values,
-            index=frame.index,
-            codec=frame.codec if frame.index is not None else Codec.NONE,
+            index=index,
+            codec=frame.codec if index is not None else Codec.NONE,
         )
         self._send(peer, reply)
+
+    def _pulled(self, frame: Frame) -> tuple[np.ndarray | None, np.ndarray]:
+        """(keys, values) of a pull's answer: those asked for, or for a worker's range pull,
+        those the pull filter lets through (then as a key list)."""
+        values = self.state.read(frame.keys, frame.index)
+        if frame.index is not None or frame.role is not Role.WORKER:
+            return frame.index, values
+        span = self.state.keys.local(frame.keys)
+        chosen = self.pull_filter.select(frame.rank, span, values)
+        if chosen is None:
+            return None, values
+        keys = (chosen + self.state.keys.start).astype(
+            np.uint32 if self.state.keys.end <= 2**32 else np.uint64)
+        return keys, values[chosen - span.start]
 
     def _ack(self, frame: Frame, version: int, scale: float | None = None) -> Frame:
         return Frame(

@@ -65,11 +65,14 @@ class WireFormat:
 
     dtype: DType = DType.FLOAT32
     codec: Codec = Codec.NONE
+    # The servers filter this client's pulls (only changed values come back), so the client
+    # keeps its own copy of every value it was sent and fills each pull from it.
+    keeps_copy: bool = False
 
     @classmethod
-    def of(cls, dtype: str, codec: str) -> WireFormat:
-        """From the ``comm.wire_dtype`` and ``comm.compress`` settings."""
-        return cls(wire_dtype(dtype), CODECS.get(codec).code)
+    def of(cls, dtype: str, codec: str, *, keeps_copy: bool = False) -> WireFormat:
+        """From the ``comm.wire_dtype``, ``comm.compress`` and ``comm.pull_filter`` settings."""
+        return cls(wire_dtype(dtype), CODECS.get(codec).code, keeps_copy)
 
 
 PLAIN_WIRE = WireFormat()
@@ -155,6 +158,8 @@ class ParameterClient:
     ) -> None:
         self._transport, self._shards, self._token = transport, shards, token
         self._wire = wire
+        self._copy = (np.zeros(shards[-1].keys.end, dtype=np.float32)
+                      if wire.keeps_copy and shards else None)
         self._run, self._role, self._rank = run, role, rank
         self._connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
         self._max_frame_bytes = max_frame_bytes
@@ -282,7 +287,7 @@ class ParameterClient:
     def _submit(self, kind: MsgType, parts: list[_Part], base: dict[int, int]) -> int:
         request_id = next(self._ids)
         frames = [(part.shard, encode(replace(part.frame, request_id=request_id)),
-                   part.out if kind is MsgType.PULL else part.frame.key_count)
+                   (part.out, part.frame) if kind is MsgType.PULL else part.frame.key_count)
                   for part in parts]
         dense = sum(_dense_size(part.frame) for part in parts) if kind is MsgType.PUSH else 0
         self._requests[request_id] = self._io.submit(
@@ -307,11 +312,8 @@ class ParameterClient:
             index: reply.version for (index, _, _), (reply, _) in zip(parts, replies, strict=True)
         }
         if kind is MsgType.PULL:
-            for (_, _, out), (reply, _) in zip(parts, replies, strict=True):
-                if reply.values.shape != out.shape:
-                    raise ProtocolError(f"request {request_id}: a shard answered "
-                                        f"{reply.values.shape[0]} values for {len(out)} keys")
-                np.copyto(out, reply.values)
+            for (_, _, (out, asked)), (reply, _) in zip(parts, replies, strict=True):
+                self._fill(out, asked, reply, request_id)
             wait_s = max((reply.wait_ns for reply, _ in replies), default=0) / 1e9
             return PullResult(versions, wait_s, sent, received, answered_at)
         staleness = max((versions[i] - base.get(i, versions[i]) for i in versions), default=0)
@@ -319,6 +321,26 @@ class ParameterClient:
                                    in zip(parts, replies, strict=True)])
         return PushResult(versions, max(staleness, 0), sent, received, answered_at, scale, keys,
                           dense)
+
+    def _fill(self, out: np.ndarray, asked: Frame, reply: Frame, request_id: int) -> None:
+        """Put a pull's answer in ``out``: all of it, or (a filtered answer to a range pull)
+        the values that changed, over the copy this client keeps of what it was sent."""
+        values = reply.values
+        if reply.index is None or asked.index is not None:
+            if values.shape != out.shape:
+                raise ProtocolError(f"request {request_id}: a shard answered "
+                                    f"{values.shape[0]} values for {len(out)} keys")
+            np.copyto(out, values)
+            if self._copy is not None and asked.index is None:
+                self._copy[asked.keys.start:asked.keys.end] = out
+            return
+        if self._copy is None or reply.keys != asked.keys:
+            raise ProtocolError(f"request {request_id}: a shard answered a range pull with "
+                                "some of its keys, but this client keeps no copy to fill the "
+                                "rest from (comm.pull_filter)")
+        copy = self._copy[asked.keys.start:asked.keys.end]
+        copy[reply.index.astype(np.int64) - asked.keys.start] = values
+        np.copyto(out, copy)
 
     async def _connect_all(self) -> None:
         self._connections = list(

@@ -36,6 +36,7 @@ from engine.errors import (
 from engine.keys import KeyLayout, KeyRange, RangePartitioner, Segment
 from engine.server.learning import Learning, make_learning
 from engine.server.optimizers import SGD
+from engine.server.pull_filter import PullFilter, make_pull_filter
 from engine.server.service import MAX_BAD_FRAMES, ShardServer
 from engine.server.shard import ShardState
 from engine.transport import MemoryTransport, WebSocketTransport
@@ -97,6 +98,7 @@ class Rig:
         layout: KeyLayout | None = None,
         momentum: float = 0.0,
         learning: Callable[[], Learning] | None = None,
+        pull_filter: Callable[[int], PullFilter] | None = None,
     ) -> None:
         for rank, owned in enumerate(keys):
             ranges = layout.clock_ranges(owned) if layout is not None else None
@@ -108,7 +110,8 @@ class Rig:
                 ranges=ranges,
                 **({"learning": learning()} if learning is not None else {}),
             )
-            server = ShardServer(state, run=RUN, rank=rank, max_frame_bytes=max_frame_bytes)
+            server = ShardServer(state, run=RUN, rank=rank, max_frame_bytes=max_frame_bytes,
+                                 pull_filter=pull_filter(len(owned)) if pull_filter else None)
             address = self.server_loop.call(
                 server.start(self.transport, "127.0.0.1", 0, token=TOKEN), 10
             )
@@ -380,6 +383,50 @@ def test_narrow_and_packed_frames_carry_the_same_update(rig: Rig, dtype: str,
     sparse = np.empty(len(index), np.float32)
     wire.wait(wire.pull(index, sparse, clock=ANY_CLOCK))
     np.testing.assert_allclose(sparse, expected[index], rtol=tolerance, atol=tolerance)
+
+
+def test_a_filtered_pull_sends_only_what_moved_and_the_client_fills_in_the_rest(
+        rig: Rig) -> None:
+    keys = KeyRange(0, 8)
+    rig.start([KeyRange(0, 4), KeyRange(4, 8)], model="asp", workers=1,
+              pull_filter=lambda size: make_pull_filter("significant:0.1", 3, 1, size))
+    worker = rig.client(0, wire=WireFormat(keeps_copy=True))
+    worker.wait(worker.init(START8))
+    out = np.empty(8, np.float32)
+    first = worker.wait(worker.pull(keys, out, clock=ANY_CLOCK))  # the first pull: whole
+    np.testing.assert_array_equal(out, START8)
+    grad = np.array([1.0, 0.01, 0.0, -1.0, 0.01, 0.01, 0.5, 0.0], dtype=np.float32)
+    worker.wait(worker.push(keys, grad, clock=0, base_versions=first.versions))
+    second = worker.wait(worker.pull(keys, out, clock=ANY_CLOCK))
+    moved = START8 - LR * grad
+    big = np.abs(LR * grad) > 0.1  # keys 0, 3 and 6 moved by 0.5, 0.5 and 0.25
+    np.testing.assert_array_equal(out[big], moved[big])
+    np.testing.assert_array_equal(out[~big], START8[~big])  # the worker's copy, unchanged
+    assert second.bytes_received < first.bytes_received
+    # Another 0.005 on keys 1, 4 and 5: 0.01 in all since they were sent, still below DELTA.
+    worker.wait(worker.push(keys, grad * (np.abs(grad) < 0.1), clock=1,
+                            base_versions=second.versions))
+    worker.wait(worker.pull(keys, out, clock=ANY_CLOCK))
+    np.testing.assert_array_equal(out[[1, 4, 5]], START8[[1, 4, 5]])
+    worker.wait(worker.pull(keys, out, clock=ANY_CLOCK))  # the 4th pull: whole again
+    exact = np.empty(8, np.float32)
+    probe = rig.client(0, role=Role.CLIENT)  # not a worker: its pulls are never filtered
+    probe.wait(probe.pull(keys, exact, clock=ANY_CLOCK))
+    np.testing.assert_array_equal(out, exact)
+    assert exact[1] == pytest.approx(START8[1] - 2 * LR * 0.01)
+
+
+def test_a_filtered_answer_without_a_copy_is_refused_clearly(rig: Rig) -> None:
+    rig.start([KeyRange(0, 8)], model="asp", workers=1,
+              pull_filter=lambda size: make_pull_filter("significant:0", 100, 1, size))
+    worker = rig.client(0)  # keeps no copy
+    worker.wait(worker.init(START8))
+    out = np.empty(8, np.float32)
+    worker.wait(worker.pull(KeyRange(0, 8), out, clock=ANY_CLOCK))
+    worker.wait(worker.push(KeyRange(0, 8), np.eye(8, dtype=np.float32)[2], clock=0,
+                            base_versions={}))
+    with pytest.raises(ProtocolError, match="keeps no copy"):
+        worker.wait(worker.pull(KeyRange(0, 8), out, clock=ANY_CLOCK))
 
 
 def test_a_pull_for_bytes_is_refused(rig: Rig) -> None:

@@ -1,0 +1,107 @@
+"""Pull filters: which values a shard sends back to a worker's pull.
+
+Seed 003's *significantly-modified filter*: a worker keeps its copy of the parameters, and a pull
+returns only the values that moved by more than DELTA since the values this shard last sent to
+that worker; every ``refresh_every``-th pull of a worker (and its first) is answered whole, which
+bounds how far the worker's copy can drift from the shard. The shard remembers, per worker, the
+values it sent (one float32 copy of the shard per worker), so the drift of a key that keeps
+moving by less than DELTA is measured from what the worker really holds, never accumulated
+unseen.
+
+Only range pulls by workers are filtered: the evaluator and key-list pulls get every value they
+ask for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from engine.errors import ConfigError
+from engine.registry import Registry
+
+
+class PullFilter(Protocol):
+    def select(self, worker: int, span: slice, values: np.ndarray) -> np.ndarray | None:
+        """The shard-local positions inside ``span`` to send to ``worker`` (sorted), or None
+        for all of them; ``values`` are the shard's current values of ``span``."""
+        ...
+
+
+class SendAll:
+    def select(self, worker: int, span: slice, values: np.ndarray) -> np.ndarray | None:
+        return None
+
+
+class SignificantlyModified:
+    """Send the values that changed by more than ``delta`` since this worker last got them."""
+
+    def __init__(self, delta: float, refresh_every: int, workers: int, size: int) -> None:
+        self.delta, self.refresh_every = delta, refresh_every
+        self._sent = np.zeros((workers, size), dtype=np.float32)
+        self._pulls = np.zeros(workers, dtype=np.int64)
+        self._seen = np.zeros((workers, size), dtype=bool)  # keys this worker has been sent
+
+    def select(self, worker: int, span: slice, values: np.ndarray) -> np.ndarray | None:
+        if not 0 <= worker < len(self._pulls):
+            return None  # not one of the run's workers (a tool): it holds no copy
+        sent, seen = self._sent[worker, span], self._seen[worker, span]
+        self._pulls[worker] += 1
+        if (self._pulls[worker] - 1) % self.refresh_every == 0 or not seen.all():
+            sent[:] = values
+            seen[:] = True
+            return None
+        changed = np.flatnonzero(np.abs(values - sent) > self.delta)
+        sent[changed] = values[changed]
+        return changed + (span.start or 0)
+
+
+@dataclass(frozen=True)
+class PullFilterSpec:
+    """A parsed ``--pull-filter``: the rule's name and its threshold."""
+
+    name: str
+    delta: float = 0.0
+
+
+FORMS = "none or significant:DELTA (e.g. significant:0.001)"
+
+
+def parse_pull_filter(text: str) -> PullFilterSpec:
+    """``none`` or ``significant:DELTA`` with DELTA a finite number >= 0."""
+    name, _, argument = text.strip().partition(":")
+    if name == "none" and not argument:
+        return PullFilterSpec("none")
+    if name == "significant" and argument:
+        try:
+            delta = float(argument)
+        except ValueError:
+            delta = math.nan
+        if math.isfinite(delta) and delta >= 0:
+            return PullFilterSpec("significant", delta)
+    raise ConfigError(f"pull filter {text.strip()[:40]!r}: write {FORMS}")
+
+
+@dataclass(frozen=True)
+class FilterContext:
+    spec: PullFilterSpec
+    refresh_every: int
+    workers: int
+    size: int
+
+
+PULL_FILTERS: Registry[Callable[[FilterContext], PullFilter]] = Registry("pull filter")
+PULL_FILTERS.register("none", lambda c: SendAll(), "every pull gets every value it asks for")
+PULL_FILTERS.register(
+    "significant",
+    lambda c: SignificantlyModified(c.spec.delta, c.refresh_every, c.workers, c.size),
+    "only values that moved by more than DELTA since this worker got them; whole every N pulls")
+
+
+def make_pull_filter(text: str, refresh_every: int, workers: int, size: int) -> PullFilter:
+    spec = parse_pull_filter(text)
+    return PULL_FILTERS.get(spec.name)(FilterContext(spec, refresh_every, workers, size))

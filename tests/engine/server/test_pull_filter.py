@@ -1,0 +1,73 @@
+"""The significantly-modified pull filter: exactly the keys that moved by more than DELTA since
+the worker last got them, measured from what it was sent, with a whole answer every N pulls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.errors import ConfigError
+from engine.server.pull_filter import (
+    PullFilterSpec,
+    SendAll,
+    SignificantlyModified,
+    make_pull_filter,
+    parse_pull_filter,
+)
+
+
+def test_only_values_that_moved_past_delta_since_they_were_sent_are_chosen() -> None:
+    rule = SignificantlyModified(delta=0.5, refresh_every=10, workers=2, size=6)
+    values = np.zeros(6, dtype=np.float32)
+    assert rule.select(0, slice(0, 6), values) is None  # the first pull: whole
+    values[:] = [0.4, 0.6, -0.7, 0.0, 0.5, 0.2]
+    assert rule.select(0, slice(0, 6), values).tolist() == [1, 2]  # 0.5 is not past 0.5
+    values[[0, 5]] += 0.2  # key 0 is now 0.6 from what worker 0 holds (0.0), key 5 0.4
+    assert rule.select(0, slice(0, 6), values).tolist() == [0]
+    # Worker 1 has had nothing yet: its first pull is whole, whatever worker 0 got.
+    assert rule.select(1, slice(0, 6), values) is None
+    assert rule.select(1, slice(0, 6), values).tolist() == []
+
+
+def test_a_whole_answer_every_n_pulls_and_for_keys_never_sent() -> None:
+    rule = SignificantlyModified(delta=1.0, refresh_every=3, workers=1, size=4)
+    values = np.zeros(4, dtype=np.float32)
+    answers = []
+    for _ in range(7):
+        values += 0.1
+        answers.append(rule.select(0, slice(0, 4), values))
+    assert [a is None for a in answers] == [True, False, False, True, False, False, True]
+    # A span never sent to this worker is answered whole, even between refreshes.
+    other = SignificantlyModified(delta=1.0, refresh_every=100, workers=1, size=8)
+    assert other.select(0, slice(0, 4), np.zeros(4, np.float32)) is None
+    assert other.select(0, slice(4, 8), np.zeros(4, np.float32)) is None
+    chosen = other.select(0, slice(4, 8), np.array([0, 2, 0, 0], np.float32))
+    assert chosen is not None and chosen.tolist() == [5]  # shard-local keys
+
+
+def test_a_pull_from_outside_the_workers_gets_everything() -> None:
+    rule = SignificantlyModified(delta=0.0, refresh_every=100, workers=2, size=2)
+    assert rule.select(7, slice(0, 2), np.ones(2, np.float32)) is None
+    assert SendAll().select(0, slice(0, 2), np.ones(2, np.float32)) is None
+
+
+@pytest.mark.parametrize(("text", "spec"), [
+    ("none", PullFilterSpec("none")), ("significant:0.001", PullFilterSpec("significant", 1e-3)),
+    ("significant:0", PullFilterSpec("significant", 0.0)), (" significant:2e-4 ",
+                                                            PullFilterSpec("significant", 2e-4)),
+])
+def test_forms_that_parse(text: str, spec: PullFilterSpec) -> None:
+    assert parse_pull_filter(text) == spec
+
+
+@pytest.mark.parametrize("text", ["", "significant", "significant:-1", "significant:nan",
+                                  "significant:inf", "significant:x", "none:1", "delta:1"])
+def test_forms_that_do_not_say_what_to_write(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"write none or significant:DELTA"):
+        parse_pull_filter(text)
+
+
+def test_the_registry_builds_each_filter() -> None:
+    assert isinstance(make_pull_filter("none", 10, 2, 4), SendAll)
+    built = make_pull_filter("significant:0.25", 10, 2, 4)
+    assert isinstance(built, SignificantlyModified) and built.delta == 0.25
