@@ -19,7 +19,8 @@ ALL_WORKERS = -1
 RECORD_FIELDS = (
     "worker", "b", "n", "t", "it", "throughput", "idle_fraction", "staleness_min",
     "staleness_max", "loss_min", "loss_max", "sent_per_s", "received_per_s",
-    "compute", "push", "pull", "wait", "lr_min", "lr_max",
+    "compute", "push", "pull", "wait", "lr_min", "lr_max", "pushed_per_s",
+    "pushed_dense_per_s",
 )
 
 # metric -> (unit, title, record columns: one value, or a min/max pair)
@@ -36,6 +37,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "wait": ("s per bucket", "Wait time", ("wait",)),
     "lr_scale": ("factor on the learning rate", "Applied learning-rate scale",
                  ("lr_min", "lr_max")),
+    "push_bytes": ("bytes/s", "Push bytes, sent and before the push filter",
+                   ("pushed_per_s", "pushed_dense_per_s")),
 }
 EVALUATION_METRICS = {"accuracy": ("fraction", "Test accuracy"), "test_loss": ("cross-entropy",
                                                                              "Test loss")}
@@ -78,7 +81,15 @@ def _record(worker: int, rows: Sequence[tuple[Any, ...]], buckets: Buckets, ix: 
         total("sent") / span, total("received") / span,
         total("compute"), total("push"), total("pull"), total("wait"),
         extreme("lr_min", min), extreme("lr_max", max),
+        _rate(rows, ix, "pushed", span), _rate(rows, ix, "pushed_dense", span),
     ]
+
+
+def _rate(rows: Sequence[tuple[Any, ...]], ix: dict[str, int], name: str,
+          span: float) -> float | None:
+    """A per-second sum of a column that runs before schema 5 do not have (None then)."""
+    values = [r[ix[name]] for r in rows if r[ix[name]] is not None]
+    return float(sum(values)) / span if values else None
 
 
 def metric_series(metric: str, records: list[list[Any]], origin: float) -> dict[str, Any]:
@@ -117,5 +128,7 @@ def raw_value(metric: str, row: dict[str, Any]) -> float | None:
         "pull": lambda: row["pull_s"],
         "wait": lambda: row["wait_s"],
         "lr_scale": lambda: row["lr_scale"],
+        "push_bytes": lambda: per_s(row["push_bytes"]) if row["push_bytes"] is not None
+        else None,
     }
     return values[metric]()

@@ -141,6 +141,8 @@ iteration_rollups = Table(
     Column("bytes_received", Integer, nullable=False),
     Column("lr_min", REAL),
     Column("lr_max", REAL),
+    Column("push_bytes", Integer),
+    Column("push_bytes_dense", Integer),
     sqlite_with_rowid=False,
 )
 
@@ -340,7 +342,8 @@ def _migrate_from_4(conn: Connection) -> int:
     """Version 5 added the applied learning-rate scale and the push bytes before and after the
     push filter to iterations, and the scale's extremes to their rollups."""
     for table, names in (("iterations", ("lr_scale", "push_bytes", "push_bytes_dense")),
-                         ("iteration_rollups", ("lr_min", "lr_max"))):
+                         ("iteration_rollups", ("lr_min", "lr_max", "push_bytes",
+                                                "push_bytes_dense"))):
         columns = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table})")}
         for name in names:
             if name not in columns:

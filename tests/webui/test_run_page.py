@@ -56,7 +56,7 @@ def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "fi
             d = 0.5
             rows.append((run_id, w, i, i // 50, t, t + d, .3, .05, .05, .1, i % 3,
                          2.0 / (1 + i), 16, 1000, 1000, t + .4, t + .45, 0.25 / (1 + i % 4),
-                         900, 900))
+                         900, 18_000))
             t += d
     conn.executemany(f"INSERT INTO iterations VALUES ({','.join('?' * 20)})", rows)
     conn.execute(REBUILD_ROLLUPS_SQL, {"run": run_id, "origin": t0, "lo": 0, "hi": 10**9})
@@ -236,6 +236,12 @@ def test_bsp_run_page(browser: Any, base: str) -> None:
     assert sorted(_trace_names(page, "lr")) == [f"worker {w}" for w in range(WORKERS)]
     ys = page.evaluate("document.querySelector('#chart-lr').data.flatMap(t => t.y)")
     assert min(ys) == pytest.approx(0.0625) and max(ys) == pytest.approx(0.25)
+    # Push bytes as sent and before the push filter, beside the totals.
+    assert _trace_names(page, "bytes") == ["sent", "received", "pushes sent",
+                                           "pushes before filtering"]
+    rates = page.evaluate("document.querySelector('#chart-bytes').data.map(t => Math.max("
+                          "...t.y.filter(v => v !== null)))")
+    assert rates[3] == pytest.approx(20 * rates[2])
     screenshot(page, "run-page.png")
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0

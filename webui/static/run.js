@@ -274,9 +274,14 @@
     PS.draw(cards.idle.div, idleT, PS.layout("Idle (wait) fraction per worker", mode, "idle (% of wall time)"));
     PS.setCount(cards.idle, nIdle, S.total, "iterations");
     const all = (groups.get(-1) || []).slice(0, S.summary.status === "running" ? -1 : undefined);
-    PS.draw(cards.bytes.div, ["sent_per_s", "received_per_s"].map((c, i) => ({ type: "scatter", mode: "lines", name: c === "sent_per_s" ? "sent" : "received",
-      line: { color: PS.color(i), dash: i ? "solid" : "dash", width: i ? 1.5 : 2.5 }, x: all.map((r) => xOf(mode, r)), y: all.map((r) => r[S.f[c]]) })), PS.layout("Bytes on the wire (all workers)", mode, "bytes/s"));
-    PS.setCount(cards.bytes, 2 * all.length, S.total, "iterations");
+    // Push bytes as sent and as dense float32 pushes would have been: apart when a push
+    // filter or a narrow wire type saves bytes (runs before schema 5 have neither line).
+    const lines = [["sent_per_s", "sent"], ["received_per_s", "received"], ["pushed_per_s", "pushes sent"],
+      ["pushed_dense_per_s", "pushes before filtering"]]
+      .filter(([c]) => all.some((r) => r[S.f[c]] !== null && r[S.f[c]] !== undefined));
+    PS.draw(cards.bytes.div, lines.map(([c, name], i) => ({ type: "scatter", mode: "lines", name,
+      line: { color: PS.color(i), dash: i % 2 ? "solid" : "dash", width: i % 2 ? 1.5 : 2.5 }, x: all.map((r) => xOf(mode, r)), y: all.map((r) => r[S.f[c]]) })), PS.layout("Bytes on the wire (all workers)", mode, "bytes/s"));
+    PS.setCount(cards.bytes, lines.length * all.length, S.total, "iterations");
     renderLr(mode, groups);
     renderTimeline(); renderElastic(); renderProcesses(mode); renderEvents();
     const latest = Math.max(...S.last.map((p) => p.ended_at), -Infinity);
