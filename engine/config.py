@@ -282,6 +282,9 @@ class CommConfig(_Frozen):
         "since it last got them: none or significant:DELTA [none]"))
     refresh_every: int = Field(100, ge=1, le=10**6, description=(
         "with a pull filter: every Nth pull of a worker is answered whole [100]"))
+    range_size: int | None = Field(None, ge=1, le=2**31, description=(
+        "split every push and pull into pipelined frames of at most this many keys [off: one "
+        "frame per shard]"))
     compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none", description=(
         "compress frames with key lists (sparse pushes and pulls) where it shrinks them "
         "[none]"))

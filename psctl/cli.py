@@ -107,6 +107,9 @@ def launch(
         "DELTA since it last got them: none or significant:DELTA [none]")] = None,
     refresh_every: Annotated[int | None, typer.Option(
         help="with --pull-filter: every Nth pull of a worker is answered whole [100]")] = None,
+    range_size: Annotated[int | None, typer.Option(
+        help="split every push and pull into pipelined frames of at most KEYS keys [off]")] =
+        None,
     clip_norm: Annotated[float | None, typer.Option(
         help="servers scale each pushed gradient down to this L2 norm (per shard) [off]")] = None,
     aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,
@@ -153,7 +156,7 @@ def launch(
         "learning.unit": lr_unit, "comm.prune": prune, "comm.error_feedback": error_feedback,
         "comm.momentum_correction": momentum_correction, "comm.wire_dtype": wire_dtype,
         "comm.compress": compress, "comm.pull_filter": pull_filter,
-        "comm.refresh_every": refresh_every,
+        "comm.refresh_every": refresh_every, "comm.range_size": range_size,
         "learning.global_lr": global_lr,
         "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,

@@ -38,7 +38,8 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
                               dataset.spec.num_classes), seed=config.train.seed)
     client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io,
                             wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress,
-                                               keeps_copy=config.comm.pull_filter != "none"))
+                                               keeps_copy=config.comm.pull_filter != "none",
+                                               range_size=config.comm.range_size))
     try:
         return Worker(welcome, rank, control, client).run(shard, model)
     finally:

@@ -68,11 +68,15 @@ class WireFormat:
     # The servers filter this client's pulls (only changed values come back), so the client
     # keeps its own copy of every value it was sent and fills each pull from it.
     keeps_copy: bool = False
+    # Pushes and pulls go out as frames of at most this many keys (0: one frame per shard).
+    range_size: int = 0
 
     @classmethod
-    def of(cls, dtype: str, codec: str, *, keeps_copy: bool = False) -> WireFormat:
-        """From the ``comm.wire_dtype``, ``comm.compress`` and ``comm.pull_filter`` settings."""
-        return cls(wire_dtype(dtype), CODECS.get(codec).code, keeps_copy)
+    def of(cls, dtype: str, codec: str, *, keeps_copy: bool = False,
+           range_size: int | None = None) -> WireFormat:
+        """From the ``comm.wire_dtype``, ``comm.compress``, ``comm.pull_filter`` and
+        ``comm.range_size`` settings."""
+        return cls(wire_dtype(dtype), CODECS.get(codec).code, keeps_copy, range_size or 0)
 
 
 PLAIN_WIRE = WireFormat()
@@ -285,32 +289,34 @@ class ParameterClient:
                 if (mine := owned.get(shard, slice(0, 0) if empty_ok else None)) is not None]
 
     def _submit(self, kind: MsgType, parts: list[_Part], base: dict[int, int]) -> int:
-        request_id = next(self._ids)
-        frames = [(part.shard, encode(replace(part.frame, request_id=request_id)),
-                   (part.out, part.frame) if kind is MsgType.PULL else part.frame.key_count)
-                  for part in parts]
         dense = sum(_dense_size(part.frame) for part in parts) if kind is MsgType.PUSH else 0
-        self._requests[request_id] = self._io.submit(
-            self._request(kind, request_id, frames, base, dense))
-        return request_id
+        if self._wire.range_size and kind is not MsgType.INIT:
+            parts = [piece for part in parts for piece in _chunks(part, self._wire.range_size)]
+        # Every frame has its own request id (a shard matches replies by it); the request's
+        # handle is the first.
+        ids = [next(self._ids) for _ in parts]
+        frames = [(part.shard, encode(replace(part.frame, request_id=rid)), rid,
+                   (part.out, part.frame) if kind is MsgType.PULL else part.frame.key_count)
+                  for part, rid in zip(parts, ids, strict=True)]
+        self._requests[ids[0]] = self._io.submit(self._request(kind, ids[0], frames, base, dense))
+        return ids[0]
 
     async def _request(
         self,
         kind: MsgType,
         request_id: int,
-        parts: list[tuple[int, bytearray, Any]],
+        frames: list[tuple[int, bytearray, int, Any]],
         base: dict[int, int],
         dense: int = 0,
     ) -> Result:
-        sent = sum(len(data) for _, data, _ in parts)
+        sent = sum(len(data) for _, data, _, _ in frames)
         replies = await asyncio.gather(
-            *(self._connections[index].request(request_id, data) for index, data, _ in parts)
-        )
+            *(self._connections[index].request(rid, data) for index, data, rid, _ in frames))
         answered_at = time.time()
         received = sum(nbytes for _, nbytes in replies)
-        versions = {
-            index: reply.version for (index, _, _), (reply, _) in zip(parts, replies, strict=True)
-        }
+        parts = [(index, data, extra) for index, data, _, extra in frames]
+        versions = _versions(kind, [index for index, _, _ in parts],
+                             [reply for reply, _ in replies])
         if kind is MsgType.PULL:
             for (_, _, (out, asked)), (reply, _) in zip(parts, replies, strict=True):
                 self._fill(out, asked, reply, request_id)
@@ -360,6 +366,46 @@ class ParameterClient:
 
     async def _close_all(self) -> None:
         await asyncio.gather(*(connection.close() for connection in self._connections))
+
+
+def _versions(kind: MsgType, shards: list[int], replies: list[Frame]) -> dict[int, int]:
+    """Per shard, the version a request was served at. Split into several frames (a range
+    size), a push takes its first frame's (the later ones count its own earlier pieces) and a
+    pull its oldest (the values are at least that new)."""
+    versions: dict[int, int] = {}
+    for shard, reply in zip(shards, replies, strict=True):
+        if shard not in versions:
+            versions[shard] = reply.version
+        elif kind is MsgType.PULL:
+            versions[shard] = min(versions[shard], reply.version)
+    return versions
+
+
+def _chunks(part: _Part, size: int) -> list[_Part]:
+    """``part`` as frames of at most ``size`` keys, sent back to back. A push's pieces do not
+    commit; one more, empty frame over the whole span commits the clock (with the final flag)
+    after them, so the shard sees the clock end exactly once."""
+    frame = part.frame
+    if frame.key_count <= size:
+        return [part]
+    pieces = []
+    for lo in range(0, frame.key_count, size):
+        hi = min(lo + size, frame.key_count)
+        if frame.index is None:
+            keys, index = KeyRange(frame.keys.start + lo, frame.keys.start + hi), None
+        else:
+            keys, index = frame.keys, frame.index[lo:hi]
+        payload = None if frame.payload is None else frame.payload[lo:hi]
+        flags = frame.flags & ~(FLAG_COMMIT | FLAG_FINAL) if frame.type is MsgType.PUSH \
+            else frame.flags
+        pieces.append(_Part(part.shard, replace(frame, keys=keys, index=index, payload=payload,
+                                                flags=flags),
+                            None if part.out is None else part.out[lo:hi]))
+    if frame.type is MsgType.PUSH and frame.flags & (FLAG_COMMIT | FLAG_FINAL):
+        empty = np.zeros(0, dtype=np.uint32 if frame.keys.end <= 2**32 else np.uint64)
+        pieces.append(_Part(part.shard, replace(frame, index=empty,
+                                                payload=frame.values[:0]), None))
+    return pieces
 
 
 def _dense_size(frame: Frame) -> int:

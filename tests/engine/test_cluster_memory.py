@@ -373,6 +373,7 @@ def test_pruned_pushes_travel_sparse_and_commit_every_clock(model: str,
 @pytest.mark.parametrize(("model", "extra"), [
     ("asp", {}), ("bounded-delay", {"sync.delay": 2}), ("asp", {"train.overlap": True}),
     ("bsp", {"comm.wire_dtype": "float16"}),
+    ("ssp", {"sync.staleness": 1, "comm.range_size": 700}),
 ])
 def test_filtered_pulls_train_from_the_workers_copies(model: str,
                                                       extra: dict[str, object]) -> None:
@@ -388,3 +389,23 @@ def test_filtered_pulls_train_from_the_workers_copies(model: str,
     if model != "bounded-delay":  # its short runs train poorly with or without the filter
         assert min(row.bytes_received for row in rows) < first
         assert outcome.sink.evaluations[-1].accuracy > 0.6
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("model", "extra"), [
+    ("bsp", {}), ("bsp", {"train.loop": "layered"}), ("asp", {"comm.prune": "topk:10%"}),
+    ("elastic", {"sync.lookahead": 5}),
+])
+def test_a_range_size_keeps_every_model_in_step(model: str, extra: dict[str, object]) -> None:
+    outcome = run_cluster({"cluster.workers": 2, "cluster.servers": 2, "train.epochs": 2,
+                           "train.batch_size": 32, "sync.model": model, "model.hidden": [64],
+                           "comm.range_size": 1000, **extra})
+    assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
+    per_worker = 2 * iterations_per_epoch(2, 32)
+    assert outcome.worker_iterations == {0: per_worker, 1: per_worker}
+    stats = [e.detail for e in outcome.sink.events if e.kind == "server_stats"]
+    assert all(shard["duplicates"] == 0 for shard in stats)
+    if model == "bsp":  # one round per clock on every clock range, and staleness 0
+        assert all(set(shard["range_versions"]) == {per_worker} for shard in stats)
+        assert {row.staleness for row in outcome.sink.iterations} == {0}
+    assert outcome.sink.evaluations[-1].accuracy > 0.5

@@ -429,6 +429,37 @@ def test_a_filtered_answer_without_a_copy_is_refused_clearly(rig: Rig) -> None:
         worker.wait(worker.pull(KeyRange(0, 8), out, clock=ANY_CLOCK))
 
 
+@pytest.mark.parametrize("size", [1, 3, 5])
+def test_a_range_size_splits_frames_and_changes_no_result(rig: Rig, size: int) -> None:
+    keys = KeyRange(0, 8)
+    rig.start([KeyRange(0, 5), KeyRange(5, 8)], model="bsp", workers=2)
+    split = [rig.client(0, wire=WireFormat(range_size=size)), rig.client(1)]
+    split[0].wait(split[0].init(START8))
+    grads = [np.arange(8, dtype=np.float32), np.full(8, 2.0, dtype=np.float32)]
+    for clock in range(2):
+        pulls = [pull(client, keys, clock) for client in split]
+        np.testing.assert_array_equal(pulls[0][0], pulls[1][0])
+        pushed = [push(client, keys, grad, clock, pulled.versions)
+                  for client, grad, (_, pulled) in zip(split, grads, pulls, strict=True)]
+        assert [p.staleness for p in pushed] == [0, 0]
+        assert pushed[0].lr_scale == 0.5
+    values, _ = pull(split[1], keys, 2)
+    np.testing.assert_allclose(values, START8 - 2 * LR * (grads[0] + grads[1]) / 2)
+    sparse = np.array([1, 4, 6], dtype=np.uint32)
+    got = np.empty(3, np.float32)
+    split[0].wait(split[0].pull(sparse, got, clock=ANY_CLOCK))
+    np.testing.assert_array_equal(got, values[sparse])
+    # Every shard saw each clock committed once: its versions are the two rounds.
+    assert [server.state.version for server in rig.servers] == [2, 2]
+    frames = sum(server.stats.frames_in for server in rig.servers)
+    # Worker 0: per clock a pull and a push in ceil(5/size) + ceil(3/size) pieces (plus one
+    # commit per shard when split), then the sparse pull; worker 1 one frame per shard each.
+    pieces = -(-5 // size) + -(-3 // size)
+    commits = sum(1 for n in (5, 3) if n > size)
+    expected = 2 + 2 * (pieces + pieces + commits) + 2 * 2 * 2 + 2 + -(-2 // size) + 1
+    assert frames == expected
+
+
 def test_a_pull_for_bytes_is_refused(rig: Rig) -> None:
     rig.start([KeyRange(0, 8)], model="asp", workers=1)
     client = rig.client(0, wire=WireFormat(DType.BYTES))
