@@ -8,6 +8,7 @@ import math
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,17 +22,21 @@ T0 = 1_700_000_000.0
 
 def _recorded_run(db: Path, accuracies: list[float],
                   events: Sequence[EventRecord] = (),
-                  scales: Sequence[float | None] | None = None) -> str:
+                  scales: Sequence[float | None] | None = None, **fields: Any) -> str:
+    """A finished run with one iteration and one evaluation per accuracy; ``fields`` set the
+    same value in every iteration."""
     run = "e" * 32
     recorder = Recorder(db)
     try:
         recorder.start_run(run, "many-evals", RunConfig().to_json_dict(), sync="bsp", workers=1,
                            servers=1, dataset="mnist", started_at=T0)
         recorder.record_iterations([
-            IterationRecord(worker=0, iteration=i, epoch=0, started_at=T0 + i, ended_at=T0 + i + 1,
-                            compute_s=0.5, push_s=0.1, pull_s=0.1, wait_s=0.3, staleness=0,
-                            loss=1.0, samples=8, bytes_sent=10, bytes_received=10,
-                            lr_scale=None if scales is None else scales[i])
+            IterationRecord(**{
+                "worker": 0, "iteration": i, "epoch": 0, "started_at": T0 + i,
+                "ended_at": T0 + i + 1, "compute_s": 0.5, "push_s": 0.1, "pull_s": 0.1,
+                "wait_s": 0.3, "staleness": 0, "loss": 1.0, "samples": 8, "bytes_sent": 10,
+                "bytes_received": 10, "lr_scale": None if scales is None else scales[i],
+                **fields})
             for i in range(len(accuracies))])
         for i, accuracy in enumerate(accuracies):
             recorder.record_evaluation(EvaluationRecord(
@@ -122,20 +127,7 @@ def test_the_applied_lr_scale_shows_in_runs_show(tmp_path: Path) -> None:
 def test_push_bytes_before_and_after_the_filter_show_in_runs_show_and_compare(
         tmp_path: Path) -> None:
     db = tmp_path / "experiments.db"
-    run = "f" * 32
-    recorder = Recorder(db)
-    try:
-        recorder.start_run(run, "pruned", RunConfig().to_json_dict(), sync="asp", workers=1,
-                           servers=1, dataset="mnist", started_at=T0)
-        recorder.record_iterations([
-            IterationRecord(worker=0, iteration=i, epoch=0, started_at=T0 + i, ended_at=T0 + i + 1,
-                            compute_s=0.5, push_s=0.1, pull_s=0.1, wait_s=0.3, staleness=0,
-                            loss=1.0, samples=8, bytes_sent=2_100, bytes_received=40_000,
-                            push_bytes=2_000, push_bytes_dense=50_000)
-            for i in range(4)])
-        recorder.finish(RunStatus.FINISHED)
-    finally:
-        recorder.close()
+    run = _recorded_run(db, [0.5, 0.6, 0.7, 0.8], push_bytes=2_000, push_bytes_dense=50_000)
     shown = psctl("runs", "show", run, db=db).stdout
     rows = [[cell.strip() for cell in line.split("│")[1:-1]]
             for line in shown.splitlines() if line.startswith("│")]

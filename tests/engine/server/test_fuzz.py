@@ -55,7 +55,7 @@ from engine.server.shard import ShardState
 from engine.transport import WebSocketTransport
 from engine.transport.admission import credential
 from engine.transport.websocket import TOKEN_HEADER
-from engine.wire.codecs import BFLOAT16
+from engine.wire.codecs import BFLOAT16, Codec
 from engine.wire.protocol import (
     ANY_CLOCK,
     FLAG_COMMIT,
@@ -90,10 +90,10 @@ pytestmark = pytest.mark.timeout(180 + FRAMES // 100)
 
 # -- the header, restated from engine/wire/protocol.py --------------------------------------------
 
-HEADER_FORMAT = "<2sBBBBBBI16sQqQQQQQQB3xQ"
+HEADER_FORMAT = "<2sBBBBBBI16sQqQQQQQQBB2xQ"
 _FIELD_NAMES = ["magic", "version", "type", "dtype", "ndim", "role", "flags", "rank", "run",
                 "request_id", "clock", "server_version", "key_start", "key_end", "wait_ns",
-                "stamp_ns", "nbytes", "key_kind", "key_count"]
+                "stamp_ns", "nbytes", "key_kind", "codec", "key_count"]
 
 
 def _field_offsets() -> dict[str, tuple[int, str]]:
@@ -158,6 +158,7 @@ class Spec:
     other_run: bool
     mutations: tuple[Mutation, ...]
     replace: tuple[str, int]  # ("", 0): a frame; ("text"|"garbage"|"psjunk"|"empty", seed)
+    codec: Codec = Codec.NONE  # the body packed (where that shrinks it), mutations after
 
 
 def _field_mutation() -> st.SearchStrategy[Mutation]:
@@ -233,6 +234,7 @@ ANY_DTYPE = st.sampled_from([DType.FLOAT32] * 4 + [DType.FLOAT64] * 2
 ROLES = st.sampled_from([Role.WORKER] * 6 + list(Role))
 SHAPES = st.sampled_from(["flat"] * 8 + ["2d", "3d", "scalar", "short", "long"])
 OTHER_RUN_CHOICE = st.sampled_from([False] * 15 + [True])
+CODEC_CHOICE = st.sampled_from([Codec.NONE] * 4 + [Codec.LZ4, Codec.ZSTD, Codec.SNAPPY])
 REPLACE = st.sampled_from([""] * 19 + ["text", "garbage", "psjunk", "empty"])
 N_MUTATIONS = st.sampled_from([0, 1, 1, 1, 2, 3])
 # rare, and last: a frame just past the server's size limit, or past the transport's
@@ -255,7 +257,7 @@ def specs(draw: st.DrawFn) -> Spec:
                     role=Role.WORKER, clock=draw(NEXT_CLOCK), flags=flags,
                     dtype=draw(FLOAT_DTYPES), shape="flat", seed=seed, scale=scale,
                     specials=specials, keys_wanted=keys_wanted, other_run=False, mutations=(),
-                    replace=("", 0))
+                    replace=("", 0), codec=draw(CODEC_CHOICE))
     replace = draw(REPLACE)
     mutations: tuple[Mutation, ...] = draw(MUTATION_LISTS[draw(N_MUTATIONS)])
     oversize = draw(OVERSIZE)
@@ -265,7 +267,7 @@ def specs(draw: st.DrawFn) -> Spec:
         seed=seed, scale=scale, specials=specials, keys_wanted=keys_wanted,
         other_run=draw(OTHER_RUN_CHOICE),
         mutations=mutations + ((Mutation("oversize", oversize),) if oversize >= 0 else ()),
-        replace=(replace, draw(SEEDS) if replace else 0),
+        replace=(replace, draw(SEEDS) if replace else 0), codec=draw(CODEC_CHOICE),
     )
 
 
@@ -427,7 +429,8 @@ def build(spec: Spec, request_id: int, server: ShardServer, admission: int | Non
     frame = Frame(spec.kind, request_id, span, run=OTHER_RUN if spec.other_run else RUN,
                   role=spec.role, rank=rank, clock=clock, flags=spec.flags,
                   dtype=spec.dtype, payload=_values(spec, count) if carries else None,
-                  index=index if index is None or span.end > 2**32 else index.astype(np.uint32))
+                  index=index if index is None or span.end > 2**32 else index.astype(np.uint32),
+                  codec=Codec.NONE if spec.keying == "u64" else spec.codec)
     buffer = encode(frame)
     if spec.keying == "u64" and index is not None and span.end <= 2**32:
         buffer = _widen_keys(buffer)
@@ -435,7 +438,8 @@ def build(spec: Spec, request_id: int, server: ShardServer, admission: int | Non
         buffer = _mutate(buffer, mutation, spec.dtype)
     description = (f"{spec.kind.name} {spec.keying} span [{span.start}, {span.end}) "
                    f"{count} keys clock {clock} rank {rank} {spec.role.name} "
-                   f"{spec.dtype.name} flags {spec.flags} other_run={spec.other_run} "
+                   f"{spec.dtype.name} {spec.codec.name} flags {spec.flags} "
+                   f"other_run={spec.other_run} "
                    f"mutations={list(spec.mutations)}")
     permitted = admission is None or (spec.role is Role.WORKER and rank == admission)
     # A pull names the type its values come back in: BYTES is no such type.
