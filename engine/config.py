@@ -282,6 +282,11 @@ class CommConfig(_Frozen):
         "since it last got them: none or significant:DELTA [none]"))
     refresh_every: int = Field(100, ge=1, le=10**6, description=(
         "with a pull filter: every Nth pull of a worker is answered whole [100]"))
+    schedule: Literal["none", "fifo", "filo", "stalest-first"] = Field("none", description=(
+        "per-layer pulls and pushes through a request pool in this order (the scheduled worker "
+        "loop): fifo, filo or stalest-first [none: the other loops]"))
+    pool_size: int = Field(1, ge=1, le=1024, description=(
+        "with a schedule: requests the pool keeps in flight at once [1]"))
     range_size: int | None = Field(None, ge=1, le=2**31, description=(
         "split every push and pull into pipelined frames of at most this many keys [off: one "
         "frame per shard]"))

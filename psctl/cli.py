@@ -107,6 +107,11 @@ def launch(
         "DELTA since it last got them: none or significant:DELTA [none]")] = None,
     refresh_every: Annotated[int | None, typer.Option(
         help="with --pull-filter: every Nth pull of a worker is answered whole [100]")] = None,
+    schedule: Annotated[str | None, typer.Option(
+        help="pull and push layer by layer through a request pool in this order: fifo, filo "
+        "or stalest-first (seed 002) [none]")] = None,
+    pool_size: Annotated[int | None, typer.Option(
+        help="with --schedule: requests in flight at once [1]")] = None,
     range_size: Annotated[int | None, typer.Option(
         help="split every push and pull into pipelined frames of at most KEYS keys [off]")] =
         None,
@@ -157,6 +162,7 @@ def launch(
         "comm.momentum_correction": momentum_correction, "comm.wire_dtype": wire_dtype,
         "comm.compress": compress, "comm.pull_filter": pull_filter,
         "comm.refresh_every": refresh_every, "comm.range_size": range_size,
+        "comm.schedule": schedule, "comm.pool_size": pool_size,
         "learning.global_lr": global_lr,
         "sync.push_scale": aggregation, "train.loop": loop,
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,

@@ -155,9 +155,26 @@ def detail_view(detail: RunDetail) -> Group:
             f"ElasticBSP: {detail.syncs.barriers} barriers, mean predicted wait "
             f"{_ms(detail.syncs.predicted_wait_mean_s)}, mean actual wait "
             f"{_ms(detail.syncs.actual_wait_mean_s)} (psctl zipline replay {run.id[:8]})"))
+    if detail.layers:
+        lines.append(_layers_table(detail))
     if detail.evaluations:
         lines.append(_evaluations_table(detail))
     return Group(*lines)
+
+
+def _layers_table(detail: RunDetail) -> Table:
+    schedule = detail.config.get("comm", {}).get("schedule", "")
+    table = Table(title=f"per layer (requests scheduled {schedule})", title_justify="left",
+                  caption="suspend: how long the servers held the layer's pull back; order: "
+                  "its mean place in the pull schedule (0 first)", caption_justify="left")
+    for column in ("layer", "pulls", "suspend mean", "suspend max", "staleness mean",
+                   "staleness max", "pull order"):
+        table.add_column(column, justify="right")
+    for layer in detail.layers:
+        table.add_row(str(layer.layer), str(layer.pulls), _ms(layer.suspend_s_mean),
+                      _ms(layer.suspend_s_max), f"{layer.staleness_mean:.2f}",
+                      str(layer.staleness_max), f"{layer.pull_order_mean:.2f}")
+    return table
 
 
 def _ms(seconds: float | None) -> str:

@@ -20,6 +20,7 @@ from engine.db.schema import (
     evaluations,
     events,
     iterations,
+    layer_iterations,
     process_samples,
     runs,
     syncs,
@@ -37,6 +38,7 @@ TABLES: tuple[tuple[Table, str], ...] = (
     (tags, "run_id"),
     (syncs, "run_id"),
     (process_samples, "run_id"),
+    (layer_iterations, "run_id"),
 )
 _BATCH = 50_000
 

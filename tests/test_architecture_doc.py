@@ -17,6 +17,7 @@ from engine.server.pull_filter import PULL_FILTERS
 from engine.wire.codecs import CODECS
 from engine.worker.filters import PRUNE_RULES
 from engine.worker.registry import WORKER_LOOPS
+from engine.worker.scheduled import REQUEST_SCHEDULES
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
 
@@ -36,6 +37,7 @@ def table_after(heading: str) -> list[str]:
     ("### Push filters", PRUNE_RULES),
     ("### Pull filters", PULL_FILTERS),
     ("### Wire codecs", CODECS),
+    ("### Request schedules", REQUEST_SCHEDULES),
 ])
 def test_policy_table_matches_its_registry(heading: str, registry: Registry[Any]) -> None:
     assert table_after(heading) == list(registry.names())

@@ -30,7 +30,15 @@ from sqlalchemy import (
     select,
 )
 
-from engine.db.schema import STORED_STATUSES, evaluations, events, iterations, runs, syncs
+from engine.db.schema import (
+    STORED_STATUSES,
+    evaluations,
+    events,
+    iterations,
+    layer_iterations,
+    runs,
+    syncs,
+)
 from engine.db.schema import translate_errors as _translate_errors
 from engine.errors import AmbiguousRun, RunNotFound, StoreError
 
@@ -174,6 +182,20 @@ class RunDetail(Dictable):
     # timings are then shaped by CPU contention, and every view says so.
     oversubscribed: str | None = None
     notes: str | None = None  # written from the dashboard's runs table
+    layers: tuple[LayerStats, ...] = ()  # the scheduled worker loop's, per layer
+
+
+@dataclass(frozen=True)
+class LayerStats(Dictable):
+    """One layer's requests over a run of the scheduled loop (``layer_iterations``)."""
+
+    layer: int
+    pulls: int
+    suspend_s_mean: float  # how long the servers held the layer's pull back
+    suspend_s_max: float
+    staleness_mean: float
+    staleness_max: int
+    pull_order_mean: float  # where the schedule put the layer: 0 is first
 
 
 @dataclass(frozen=True)
@@ -448,7 +470,18 @@ def run_detail(
             syncs=_sync_summary(conn, run_id),
             oversubscribed=oversubscription_note(conn, run_id),
             notes=row.notes,
+            layers=tuple(_layer_stats(conn, run_id)),
         )
+
+
+def _layer_stats(conn: Connection, run_id: str) -> list[LayerStats]:
+    li = layer_iterations.c
+    stmt = (select(li.layer, func.count(), func.avg(li.suspend_s), func.max(li.suspend_s),
+                   func.avg(li.staleness), func.max(li.staleness), func.avg(li.pull_order))
+            .where(li.run_id == run_id).group_by(li.layer).order_by(li.layer))
+    return [LayerStats(int(layer), int(n), float(s_mean), float(s_max), float(t_mean),
+                       int(t_max), float(order))
+            for layer, n, s_mean, s_max, t_mean, t_max, order in conn.execute(stmt)]
 
 
 def oversubscription_note(conn: Connection, run_id: str) -> str | None:

@@ -112,6 +112,22 @@ iterations = Table(
     sqlite_with_rowid=False,
 )
 
+# The scheduled worker loop's requests, one row per layer per iteration (schema 5): the order
+# each layer was pulled and pushed in, how long its pull was held back, its push's staleness.
+layer_iterations = Table(
+    "layer_iterations",
+    metadata,
+    Column("run_id", Text, _run_fk(), primary_key=True),
+    Column("worker", Integer, primary_key=True),
+    Column("iteration", Integer, primary_key=True),
+    Column("layer", Integer, primary_key=True),
+    Column("pull_order", Integer, nullable=False),
+    Column("push_order", Integer, nullable=False),
+    Column("suspend_s", REAL, nullable=False),
+    Column("staleness", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
+
 # Per (run, worker, ROLLUP_WIDTH_S slot since the run started): what the dashboard charts, summed
 # so that a page over a million iterations reads tens of thousands of rows instead. Rebuilt by
 # the recorder from the iterations rows in the same transaction that inserts them, so it always
@@ -340,7 +356,7 @@ def _migrate_from_3(conn: Connection) -> int:
 
 def _migrate_from_4(conn: Connection) -> int:
     """Version 5 added the applied learning-rate scale and the push bytes before and after the
-    push filter to iterations, and the scale's extremes to their rollups."""
+    push filter to iterations and their rollups (create_all has made layer_iterations)."""
     for table, names in (("iterations", ("lr_scale", "push_bytes", "push_bytes_dense")),
                          ("iteration_rollups", ("lr_min", "lr_max", "push_bytes",
                                                 "push_bytes_dense"))):

@@ -45,6 +45,7 @@ from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
     IterationRecord,
+    LayerRecord,
     ProcessSample,
     RunStatus,
     SyncRecord,
@@ -148,6 +149,12 @@ class Recorder:
         run_id = self._open_run()
         for row in rows:
             self._queue.put(RowRequest("process_samples", {"run_id": run_id, **row.model_dump()}))
+
+    def record_layers(self, rows: Sequence[LayerRecord]) -> None:
+        run_id = self._open_run()
+        for row in rows:
+            self._queue.put(RowRequest("layer_iterations", {"run_id": run_id,
+                                                            **row.model_dump()}))
 
     def record_sync(self, row: SyncRecord) -> None:
         """A barrier decision, or the same barrier again once completed (which updates it)."""

@@ -26,6 +26,7 @@ from engine.db.schema import (
     evaluations,
     events,
     iterations,
+    layer_iterations,
     process_samples,
     runs,
     syncs,
@@ -91,7 +92,7 @@ class IterationsRequest:
 
 @dataclass(frozen=True)
 class RowRequest:
-    table: str  # "evaluations", "events", "process_samples" or "syncs"
+    table: str  # "evaluations", "events", "process_samples", "syncs" or "layer_iterations"
     values: dict[str, Any]
 
 
@@ -152,7 +153,8 @@ class Writer:
         self._heartbeat_interval_s = heartbeat_interval_s
         self._iterations: dict[str, list[tuple[Any, ...]]] = {}
         self._rows: dict[str, list[dict[str, Any]]] = {"evaluations": [], "events": [],
-                                                       "process_samples": [], "syncs": []}
+                                                       "process_samples": [], "syncs": [],
+                                                       "layer_iterations": []}
         self._run_id: str | None = None
         self._origins: dict[str, float] = {}  # runs.started_at: rollup slots count from it
         self._last_commit = time.monotonic()
@@ -266,6 +268,10 @@ class Writer:
             if self._rows[name]:
                 conn.execute(insert(table), self._rows[name])
                 self._rows[name] = []
+        if self._rows["layer_iterations"]:  # a retried report is skipped, as iterations are
+            conn.execute(sqlite_insert(layer_iterations).on_conflict_do_nothing(),
+                         self._rows["layer_iterations"])
+            self._rows["layer_iterations"] = []
         for values in self._rows["syncs"]:  # in order: a completion updates its decision
             conn.execute(_upsert_sync(values))
         self._rows["syncs"] = []

@@ -55,6 +55,7 @@ from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
     IterationRecord,
+    LayerRecord,
     ProcessSample,
     RunStatus,
     SyncRecord,
@@ -118,6 +119,8 @@ class RecorderSink(Protocol):
     def record_sync(self, row: SyncRecord) -> None: ...
 
     def record_process_samples(self, rows: list[ProcessSample]) -> None: ...
+
+    def record_layers(self, rows: list[LayerRecord]) -> None: ...
 
 
 @dataclass
@@ -295,6 +298,10 @@ class Coordinator:
     def _on_message(self, peer: Peer, message: ControlMessage) -> None:
         if isinstance(message, Iterations):
             self._on_iterations(peer, message.rows)
+            if message.layers:
+                if any(row.worker != peer.rank for row in message.layers):
+                    raise ProtocolError(f"{peer} reported layers of another worker")
+                self._record(self.recorder.record_layers, message.layers)
         elif isinstance(message, Evaluation):
             self._on_evaluation(message)
         elif isinstance(message, Event):

@@ -293,7 +293,7 @@ class ShardServer:
             run=self.run,
             role=Role.SERVER,
             rank=self.rank,
-            clock=frame.clock,
+            clock=self.state.slowest_clock(frame.keys),
             version=self.state.version_of(frame.keys),
             wait_ns=int(waited_s * 1e9),
             dtype=frame.dtype,

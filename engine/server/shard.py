@@ -102,6 +102,15 @@ class ShardState:
         ranges = self.index.touched(span)
         return int(self.versions[ranges.start:ranges.stop].max()) if len(ranges) else 0
 
+    def slowest_clock(self, span: KeyRange) -> int:
+        """The clocks the slowest worker has committed on every clock range ``span`` touches:
+        the servers' minimum layer clock, which a worker's push of the layer can advance only
+        if it is that slowest worker."""
+        ranges = self.index.touched(span)
+        if not len(ranges):
+            return 0
+        return int(self.clocks.next[:, ranges.start:ranges.stop].min())
+
     def read(self, keys: KeyRange, index: np.ndarray | None = None) -> np.ndarray:
         self._check_owned(keys)
         if index is None:

@@ -13,7 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine.errors import ProtocolError
 from engine.keys import KeyLayout, KeyRange, Segment
-from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, SyncRecord
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    LayerRecord,
+    SyncRecord,
+)
 
 MAX_CONTROL_BYTES = 8 * 2**20
 RoleName = Literal["server", "worker", "evaluator"]
@@ -60,6 +66,7 @@ class Welcome(Message):
 class Iterations(Message):
     type: Literal["iterations"] = "iterations"
     rows: list[IterationRecord]
+    layers: list[LayerRecord] = Field(default_factory=list)  # the scheduled loop's, per layer
 
 
 class Evaluation(Message):

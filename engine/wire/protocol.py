@@ -8,7 +8,9 @@ raw array bytes::
     payload bytes | key kind | codec | 2 pad bytes | key count
     shape[0..ndim) | keys[0..key count) (uint32 or uint64) | payload
 
-An ACK of a push may carry one FLOAT64 value: the scale the shard applied the pushed gradient
+A VALUES frame's clock is the slowest worker's committed clock count on the clock ranges it
+covers (the servers' minimum layer clock; request scheduling reads it). An ACK of a push may
+carry one FLOAT64 value: the scale the shard applied the pushed gradient
 with (aggregator weight times learning-rate factors; see ``engine.server.shard``).
 
 ``key start``/``key end`` is the frame's *span*. A ``RANGE`` frame addresses every key of the span

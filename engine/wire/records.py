@@ -65,6 +65,20 @@ class IterationRecord(_Record):
         return value if value is None or math.isfinite(value) else None
 
 
+class LayerRecord(_Record):
+    """One layer's pull and push in one iteration of the scheduled worker loop: where each
+    request stood in its schedule, how long the servers held the pull back (suspend time) and
+    the push's staleness (updates to the layer between its pull and its push)."""
+
+    worker: int = Field(ge=0)
+    iteration: int = Field(ge=0)
+    layer: int = Field(ge=0)
+    pull_order: int = Field(ge=0)
+    push_order: int = Field(ge=0)
+    suspend_s: float = Field(ge=0, allow_inf_nan=False)
+    staleness: int = Field(ge=0)
+
+
 class EvaluationRecord(_Record):
     """Test-set accuracy and loss of the model held by the servers at one moment."""
 

@@ -89,6 +89,8 @@ class PullResult:
     bytes_sent: int
     bytes_received: int
     answered_at: float = field(default=0.0, compare=False)  # when the last reply arrived (unix s)
+    # The slowest worker's committed clocks on the pulled keys' clock ranges (all shards).
+    slowest_clock: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +323,8 @@ class ParameterClient:
             for (_, _, (out, asked)), (reply, _) in zip(parts, replies, strict=True):
                 self._fill(out, asked, reply, request_id)
             wait_s = max((reply.wait_ns for reply, _ in replies), default=0) / 1e9
-            return PullResult(versions, wait_s, sent, received, answered_at)
+            slowest = min((reply.clock for reply, _ in replies), default=0)
+            return PullResult(versions, wait_s, sent, received, answered_at, slowest)
         staleness = max((versions[i] - base.get(i, versions[i]) for i in versions), default=0)
         scale, keys = _mean_scale([(reply, count) for (_, _, count), (reply, _)
                                    in zip(parts, replies, strict=True)])

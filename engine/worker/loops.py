@@ -33,7 +33,7 @@ from engine.wire.messages import (
     Welcome,
     layout_of,
 )
-from engine.wire.records import IterationRecord
+from engine.wire.records import IterationRecord, LayerRecord
 from engine.worker.client import ParameterClient, PullResult, PushHandle, PushResult
 from engine.worker.filters import make_filter
 from engine.worker.heterogeneity import Slowdown
@@ -81,6 +81,7 @@ class Worker:
         self.keys = KeyRange(0, welcome.num_keys)
         self.layout = layout_of(welcome)
         self._pending: list[IterationRecord] = []
+        self._pending_layers: list[LayerRecord] = []
         self._last_report = time.monotonic()
         self._stopping: str | None = None
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
@@ -130,8 +131,9 @@ class Worker:
         if isinstance(message, Stop):
             self._stopping = message.reason
 
-    def record(self, row: IterationRecord) -> None:
+    def record(self, row: IterationRecord, layers: list[LayerRecord] | None = None) -> None:
         self._pending.append(row)
+        self._pending_layers.extend(layers or ())
         if time.monotonic() - self._last_report >= REPORT_EVERY_S:
             self._flush()
 
@@ -141,8 +143,8 @@ class Worker:
 
     def _flush(self) -> None:
         if self._pending:
-            self.control.send(Iterations(rows=self._pending))
-            self._pending = []
+            self.control.send(Iterations(rows=self._pending, layers=self._pending_layers))
+            self._pending, self._pending_layers = [], []
         self._last_report = time.monotonic()
 
 

@@ -1,8 +1,8 @@
 """The worker loops by name: how a worker orders its pulls, computes and pushes.
 
 ``train.loop = "auto"`` picks what the run's settings need (``overlapped`` for ``train.overlap``,
-``downpour`` for fetch_every / push_every / warm_start, ``delayed`` for bounded delay, else
-``plain``); any other name is looked up here. A new loop is
+``downpour`` for fetch_every / push_every / warm_start, ``scheduled`` for comm.schedule,
+``delayed`` for bounded delay, else ``plain``); any other name is looked up here. A new loop is
 one class (usually a ``PlainLoop`` subclass) plus a line here.
 """
 
@@ -13,6 +13,7 @@ from engine.registry import Registry
 from engine.worker.delayed import DelayedLoop
 from engine.worker.downpour import DownpourLoop
 from engine.worker.loops import LayeredLoop, OverlappedLoop, PlainLoop
+from engine.worker.scheduled import ScheduledLoop
 
 WORKER_LOOPS: Registry[type[PlainLoop]] = Registry("worker loop")
 WORKER_LOOPS.register("plain", PlainLoop, "pull, compute, push the whole model, each waited for")
@@ -24,6 +25,8 @@ WORKER_LOOPS.register("delayed", DelayedLoop,
                       "bounded delay: up to --delay own iterations in flight")
 WORKER_LOOPS.register("downpour", DownpourLoop,
                       "asp: fetch every --fetch-every, push the sum every --push-every iterations")
+WORKER_LOOPS.register("scheduled", ScheduledLoop,
+                      "per-layer pulls and pushes through a request pool, in --schedule's order")
 
 
 def loop_name(config: RunConfig) -> str:
@@ -33,4 +36,6 @@ def loop_name(config: RunConfig) -> str:
         return "overlapped"
     if config.train.downpour:
         return "downpour"
+    if config.comm.schedule != "none":
+        return "scheduled"
     return "delayed" if config.sync.model == "bounded-delay" else "plain"

@@ -14,7 +14,13 @@ import pytest
 
 from engine.errors import StoreError
 from engine.recorder import DUPLICATE_EVENT, Recorder
-from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    LayerRecord,
+    RunStatus,
+)
 
 
 def iteration(worker: int, number: int, **overrides: Any) -> IterationRecord:
@@ -107,6 +113,19 @@ def test_every_record_type_round_trips(recorder: Recorder, db: Path) -> None:
         {"worker": 1, "rc": 0},
     )
     assert query(db, "SELECT iteration_count FROM runs") == [(2,)]
+
+
+def test_layer_rows_round_trip_and_a_retried_report_is_skipped(recorder: Recorder,
+                                                               db: Path) -> None:
+    run_id = start(recorder)
+    rows = [LayerRecord(worker=1, iteration=4, layer=layer, pull_order=3 - layer,
+                        push_order=layer, suspend_s=0.25 * layer, staleness=layer % 2)
+            for layer in range(4)]
+    recorder.record_layers(rows)
+    recorder.record_layers(rows[:2])  # the same report again
+    recorder.flush()
+    stored = query(db, "SELECT * FROM layer_iterations ORDER BY layer")
+    assert stored == [(run_id, *row.model_dump().values()) for row in rows]
 
 
 def test_many_small_batches_are_all_written(recorder: Recorder, db: Path) -> None:

@@ -13,7 +13,7 @@ from engine.db.schema import SCHEMA_VERSION, meta, open_engine, runs
 from engine.errors import StoreError
 
 TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta", "syncs",
-          "iteration_rollups", "process_samples"}
+          "iteration_rollups", "process_samples", "layer_iterations"}
 
 
 def _run_values(run_id: str = "a" * 32) -> dict[str, object]:
@@ -208,7 +208,9 @@ def test_a_version_4_database_gains_the_applied_lr_scale(tmp_path: Path) -> None
     try:
         columns = {c["name"] for c in inspect(engine).get_columns("iterations")}
         rollups = {c["name"] for c in inspect(engine).get_columns("iteration_rollups")}
-        assert "lr_scale" in columns and {"lr_min", "lr_max"} <= rollups
+        assert {"lr_scale", "push_bytes", "push_bytes_dense"} <= columns
+        assert {"lr_min", "lr_max", "push_bytes", "push_bytes_dense"} <= rollups
+        assert "layer_iterations" in inspect(engine).get_table_names()
         with engine.connect() as conn:
             row = conn.execute(text("SELECT iteration, staleness, lr_scale FROM iterations")).one()
             assert tuple(row) == (7, 2, None)

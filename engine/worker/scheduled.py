@@ -1,0 +1,212 @@
+"""Request scheduling by layer (seed 002): a worker's per-layer pulls and pushes go through a
+request pool that keeps ``comm.pool_size`` of them in flight, in the order a schedule picks.
+
+Seed 002 asks the client to change its request order to reduce suspend time (pulls the servers
+hold back for the staleness bound) and staleness; the servers keep c_l, the minimum iteration of
+each layer. Every layer has its own clock range, so under SSP each layer's pull waits for that
+layer alone, and with one request in flight (the default) a pull held back blocks the ones queued
+behind it: the order decides who waits. The schedules:
+
+- ``fifo``: in the order the requests arise: pulls input layer first (as the forward pass uses
+  them), pushes output layer first (as backward produces the gradients);
+- ``filo``: the reverse of each (seed 002 notes it can starve the layers that come first);
+- ``stalest-first``: pull first the layer whose copy here is stalest: the most updates the
+  servers applied to it since this worker received it, as far as the worker knows (the version of
+  its last pull against the version its last push of the layer was acknowledged at, plus that
+  push); push first the layers whose push advances the servers' minimum layer clock c_l (those
+  where this worker is the slowest: c_l equals the clock it pushes), then the others, each group
+  output layer first. c_l arrives with every pull (a VALUES frame's clock). Ties keep fifo's
+  order.
+
+Each layer's suspend time (how long the servers held its pull) and staleness are recorded in
+``layer_iterations``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from engine.keys import KeyRange
+from engine.registry import Registry
+from engine.wire.records import IterationRecord, LayerRecord
+from engine.worker.client import PullResult, PushHandle, PushResult
+from engine.worker.loops import PlainLoop, Shard, iteration_row, merge_pushes
+
+T = TypeVar("T")
+H = TypeVar("H")
+
+
+class RequestSchedule(Protocol):
+    def pulls(self, behind: Sequence[int]) -> list[int]:
+        """The order of this clock's layer pulls; ``behind[l]``: the updates the servers are
+        known to have applied to layer l since this worker's copy of it."""
+        ...
+
+    def pushes(self, clock: int, slowest: Sequence[int]) -> list[int]:
+        """The order of this clock's layer pushes; ``slowest[l]``: c_l, the clocks the slowest
+        worker has committed on layer l, as the last pull of it said."""
+        ...
+
+
+class Fifo:
+    def pulls(self, behind: Sequence[int]) -> list[int]:
+        return list(range(len(behind)))
+
+    def pushes(self, clock: int, slowest: Sequence[int]) -> list[int]:
+        return list(reversed(range(len(slowest))))
+
+
+class Filo:
+    def pulls(self, behind: Sequence[int]) -> list[int]:
+        return list(reversed(range(len(behind))))
+
+    def pushes(self, clock: int, slowest: Sequence[int]) -> list[int]:
+        return list(range(len(slowest)))
+
+
+class StalestFirst:
+    def pulls(self, behind: Sequence[int]) -> list[int]:
+        return sorted(range(len(behind)), key=lambda layer: (-behind[layer], layer))
+
+    def pushes(self, clock: int, slowest: Sequence[int]) -> list[int]:
+        backward = reversed(range(len(slowest)))
+        return sorted(backward, key=lambda layer: 0 if slowest[layer] >= clock else 1)
+
+
+REQUEST_SCHEDULES: Registry[RequestSchedule] = Registry("request schedule")
+REQUEST_SCHEDULES.register("fifo", Fifo(), "pulls input layer first, pushes output layer first")
+REQUEST_SCHEDULES.register("filo", Filo(), "the reverse of fifo for both")
+REQUEST_SCHEDULES.register(
+    "stalest-first", StalestFirst(),
+    "pull the layer with the oldest copy first; push first where it advances the minimum clock")
+
+
+def run_pool(order: Sequence[T], start: Callable[[T], H], finish: Callable[[T, H], None],
+             size: int) -> None:
+    """Start the requests in ``order`` with at most ``size`` in flight, finishing the oldest
+    before starting the next beyond the window."""
+    in_flight: deque[tuple[T, H]] = deque()
+    for item in order:
+        if len(in_flight) == size:
+            finish(*in_flight.popleft())
+        in_flight.append((item, start(item)))
+    while in_flight:
+        finish(*in_flight.popleft())
+
+
+class ScheduledLoop(PlainLoop):
+    """The plain loop with one pull and one push per layer, each through the request pool."""
+
+    def begin(self) -> None:
+        comm = self.worker.config.comm
+        self.schedule = REQUEST_SCHEDULES.get(comm.schedule)
+        self.pool_size = comm.pool_size
+        self.layers = [segment.keys for segment in self.worker.layout.segments]
+        self.received = [0] * len(self.layers)  # the version of each layer's last pull
+        self.known = [0] * len(self.layers)  # the newest version of it the worker has seen
+        self.slowest = [0] * len(self.layers)
+
+    def _iteration(self, shard: Shard, batch: np.ndarray, epoch: int,
+                   clock: int) -> IterationRecord:
+        started, t0 = time.time(), time.perf_counter()
+        pulled = self._pull_layers(clock)
+        t1 = time.perf_counter()
+        loss = self.compute(shard, batch)
+        t2 = time.perf_counter()
+        merged = _merge_pulls([pulled[layer] for layer in range(len(self.layers))])
+        wait_s = min(merged.wait_s, t1 - t0)
+        pushed_at = time.time()
+        pushed = self._push_layers(clock, pulled, pushed_at, wait_s)
+        t3 = time.perf_counter()
+        row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                            t1 - t0 - wait_s, wait_s, merge_pushes(list(pushed.values())),
+                            merged, loss, len(batch))
+        self._layer_rows = self._layers(clock, pulled, pushed)
+        return row.model_copy(update={"pushed_at": pushed_at,
+                                      "acked_at": max(p.answered_at for p in pushed.values())})
+
+    def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
+        row = self._iteration(shard, batch, epoch, clock)
+        self.worker.record(row, self._layer_rows)
+
+    def _pull_layers(self, clock: int) -> dict[int, PullResult]:
+        behind = [known - got for known, got in zip(self.known, self.received, strict=True)]
+        order = self.schedule.pulls(behind)
+        self._pull_order = {layer: i for i, layer in enumerate(order)}
+        results: dict[int, PullResult] = {}
+
+        def start(layer: int) -> Any:
+            keys = self.layers[layer]
+            return self.client.pull(keys, self.model.params_np[keys.start:keys.end], clock=clock)
+
+        def finish(layer: int, handle: Any) -> None:
+            result = self.client.wait(handle)
+            results[layer] = result
+            self.received[layer] = max(result.versions.values(), default=0)
+            self.known[layer] = max(self.known[layer], self.received[layer])
+            self.slowest[layer] = result.slowest_clock
+
+        run_pool(order, start, finish, self.pool_size)
+        return results
+
+    def _push_layers(self, clock: int, pulled: dict[int, PullResult], pushed_at: float,
+                     waited_s: float) -> dict[int, PushResult]:
+        order = self.schedule.pushes(clock, self.slowest)
+        self._push_order = {layer: i for i, layer in enumerate(order)}
+        keys, values = self._gradient()
+        results: dict[int, PushResult] = {}
+
+        def start(layer: int) -> PushHandle:
+            span = self.layers[layer]
+            header: dict[str, Any] = {"clock": clock, "base_versions": pulled[layer].versions,
+                      "pushed_at": pushed_at, "waited_s": waited_s,
+                      "final": clock == self.last_clock}
+            if keys is None:
+                return self.client.push(span, values[span.start:span.end], **header)
+            lo, hi = np.searchsorted(keys, (span.start, span.end))
+            return self.client.push(keys[lo:hi], values[lo:hi], span=span, **header)
+
+        def finish(layer: int, handle: PushHandle) -> None:
+            results[layer] = result = self.client.wait(handle)
+            # Accepted at version v, the push made it v + 1 (on arrival; a BSP round later).
+            accepted = max(result.versions.values(), default=0)
+            self.known[layer] = max(self.known[layer], accepted + 1)
+
+        run_pool(order, start, finish, self.pool_size)
+        return results
+
+    def _gradient(self) -> tuple[np.ndarray | None, np.ndarray]:
+        """(keys, values) through the push filter, or (None, the dense gradient)."""
+        if self.filter is None:
+            return None, self.model.grads_np
+        return self.filter.apply(self.model.grads_np)
+
+    def _layers(self, clock: int, pulled: dict[int, PullResult],
+                pushed: dict[int, PushResult]) -> list[LayerRecord]:
+        return [LayerRecord(worker=self.worker.rank, iteration=clock, layer=layer,
+                            pull_order=self._pull_order[layer],
+                            push_order=self._push_order[layer],
+                            suspend_s=pulled[layer].wait_s, staleness=pushed[layer].staleness)
+                for layer in range(len(self.layers))]
+
+    def push_order(self) -> list[KeyRange]:
+        return list(self.layers)
+
+
+def _merge_pulls(results: list[PullResult]) -> PullResult:
+    """A clock's layer pulls as one: the oldest version per shard, the holds added up (with
+    one request in flight they follow each other; the caller caps the sum at the pull phase's
+    wall time), bytes summed, the last answer."""
+    versions: dict[int, int] = {}
+    for result in results:
+        for shard, version in result.versions.items():
+            versions[shard] = min(version, versions.get(shard, version))
+    return PullResult(versions, sum(r.wait_s for r in results),
+                      sum(r.bytes_sent for r in results), sum(r.bytes_received for r in results),
+                      max(r.answered_at for r in results),
+                      min(r.slowest_clock for r in results))
