@@ -94,7 +94,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
-        "websockets": websockets.__version__,
+        "websockets": getattr(websockets, "__version__", ""),  # not re-exported for mypy
         "torch_threads": torch.get_num_threads(),
         "malloc_env": {k: os.environ.get(k) for k in MALLOC_ENV},
         "loadavg_at_start": list(os.getloadavg()),
@@ -147,8 +147,9 @@ class ServerProcess:
 
     def stop(self) -> dict[str, Any]:
         """Close stdin (the server's signal to exit); return what it printed last (JSON)."""
-        if getattr(self, "_final", None) is not None:
-            return self._final
+        final: dict[str, Any] | None = getattr(self, "_final", None)
+        if final is not None:
+            return final
         try:  # communicate() closes stdin, then reads stdout until the server exits
             out, _ = self.process.communicate(timeout=20)
         except subprocess.TimeoutExpired:
