@@ -25,7 +25,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +305,17 @@ def paragraph(text: str) -> str:
 def wrap_lines(lines: Sequence[str]) -> list[str]:
     """Wrap every line that is not part of a table."""
     return [line if line.startswith("|") or not line else paragraph(line) for line in lines]
+
+
+def pass_tables(passes: Sequence[dict[str, Any]],
+                tables: Callable[[dict[str, Any]], list[str]]) -> list[str]:
+    """Each pass under a heading with its order and load, then what ``tables`` makes of it."""
+    body: list[str] = []
+    for number, one in enumerate(passes, start=1):
+        load = one["machine"]["loadavg_at_start"][0]
+        body += [f"Pass {number} ({one['order']} order, load average {load:.2f} at its start):",
+                 "", *tables(one), ""]
+    return body
 
 
 def machine_note(info: dict[str, Any]) -> str:

@@ -150,10 +150,7 @@ def _docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[s
             "its default learning rate (docs/learning.md), SGD with momentum 0.9. Each pass "
             "runs the configurations one after another; the order alternates between passes.",
             ""]
-    for number, one in enumerate(passes, start=1):
-        load = one["machine"]["loadavg_at_start"][0]
-        body += [f"Pass {number} ({one['order']} order, load average {load:.2f} at its start):",
-                 "", *table(one["results"], args.target, args.budget_s), ""]
+    body += C.pass_tables(passes, lambda one: table(one["results"], args.target, args.budget_s))
     body += [_verdict(passes, args.target), "", C.machine_note(passes[-1]["machine"])]
     return body
 

@@ -425,11 +425,8 @@ def _docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[s
             "after the budget). Each pass runs the configurations one after "
             "another; the order alternates between passes. The machine's load average when "
             "each run started is given: other jobs share its cores.", ""]
-    for number, one in enumerate(passes, start=1):
-        load = one["machine"]["loadavg_at_start"][0]
-        body += [f"Pass {number} ({one['order']} order, load average {load:.2f} at its start):",
-                 "", *table(one["results"], one.get("target", target),
-                            one.get("budget_s", budget_s)), ""]
+    body += C.pass_tables(passes, lambda one: table(one["results"], one.get("target", target),
+                                                    one.get("budget_s", budget_s)))
     body += [verdict(passes, target), ""]
     if all(path.exists() for path in PLOTS.values()):
         body += [f"Test accuracy of pass {len(passes)} against the workers' iterations and "

@@ -257,10 +257,7 @@ def docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[st
             "pull*: the mean time an iteration was blocked pushing and pulling; *vs off*: "
             "divided by the baseline's in the same pass. Each pass runs the sizes one after "
             "another; the order alternates between passes.", ""]
-    for number, one in enumerate(passes, start=1):
-        load = one["machine"]["loadavg_at_start"][0]
-        body += [f"Pass {number} ({one['order']} order, load average {load:.2f} at its start):",
-                 "", *table(one["results"]), ""]
+    body += C.pass_tables(passes, lambda one: table(one["results"]))
     body += [verdict(passes), "", C.machine_note(passes[-1]["machine"])]
     return body
 

@@ -148,10 +148,7 @@ def _docs_body(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[s
             f"MLP, batch 64, one request in flight (`--pool-size 1`), {args.budget_s:.0f} s per "
             "schedule. Suspend: how long the servers held a layer's pull back (per layer pull); "
             "staleness per layer push; both from `layer_iterations`.", ""]
-    for number, one in enumerate(passes, start=1):
-        load = one["machine"]["loadavg_at_start"][0]
-        body += [f"Pass {number} ({one['order']} order, load average {load:.2f} at its start):",
-                 "", *table(one["results"]), ""]
+    body += C.pass_tables(passes, lambda one: table(one["results"]))
     body += [verdict(passes), "", C.machine_note(passes[-1]["machine"])]
     return body
 
