@@ -380,10 +380,12 @@ def _index(
         raise BadPayload(f"keys {int(index[0])}..{int(index[-1])} are not all inside the span "
                          f"[{span.start}, {span.end})")
     if count > 1:
-        steps = np.diff(index.astype(np.int64, copy=False))
-        if (steps <= 0).any():
-            at = int(np.argmax(steps <= 0))
-            what = "duplicated" if steps[at] == 0 else "not sorted"
+        # Compared in the keys' own unsigned type: as int64 a key of 2**63 or more would wrap
+        # negative and pass for sorted in front of small keys (the fuzz found one).
+        increasing = index[1:] > index[:-1]
+        if not increasing.all():
+            at = int(np.argmin(increasing))
+            what = "duplicated" if index[at + 1] == index[at] else "not sorted"
             raise BadPayload(f"key list is {what}: key {int(index[at + 1])} at position "
                              f"{at + 1} follows {int(index[at])}; keys must be strictly increasing")
     return index

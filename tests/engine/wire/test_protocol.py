@@ -620,6 +620,16 @@ def test_bad_key_lists_are_refused_with_the_reason(keys: bytes, reason: str) -> 
         decode(raw_frame(key_kind=1, keys=keys, start=0, end=10), max_bytes=MAX)
 
 
+def test_a_key_past_2_to_the_63_cannot_pass_for_sorted_in_front_of_small_keys() -> None:
+    # Found by the fuzz: compared as int64, 2**64 - 1 is -1, "smaller" than 1017, and only the
+    # first and last keys are checked against the span.
+    keys = np.array([2**64 - 1, 1017, 1018], dtype="<u8").tobytes()
+    data = raw_frame(msg_type=MsgType.PULL, key_kind=2, keys=keys, start=1016, end=1040,
+                     payload=b"", shape=())
+    with pytest.raises(BadPayload, match="not all inside the span|not sorted"):
+        decode(data, max_bytes=MAX)
+
+
 def test_a_key_count_that_does_not_match_the_values_is_refused() -> None:
     data = raw_frame(key_kind=1, keys=u32(1, 2, 3), start=0, end=10,
                      payload=np.zeros(2, dtype="<f4").tobytes(), shape=(2,))
