@@ -58,7 +58,11 @@ def test_warm_start_lets_worker_0_train_alone_first(tmp_path: Path) -> None:
     assert joined >= alone_until - 0.05  # worker 1 started after worker 0's 30th iteration
 
 
-@pytest.mark.parametrize("extra", [("--lr-rule", "dynsgd"), ("--lr-rule", "split"),
+# split with the default server momentum (0.9) diverged in 4 of 9 of these digits runs (the
+# steps it normalises pile up in the momentum; docs/learning.md); without momentum 6 of 6
+# trained, so that is how it is run here.
+@pytest.mark.parametrize("extra", [("--lr-rule", "dynsgd"),
+                                   ("--lr-rule", "split", "--momentum", "0"),
                                    ("--optimizer", "adam", "--lr-schedule", "cosine:2000")])
 def test_rules_and_optimizers_train_end_to_end(tmp_path: Path, extra: tuple[str, ...]) -> None:
     row = _launch(tmp_path / "experiments.db", "learn", *extra)
