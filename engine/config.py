@@ -27,6 +27,7 @@ from engine.registry import Registry
 def _registered(kind: str, name: str) -> str:
     """``name`` if the registry of ``kind`` knows it; the error lists the known names. The
     registries are imported here, lazily, because their policies import this module."""
+    from engine.backends import BACKENDS
     from engine.consistency.registry import CONSISTENCY_MODELS
     from engine.server.aggregation import AGGREGATION_RULES
     from engine.server.learning import SCHEDULES, STALENESS_RULES
@@ -34,6 +35,7 @@ def _registered(kind: str, name: str) -> str:
     from engine.worker.registry import WORKER_LOOPS
 
     registries: dict[str, Registry[Any]] = {
+        "backend": BACKENDS,
         "sync": CONSISTENCY_MODELS, "optimizer": SERVER_OPTIMIZERS,
         "aggregation": AGGREGATION_RULES, "loop": WORKER_LOOPS,
         "schedule": SCHEDULES, "rule": STALENESS_RULES}
@@ -58,6 +60,9 @@ class _Frozen(BaseModel):
 
 
 class ClusterConfig(_Frozen):
+    backend: str = Field("local", description=(
+        "where the roles run: local (processes on this machine) or sim (one process, virtual "
+        "time; see [sim])"))
     workers: int = Field(4, ge=1, le=256, description="worker processes")
     servers: int = Field(2, ge=1, le=64, description="shard server processes")
     host: str = Field("127.0.0.1", description="address every process binds and connects on")
@@ -71,6 +76,12 @@ class ClusterConfig(_Frozen):
         "disconnected as too slow a reader (one reply always goes through)"))
     max_pending_pulls: int = Field(1024, ge=1, le=2**20, description=(
         "pulls one connection may have waiting at a server for a clock"))
+
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        return _registered("backend", value)
 
 
 class HistorySeed(_Frozen):
@@ -333,6 +344,40 @@ class EvalConfig(_Frozen):
                               description="evaluate at least this often (seconds)")
 
 
+class SimConfig(_Frozen):
+    """How the simulated cluster (``cluster.backend = "sim"``) turns work into virtual time."""
+
+    compute: Literal["measured", "given"] = Field("measured", description=(
+        "a worker's compute time per batch: measured (timed once per model and batch size on "
+        "this machine, alone, and cached) or given (compute_ms)"))
+    compute_ms: float | None = Field(None, gt=0, le=_LONGEST_S, description=(
+        "compute given: milliseconds per batch, before stragglers and jitter"))
+    network: str = Field("10gbit:50us", description=(
+        "BANDWIDTH:LATENCY of every server's link, e.g. 10gbit:50us, 1gbit:0.2ms, 100mbit:1ms"))
+    server_ms: float | None = Field(None, ge=0, le=_LONGEST_S, description=(
+        "milliseconds a server takes to apply a dense update of the whole model (a shard "
+        "takes its share); unset: measured"))
+
+    @field_validator("network")
+    @classmethod
+    def _known_network(cls, value: str) -> str:
+        from engine.sim.network import parse_network
+
+        try:
+            return parse_network(value).spec
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _one_compute(self) -> SimConfig:
+        if self.compute == "given" and self.compute_ms is None:
+            raise ValueError("sim.compute given needs sim.compute_ms (--compute-ms MS)")
+        if self.compute == "measured" and self.compute_ms is not None:
+            raise ValueError("sim.compute_ms is only read with sim.compute given; "
+                             "--compute-ms sets both")
+        return self
+
+
 class RunConfig(_Frozen):
     name: str | None = None
     cluster: ClusterConfig = ClusterConfig()
@@ -346,6 +391,7 @@ class RunConfig(_Frozen):
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
     heterogeneity: HeterogeneityConfig = HeterogeneityConfig()
+    sim: SimConfig = SimConfig()
 
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
@@ -368,6 +414,8 @@ class RunConfig(_Frozen):
         if (loop == "delayed") != (model == "bounded-delay") and loop != "auto":
             raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
                              "runs the delayed loop, and only it does")
+        if self.cluster.backend == "sim":
+            _simulable(self)
         ranks = [s.rank for s in self.heterogeneity.stragglers]
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"a worker is named twice in heterogeneity.stragglers: {ranks}")
@@ -378,6 +426,20 @@ class RunConfig(_Frozen):
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _simulable(config: RunConfig) -> None:
+    """The simulator models every policy but these parts of the wire (yet)."""
+    comm = config.comm
+    unmodelled = [name for name, used in (
+        ("comm.compress", comm.compress != "none"),
+        ("comm.pull_filter", comm.pull_filter != "none"),
+        ("comm.range_size", comm.range_size is not None),
+        ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
+    ) if used]
+    if unmodelled:
+        raise ValueError(f"cluster.backend sim does not model {', '.join(unmodelled)}; run "
+                         "them on the local backend")
 
 
 def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:

@@ -131,6 +131,18 @@ def launch(
         help="stop once the test accuracy reaches A (0-1)")] = None,
     max_seconds: Annotated[float | None, typer.Option(help="stop after S seconds")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
+    backend: Annotated[str | None, typer.Option(help=policies.BACKEND_HELP)] = None,
+    compute: Annotated[str | None, typer.Option(
+        help="sim: a worker's compute time per batch, measured (timed once on this machine, "
+        "cached) or given by --compute-ms [measured]")] = None,
+    compute_ms: Annotated[float | None, typer.Option(
+        help="sim: milliseconds of compute per batch (implies --compute given)")] = None,
+    network: Annotated[str | None, typer.Option(
+        help="sim: BANDWIDTH:LATENCY of each server's link, e.g. 10gbit:50us [10gbit:50us]")] =
+        None,
+    server_ms: Annotated[float | None, typer.Option(
+        help="sim: milliseconds a server takes to apply a dense update of the whole model "
+        "[measured]")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="TOML file with [cluster], [sync], [train], ... sections")] = None,
     no_config: Annotated[bool, typer.Option(
@@ -168,6 +180,8 @@ def launch(
         "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,
         "stop.max_seconds": max_seconds, "sync.staleness": staleness, "sync.range": dssp_range,
         "sync.delay": delay, "sync.lookahead": lookahead, "sync.predictor": predictor,
+        "cluster.backend": backend, "sim.compute": "given" if compute_ms is not None else compute,
+        "sim.compute_ms": compute_ms, "sim.network": network, "sim.server_ms": server_ms,
     }
     path = settings.database_path(db)
     try:
@@ -336,6 +350,9 @@ def ui_command(
 from psctl.commands import register  # noqa: E402  (compare, export, runs rm/tag, config)
 
 register(app, runs_app)
+from psctl.study_cli import register as register_study  # noqa: E402  (psctl study)
+
+register_study(app)
 
 
 @zipline_app.command("replay")

@@ -147,6 +147,8 @@ def detail_view(detail: RunDetail) -> Group:
         lines.append(Text(f"reason: {detail.reason}", style="yellow"))
     if detail.oversubscribed:
         lines.append(Text(f"oversubscribed: {detail.oversubscribed}", style="yellow"))
+    if detail.simulated:
+        lines.append(Text(f"simulated in virtual time: {detail.simulated}", style="cyan"))
     if detail.notes:
         lines.append(Text(f"notes: {detail.notes}"))
     lines.append(_workers_table(detail))

@@ -10,12 +10,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
+from engine.backends import BACKENDS
 from engine.config import RunConfig, build_config
 from engine.datasets import locate
 from engine.db import open_engine
 from engine.db.queries import progress
 from engine.errors import ConfigError, PsctlError
-from engine.launcher import Launcher, LaunchResult, default_run_name
+from engine.launcher import LaunchResult, default_run_name
 from engine.roles.sampling import oversubscription, usable_cores
 from psctl.display import (
     Plan,
@@ -64,11 +65,12 @@ def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:
 
 def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
                tags: dict[str, str] | None = None) -> LaunchResult:
-    launcher = Launcher(config, db=db)
+    launcher = BACKENDS.get(config.cluster.backend)(config, db=db)
     # A run name or path is the user's text, never markup: "[/x]" must print as itself.
     console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({escape(launcher.name)}) → "
                   f"{escape(str(db))}", highlight=False)
-    crowded = oversubscription(config.cluster.workers, config.cluster.servers, usable_cores())
+    crowded = (oversubscription(config.cluster.workers, config.cluster.servers, usable_cores())
+               if config.cluster.backend == "local" else None)
     if crowded is not None:
         console.print(f"[yellow]warning:[/] {crowded}", highlight=False)
     risky = downpour_momentum_note(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.backends import BACKENDS
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.registry import Registry
 from engine.server.aggregation import AGGREGATION_RULES
@@ -29,3 +30,4 @@ RULE_HELP = ("staleness-aware rule for pushes applied on arrival: "
 AGGREGATION_HELP = ("how pushes combine, per key: " + choices(AGGREGATION_RULES, "mean"))
 LOOP_HELP = ("worker loop: " + choices(WORKER_LOOPS, "auto", extra=("auto",))
              + "; auto picks overlapped, downpour, delayed or plain as the other options need")
+BACKEND_HELP = "where the roles run: " + choices(BACKENDS, "local")

@@ -183,6 +183,8 @@ class RunDetail(Dictable):
     oversubscribed: str | None = None
     notes: str | None = None  # written from the dashboard's runs table
     layers: tuple[LayerStats, ...] = ()  # the scheduled worker loop's, per layer
+    # A run of the simulated cluster (its times are virtual): what its models were.
+    simulated: str | None = None
 
 
 @dataclass(frozen=True)
@@ -471,6 +473,7 @@ def run_detail(
             oversubscribed=oversubscription_note(conn, run_id),
             notes=row.notes,
             layers=tuple(_layer_stats(conn, run_id)),
+            simulated=simulation_note(conn, run_id),
         )
 
 
@@ -493,6 +496,24 @@ def oversubscription_note(conn: Connection, run_id: str) -> str | None:
         return None
     message = parse_json(detail).get("message")
     return str(message) if message else "more busy processes than cores"
+
+
+def simulation_note(conn: Connection, run_id: str) -> str | None:
+    """How a simulated run turned work into virtual time (its ``simulated`` event), or None."""
+    detail = conn.execute(
+        select(events.c.detail).where(events.c.run_id == run_id,
+                                      events.c.kind == "simulated").limit(1)).scalar()
+    if detail is None:
+        return None
+    values = parse_json(detail)
+
+    def how(key: str) -> str:
+        return "measured" if values.get(key) else "given"
+
+    return (f"compute {float(values.get('compute_ms', 0)):.3g} ms per batch "
+            f"({how('compute_measured')}), network {values.get('network', '?')}, server update "
+            f"{float(values.get('update_ms_per_million_keys', 0)):.3g} ms per million keys "
+            f"({how('update_measured')})")
 
 
 def _sync_summary(conn: Connection, run_id: str) -> SyncSummary | None:

@@ -165,14 +165,17 @@ class Recorder:
         self._queue.put(RowRequest("syncs", values))
 
     def finish(
-        self, status: RunStatus, reason: str | None = None, *, timeout: float = 10.0
+        self, status: RunStatus, reason: str | None = None, *, timeout: float = 10.0,
+        ended_at: float | None = None,
     ) -> None:
-        """Write everything pending, then the run's final status; returns once committed."""
+        """Write everything pending, then the run's final status; returns once committed.
+        ``ended_at`` defaults to now (a simulated run passes its virtual end)."""
         if status not in ENDED:
             raise ValueError(f"a run finishes as one of {[s.value for s in ENDED]}, not {status}")
         with self._lock:
             run_id = self._require_run()
-            self._queue.put(FinishRequest(run_id, status.value, reason, time.time()))
+            self._queue.put(FinishRequest(run_id, status.value, reason,
+                                          time.time() if ended_at is None else ended_at))
             self._run_id = None
         self.flush(timeout)
 

@@ -4,6 +4,7 @@ visibly on one machine. The delay is slept inside the compute phase and so recor
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -14,20 +15,22 @@ class Slowdown:
     """How much longer this worker's compute takes: its straggler factor (from the onset on)
     times a jitter factor drawn per iteration."""
 
-    def __init__(self, config: HeterogeneityConfig, *, rank: int, seed: int) -> None:
+    def __init__(self, config: HeterogeneityConfig, *, rank: int, seed: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         straggler = next((s for s in config.stragglers if s.rank == rank), None)
         self.factor = straggler.factor if straggler else 1.0
         self.onset_s = straggler.onset_s if straggler else 0.0
         self.jitter = config.jitter
         self._rng = np.random.default_rng([seed, rank, 0x51_0e])
         self._started: float | None = None
+        self._clock = clock  # the simulator passes its virtual clock
 
     @property
     def active(self) -> bool:
         return self.factor != 1.0 or self.jitter is not None
 
     def factor_now(self) -> float:
-        now = time.monotonic()
+        now = self._clock()
         if self._started is None:
             self._started = now
         factor = self.factor if now - self._started >= self.onset_s else 1.0

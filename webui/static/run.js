@@ -179,7 +179,7 @@
       `${sum.iterations.toLocaleString()} iterations · best accuracy ${PS.pct(sum.best_accuracy)} · started ${PS.date(sum.started_at)} · `;
     const dur = document.getElementById("run-duration") || document.getElementById("run-summary").appendChild(PS.el("span", { id: "run-duration" }));
     dur.textContent = `duration ${PS.fmtS(sum.duration_s)}`;
-    renderBanner();
+    renderBanner(); renderSimulated();
     const ready = plotly === "ready";
     const top = (card, traces, layout) => {
       if (!ready) { preview(card.div, traces, layout); return; }
@@ -400,6 +400,18 @@
       ? `Oversubscribed: ${busy} busy processes (${n(sum.workers, "worker")}, ${n(sum.servers, "server")}, 1 evaluator) shared ${n(cores, "CPU core")}. ` +
         "Timing comparisons on this run (throughput, waits, staleness) are confounded by CPU contention."
       : `Oversubscribed: ${(ev.detail && ev.detail.message) || "more busy processes than cores"}. Timing comparisons on this run are confounded by CPU contention.`;
+  }
+
+  // A simulated run's times are virtual: say so, with the models that made them.
+  function renderSimulated() {
+    const ev = S.events.find((e) => e.kind === "simulated");
+    const banner = document.getElementById("simulated");
+    banner.hidden = !ev;
+    if (!ev) return;
+    const d = ev.detail || {};
+    const how = (k) => (d[k] ? "measured" : "given");
+    banner.textContent = `Simulated cluster, virtual time: compute ${Number(d.compute_ms).toPrecision(3)} ms per batch (${how("compute_measured")}), ` +
+      `network ${d.network}, server update ${Number(d.update_ms_per_million_keys).toPrecision(3)} ms per million keys (${how("update_measured")}).`;
   }
 
   function renderEvents() {

@@ -1,0 +1,58 @@
+"""Where a run's roles run: a small Protocol and its registry.
+
+``local`` starts every role as a process on this machine (``engine.launcher``); ``sim`` runs the
+whole cluster in one process in virtual time (``engine.sim``). ``psctl launch`` and ``psctl
+study`` pick one by ``cluster.backend``; both record the run the same way, so every view works
+on either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from engine.registry import Registry
+
+if TYPE_CHECKING:
+    from engine.config import RunConfig
+    from engine.launcher import LaunchResult
+
+
+class RunHandle(Protocol):
+    """One run being started and watched by a backend."""
+
+    run_id: str
+    name: str
+    db: Path
+
+    def start(self) -> None:
+        """Begin the run; returns once its row is in the database."""
+        ...
+
+    def wait(self, on_tick: Callable[[], None] | None = None,
+             tick_s: float = 0.5) -> LaunchResult:
+        """Block until the run has ended (Ctrl-C stops it), calling ``on_tick`` meanwhile."""
+        ...
+
+
+class Backend(Protocol):
+    def __call__(self, config: RunConfig, *, db: Path) -> RunHandle: ...
+
+
+def _local(config: RunConfig, *, db: Path) -> RunHandle:
+    from engine.launcher import Launcher
+
+    return Launcher(config, db=db)
+
+
+def _sim(config: RunConfig, *, db: Path) -> RunHandle:
+    from engine.sim.launcher import SimLauncher
+
+    return SimLauncher(config, db=db)
+
+
+BACKENDS: Registry[Backend] = Registry("backend")
+BACKENDS.register("local", _local, "every role a process on this machine, over websockets")
+BACKENDS.register("sim", _sim, "the whole cluster in one process, in virtual time (seed "
+                  "experiments at any scale; see docs/simulation.md)")

@@ -1,0 +1,84 @@
+"""A simulated worker's parameter client: the real client's pull and push, as coroutines over the
+network model, returning the real client's result types (so rows are built by the same code)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from engine.consistency.base import PushTiming
+from engine.keys import KeyRange, split_by_shard
+from engine.sim.network import Link
+from engine.sim.server import PullRequest, PushRequest, Reply, SimServer
+from engine.wire.codecs import narrow
+from engine.wire.protocol import HEADER_BYTES
+from engine.worker.client import PullResult, PushResult
+
+_DIM_BYTES = 8
+_KEY_BYTES = 4  # uint32 keys: every simulated model's key space fits
+
+
+class SimClient:
+    def __init__(self, rank: int, servers: list[SimServer], *, dtype: np.dtype[Any],
+                 epoch: float) -> None:
+        self.rank, self.servers, self.dtype = rank, servers, dtype
+        self.ranges = [server.state.keys for server in servers]
+        self.link = Link()
+        self.network = servers[0].network
+        self.loop = asyncio.get_running_loop()
+        self._epoch = epoch  # unix time of virtual time 0
+
+    def now(self) -> float:
+        """Virtual time as a unix timestamp, as every recorded row has it."""
+        return self._epoch + self.loop.time()
+
+    async def pull(self, keys: KeyRange, out: np.ndarray, clock: int) -> PullResult:
+        replies, sent = [], 0
+        for index, span in split_by_shard(keys, self.ranges):
+            server, reply = self.servers[index], self.loop.create_future()
+            request = PullRequest(self.rank, clock, span, out[keys.local(span)], self.dtype,
+                                  self.link, reply)
+            self.network.send(self.link, server.link, HEADER_BYTES, server.deliver, request)
+            sent += HEADER_BYTES
+            replies.append((index, reply))
+        answers: list[Reply] = await asyncio.gather(*(reply for _, reply in replies))
+        versions = {index: a.version for (index, _), a in zip(replies, answers, strict=True)}
+        return PullResult(versions, max(a.wait_s for a in answers), sent,
+                          sum(a.nbytes for a in answers), self.now(),
+                          min(a.slowest_clock for a in answers))
+
+    async def push(self, keys: KeyRange, values: np.ndarray, *, clock: int,
+                   base_versions: dict[int, int], pushed_at: float, waited_s: float,
+                   final: bool, index: np.ndarray | None = None) -> PushResult:
+        """A dense push of ``values`` for ``keys``, or a sparse one of the sorted global keys
+        ``index`` inside ``keys``; every shard ``keys`` touches gets a frame that commits it."""
+        timing = PushTiming(pushed_at, waited_s, final)
+        values = narrow(values, self.dtype)
+        replies, sent, counts, dense = [], 0, [], 0
+        for shard, span in split_by_shard(keys, self.ranges):
+            if index is None:
+                part, keys_of = values[keys.local(span)], None
+            else:
+                lo, hi = np.searchsorted(index, (span.start, span.end))
+                part, keys_of = values[lo:hi], index[lo:hi]
+            nbytes = (HEADER_BYTES + _DIM_BYTES + part.nbytes
+                      + (0 if keys_of is None else len(keys_of) * _KEY_BYTES))
+            server, reply = self.servers[shard], self.loop.create_future()
+            request = PushRequest(self.rank, clock, span, part.astype(np.float32), keys_of, True,
+                                  base_versions.get(shard), timing, self.link, reply)
+            self.network.send(self.link, server.link, nbytes, server.deliver, request)
+            sent += nbytes
+            dense += HEADER_BYTES + _DIM_BYTES + len(span) * 4
+            counts.append(len(part))
+            replies.append((shard, reply))
+        answers: list[Reply] = await asyncio.gather(*(reply for _, reply in replies))
+        versions = {shard: a.version for (shard, _), a in zip(replies, answers, strict=True)}
+        staleness = max((v - base_versions.get(s, v) for s, v in versions.items()), default=0)
+        scaled = [(a.scale, n) for a, n in zip(answers, counts, strict=True)
+                  if a.scale is not None and n]
+        weight = sum(n for _, n in scaled)
+        scale = sum(s * n for s, n in scaled) / weight if weight else None
+        return PushResult(versions, max(staleness, 0), sent, sum(a.nbytes for a in answers),
+                          self.now(), scale, weight, dense)

@@ -1,0 +1,252 @@
+"""The simulated cluster: builds the servers, workers and evaluator of a run in one process and
+runs them on a virtual-time loop, recording as the coordinator does (same tables, same events),
+with every timestamp virtual: the run's start plus virtual seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.config import RunConfig
+from engine.errors import RunFailed
+from engine.keys import KeyLayout, RangePartitioner
+from engine.sim.client import SimClient
+from engine.sim.compute import Costs, costs_for
+from engine.sim.network import parse_network
+from engine.sim.server import Network, SimServer
+from engine.sim.worker import SIM_LOOPS, SharedModel, SimWorker, WorkerContext
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    RunStatus,
+    SyncRecord,
+)
+from engine.worker.loops import Shard, shard_for
+
+# Rows go to the recorder in batches of this many (it queues them; the writer batches again).
+FLUSH_ROWS = 512
+# A server's inbox holds at most this many requests per worker (a delayed worker has up to
+# delay + 1 pushes and pulls in flight; more than this is a bug in a loop).
+QUEUED_PER_WORKER = 64
+
+
+class Sink(Protocol):
+    def record_iterations(self, rows: list[IterationRecord]) -> None: ...
+
+    def record_evaluation(self, row: EvaluationRecord) -> None: ...
+
+    def record_event(self, row: EventRecord) -> None: ...
+
+    def record_sync(self, row: SyncRecord) -> None: ...
+
+
+@dataclass
+class _Progress:
+    per_epoch: dict[int, int] = field(default_factory=dict)
+    iterations: dict[int, int] = field(default_factory=dict)
+    epochs_done: dict[int, int] = field(default_factory=dict)
+
+    def epoch(self, workers: int) -> float:
+        return sum(self.iterations.get(w, 0) / ipe for w, ipe in self.per_epoch.items()) / workers
+
+
+class SimCluster:
+    def __init__(self, config: RunConfig, sink: Sink, *, epoch: float,
+                 interrupted: threading.Event) -> None:
+        self.config, self.sink, self.epoch = config, sink, epoch
+        self.interrupted = interrupted
+        self.progress = _Progress()
+        self.stop_reason: str | None = None
+        self.best_accuracy = 0.0
+        self._rows: list[IterationRecord] = []
+        self.servers: list[SimServer] = []
+
+    # -- building ---------------------------------------------------------------------------
+
+    async def run(self) -> tuple[RunStatus, str | None, float]:
+        """Simulate the run; (status, reason, virtual seconds it took)."""
+        loop = asyncio.get_running_loop()
+        from engine.datasets import load_dataset
+        from engine.models.flat import FlatModel
+        from engine.models.spec import MLPSpec
+
+        cfg = self.config
+        data_dir = Path(cfg.data.data_dir) if cfg.data.data_dir else None
+        data = load_dataset(cfg.data.dataset, data_dir, train_limit=cfg.data.train_limit)
+        spec = MLPSpec(data.spec.input_dim, cfg.model.hidden, data.spec.num_classes)
+        model = FlatModel(spec, seed=cfg.train.seed)
+        costs = costs_for(cfg, model, data.train_x, data.train_y)
+        self._event("simulated", network=cfg.sim.network, **costs.as_detail())
+        self.shared = SharedModel(model)
+        self._test = data.test_x, data.test_y
+        self.servers = self._servers(spec.layout(), Network(parse_network(cfg.sim.network)),
+                                     costs, model.params_np)
+        workers = [self._worker(rank, spec.layout(), costs, data.train_x, data.train_y)
+                   for rank in range(cfg.cluster.workers)]
+        per_epoch = workers[0].shard.iterations_per_epoch
+        for server in self.servers:
+            server.state.learning.start(per_epoch / cfg.train.push_every)
+        self._event("training_started", total_iterations=per_epoch * cfg.train.epochs
+                    * cfg.cluster.workers)
+        serving: list[asyncio.Future[Any]] = [asyncio.ensure_future(server.serve())
+                                              for server in self.servers]
+        timers = [asyncio.ensure_future(self._evaluations()), asyncio.ensure_future(
+            self._deadline())]
+        try:
+            done = await self._train(workers, serving)
+        finally:
+            for task in serving + timers:
+                task.cancel()
+        return self._finish(done, loop.time())
+
+    def _servers(self, layout: KeyLayout, network: Network, costs: Costs,
+                 initial: np.ndarray) -> list[SimServer]:
+        from engine.roles.server import build_shard
+
+        cfg = self.config
+        servers = []
+        ranges = RangePartitioner().ranges(layout.num_keys, cfg.cluster.servers)
+        for index, keys in enumerate(ranges):
+            state = build_shard(cfg, keys, layout)
+            state.init(keys, initial[keys.start:keys.end])
+            servers.append(SimServer(index, state, network, costs,
+                                     max_queued=QUEUED_PER_WORKER * cfg.cluster.workers,
+                                     on_syncs=self._syncs if index == 0 else None))
+        return servers
+
+    def _worker(self, rank: int, layout: KeyLayout, costs: Costs, inputs: np.ndarray,
+                targets: np.ndarray) -> SimWorker:
+        from engine.wire.protocol import numpy_dtype, wire_dtype
+        from engine.worker.filters import make_filter
+        from engine.worker.registry import loop_name
+
+        cfg = self.config
+        shard: Shard = shard_for(inputs, targets, rank=rank, workers=cfg.cluster.workers,
+                                 seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+        self.progress.per_epoch[rank] = shard.iterations_per_epoch
+        ctx = WorkerContext(cfg, layout, self.shared, costs.compute_s, self._should_stop,
+                            self._record, self._epoch_done)
+        client = SimClient(rank, self.servers, dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)),
+                           epoch=self.epoch)
+        grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments], layout.num_keys)
+        params = np.empty(layout.num_keys, dtype=np.float32)
+        return SIM_LOOPS.get(loop_name(cfg))(rank, ctx, client, shard, params, grad_filter)
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def _train(self, workers: list[SimWorker], serving: list[asyncio.Future[Any]]) -> int:
+        """Every worker to its end; a server that fails fails the run at once."""
+        runs = [asyncio.ensure_future(w.run()) for w in workers]
+        pending = set(runs) | set(serving)
+        while any(not r.done() for r in runs):
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                error = task.exception()
+                if error is not None:
+                    for other in pending:
+                        other.cancel()
+                    raise error
+                if task in serving:
+                    raise RunFailed("a simulated server stopped serving")
+        total = 0
+        for rank, task in enumerate(runs):
+            total += task.result()
+            self._event("worker_done", rank=rank, iterations=task.result(),
+                        reason=self.stop_reason or "epochs done")
+        return total
+
+    def _should_stop(self) -> bool:
+        if self.interrupted.is_set() and self.stop_reason is None:
+            self._stop("interrupted")
+        return self.stop_reason is not None
+
+    def _stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self._event("stop", reason=reason)
+
+    def _record(self, row: IterationRecord) -> None:
+        self._rows.append(row)
+        self.progress.iterations[row.worker] = row.iteration + 1
+        if len(self._rows) >= FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            self.sink.record_iterations(self._rows)
+            self._rows = []
+
+    def _syncs(self, rows: list[SyncRecord]) -> None:
+        for row in rows:
+            self.sink.record_sync(row)
+
+    def _epoch_done(self, rank: int, epoch: int) -> None:
+        workers = self.config.cluster.workers
+        before = min(self.progress.epochs_done.get(w, -1) for w in range(workers))
+        self.progress.epochs_done[rank] = epoch
+        after = min(self.progress.epochs_done.get(w, -1) for w in range(workers))
+        if after > before:
+            self._event("epoch_done", epoch=after)
+            if after + 1 < self.config.train.epochs:
+                self._evaluate(float(after + 1))
+
+    async def _evaluations(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.eval.interval_s)
+            if self.progress.iterations and self.stop_reason is None:
+                self._evaluate(self.progress.epoch(self.config.cluster.workers))
+
+    async def _deadline(self) -> None:
+        limit = self.config.stop.max_seconds
+        if limit is not None:
+            await asyncio.sleep(limit)
+            self._stop(f"time limit of {limit:g} s reached")
+
+    def _evaluate(self, epoch: float) -> EvaluationRecord:
+        import torch
+
+        from engine.models.flat import evaluate
+
+        model = self.shared.model
+        for server in self.servers:
+            keys = server.state.keys
+            np.copyto(model.params_np[keys.start:keys.end], server.state.params)
+        inputs, targets = self._test
+        accuracy, loss = evaluate(model.module, torch.from_numpy(inputs),
+                                  torch.from_numpy(targets))
+        now = asyncio.get_running_loop().time()
+        row = EvaluationRecord(at=self.epoch + now, elapsed_s=now, step=max(
+            int(s.state.versions.max()) for s in self.servers), accuracy=accuracy, loss=loss,
+            epoch=epoch)
+        self._flush()  # the iterations before it reach the database first
+        self.sink.record_evaluation(row)
+        self.best_accuracy = max(self.best_accuracy, accuracy)
+        target = self.config.stop.target_accuracy
+        if target is not None and accuracy >= target:
+            self._stop(f"target accuracy {target:.4f} reached")
+        return row
+
+    def _finish(self, done: int, now: float) -> tuple[RunStatus, str | None, float]:
+        self._flush()
+        if self.stop_reason is None:
+            self._stop("all epochs done")
+        if done == 0:
+            return RunStatus.FAILED, f"no worker completed an iteration ({self.stop_reason})", now
+        self._evaluate(self.progress.epoch(self.config.cluster.workers))
+        for server in self.servers:
+            self._event("server_stats", rank=server.index, version=server.state.version,
+                        pushes=server.state.pushes, busy_s=server.busy_s,
+                        range_versions=server.state.versions.tolist())
+        status = (RunStatus.INTERRUPTED if self.stop_reason == "interrupted"
+                  else RunStatus.FINISHED)
+        return status, self.stop_reason, now
+
+    def _event(self, kind: str, **detail: Any) -> None:
+        now = asyncio.get_running_loop().time()
+        self.sink.record_event(EventRecord(at=self.epoch + now, kind=kind, detail=detail))

@@ -1,0 +1,156 @@
+"""The compute model: how long a worker's batch and a server's update take in virtual time.
+
+``sim.compute = "measured"`` times the real gradient step of the run's model and batch size on
+this machine, alone (one process, its torch threads), once: the median of several steps after a
+warm-up. A server's dense update of the whole model is timed the same way unless ``sim.server_ms``
+gives it. Measurements are cached in a JSON file keyed by everything that changes them, so that
+runs of the same configuration are identical (the simulator's determinism); delete the file to
+measure again. The values a run used are recorded in its ``simulated`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.config import RunConfig
+from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.models.flat import FlatModel
+
+WARMUP_STEPS = 3
+TIMED_STEPS = 15
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Virtual seconds of work: a worker's batch, and a server's update per key."""
+
+    compute_s: float
+    update_s_per_key: float
+    compute_measured: bool
+    update_measured: bool
+
+    def update_s(self, keys: int) -> float:
+        return keys * self.update_s_per_key
+
+    def as_detail(self) -> dict[str, float | bool]:
+        return {"compute_ms": self.compute_s * 1e3,
+                "compute_measured": self.compute_measured,
+                "update_ms_per_million_keys": self.update_s_per_key * 1e9,
+                "update_measured": self.update_measured}
+
+
+def cache_path() -> Path:
+    """``$PSCTL_SIM_CACHE``, else ``$XDG_CACHE_HOME/psctl/sim-calibration.json``."""
+    explicit = os.environ.get("PSCTL_SIM_CACHE")
+    if explicit:
+        return Path(explicit)
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "psctl" / "sim-calibration.json"
+
+
+def costs_for(config: RunConfig, model: FlatModel, inputs: np.ndarray,
+              targets: np.ndarray) -> Costs:
+    """The run's costs: given ones as given, the rest measured (or read from the cache)."""
+    sim, num_keys = config.sim, model.spec.num_keys
+    compute_s = (sim.compute_ms / 1e3 if sim.compute_ms is not None
+                 else _cached(_compute_key(config, model), lambda: _time_compute(
+                     model, inputs, targets, config.train.batch_size)))
+    if sim.server_ms is not None:
+        per_key = sim.server_ms / 1e3 / num_keys
+    else:
+        per_key = _cached(_update_key(config, model), lambda: _time_update(config, num_keys))
+    return Costs(compute_s, per_key, sim.compute_ms is None, sim.server_ms is None)
+
+
+def _compute_key(config: RunConfig, model: FlatModel) -> str:
+    import torch
+
+    return (f"compute|widths={','.join(map(str, model.spec.widths))}|batch="
+            f"{config.train.batch_size}|threads={config.train.torch_threads}|torch="
+            f"{torch.__version__}")
+
+
+def _update_key(config: RunConfig, model: FlatModel) -> str:
+    opt = config.optimizer
+    return (f"update|keys={model.spec.num_keys}|optimizer={opt.name}|momentum="
+            f"{opt.momentum:g}|nesterov={opt.nesterov}|weight_decay={opt.weight_decay:g}")
+
+
+def _cached(key: str, measure: Callable[[], float]) -> float:
+    path = cache_path()
+    entries = _read_cache(path)
+    value = entries.get(key)
+    if isinstance(value, int | float) and value > 0:
+        return float(value)
+    value = measure()
+    entries[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        partial.replace(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the simulator's calibration cache {path}: {exc}; set "
+                          "PSCTL_SIM_CACHE to a writable file, or give --compute-ms and "
+                          "--server-ms") from None
+    return value
+
+
+def _read_cache(path: Path) -> dict[str, object]:
+    try:
+        loaded = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"the simulator's calibration cache {path} is unreadable ({exc}); "
+                          "delete it to measure again") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"the simulator's calibration cache {path} is not a JSON object; "
+                          "delete it to measure again")
+    return loaded
+
+
+def _median_time(step: Callable[[], object]) -> float:
+    for _ in range(WARMUP_STEPS):
+        step()
+    times = []
+    for _ in range(TIMED_STEPS):
+        began = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def _time_compute(model: FlatModel, inputs: np.ndarray, targets: np.ndarray,
+                  batch_size: int) -> float:
+    from engine.models.flat import train_step_np
+
+    rng = np.random.default_rng(0)
+    batch = rng.choice(len(targets), size=min(batch_size, len(targets)), replace=False)
+    saved = model.params_np.copy()
+    try:
+        return _median_time(lambda: train_step_np(model, inputs[batch], targets[batch]))
+    finally:
+        np.copyto(model.params_np, saved)
+
+
+def _time_update(config: RunConfig, num_keys: int) -> float:
+    from engine.server.optimizers import make_optimizer
+    from engine.server.update import Update
+
+    optimizer = make_optimizer(config.optimizer, num_keys)
+    params = np.zeros(num_keys, dtype=np.float32)
+    grad = np.full(num_keys, 1e-6, dtype=np.float32)
+    update = Update(slice(0, num_keys), grad, None, range(1))
+    return _median_time(lambda: optimizer.apply(params, update, 1.0)) / num_keys

@@ -1,0 +1,89 @@
+"""``cluster.backend = "sim"``: the run in this process, on a thread of its own, in virtual time.
+
+The thread owns the recorder (the database's one writer for this run); the caller's thread only
+watches it, so Ctrl-C reaches the caller, which asks the simulation to stop after the current
+steps, as a real run's workers do.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.config import RunConfig
+from engine.errors import PsctlError
+from engine.launcher import LaunchResult, default_run_name
+from engine.recorder import Recorder
+from engine.sim.clock import run_virtual
+from engine.sim.cluster import SimCluster
+from engine.wire.records import RunStatus
+
+# After Ctrl-C, how long the simulation may take to wind down before the wait gives up on it.
+STOP_WAIT_S = 60.0
+
+
+class SimLauncher:
+    def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None) -> None:
+        self.config = config
+        self.db = db.resolve()
+        self.run_id = uuid.uuid4().hex
+        self.name = config.name or default_run_name(config)
+        self.logs = (logs_root or self.db.parent / "psctl-logs") / self.run_id
+        self._interrupted = threading.Event()
+        self._outcome: tuple[RunStatus, str | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._recorder: Recorder | None = None
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        epoch = time.time()
+        recorder = self._recorder = Recorder(self.db)
+        cfg = self.config
+        recorder.start_run(self.run_id, self.name, cfg.to_json_dict(), sync=cfg.sync.model,
+                           workers=cfg.cluster.workers, servers=cfg.cluster.servers,
+                           dataset=cfg.data.dataset, started_at=epoch)
+        self._thread = threading.Thread(target=self._simulate, args=(recorder, epoch),
+                                        name="psctl-sim", daemon=True)
+        self._thread.start()
+
+    def _simulate(self, recorder: Recorder, epoch: float) -> None:
+        status, reason, ended = RunStatus.FAILED, "the simulation stopped unexpectedly", epoch
+        try:
+            cluster = SimCluster(self.config, recorder, epoch=epoch,
+                                 interrupted=self._interrupted)
+            status, reason, virtual_s = run_virtual(cluster.run())
+            ended = epoch + virtual_s
+        except PsctlError as exc:
+            reason = str(exc)
+        except Exception as exc:  # a bug: its traceback goes to the run's log
+            (self.logs / "sim.log").write_text(traceback.format_exc())
+            reason = f"simulation failed: {exc!r} (traceback in {self.logs / 'sim.log'})"
+        finally:
+            try:
+                recorder.finish(status, reason, ended_at=max(ended, epoch))
+            except PsctlError as exc:
+                status, reason = RunStatus.FAILED, f"its end could not be recorded: {exc}"
+            recorder.close()
+            self._outcome = (status, reason)
+
+    def wait(self, on_tick: Callable[[], None] | None = None,
+             tick_s: float = 0.5) -> LaunchResult:
+        thread = self._thread
+        if thread is None:
+            raise RuntimeError("wait() before start()")
+        while thread.is_alive():
+            try:
+                thread.join(tick_s)
+                if on_tick is not None:
+                    on_tick()
+            except KeyboardInterrupt:
+                self._interrupted.set()
+                thread.join(STOP_WAIT_S)
+        if on_tick is not None:
+            on_tick()
+        status, reason = self._outcome or (RunStatus.FAILED, "the simulation did not end")
+        return LaunchResult(self.run_id, status, reason, self.logs, (), 0)

@@ -1,0 +1,143 @@
+"""A simulated shard server: the real ``ShardState`` behind an inbox served first come, first
+served, one request at a time. A push takes the compute model's update time for its keys; a pull
+is answered at once when the consistency model allows, else it waits, as on a real server, until
+a push releases it. Replies travel back through the network model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.consistency.base import PushTiming
+from engine.errors import RunFailed
+from engine.keys import KeyRange
+from engine.server.shard import ShardState
+from engine.sim.compute import Costs
+from engine.sim.network import Link, NetworkModel, transmit
+from engine.wire.codecs import narrow
+from engine.wire.protocol import HEADER_BYTES
+from engine.wire.records import SyncRecord
+
+# An ACK carries its version in the header and one float64 scale as payload.
+ACK_BYTES = HEADER_BYTES + 8 + 8
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    version: int
+    nbytes: int
+    wait_s: float = 0.0
+    slowest_clock: int = 0
+    scale: float | None = None
+
+
+@dataclass(slots=True)
+class PullRequest:
+    worker: int
+    clock: int
+    span: KeyRange
+    out: np.ndarray  # the part of the worker's buffer this shard fills
+    dtype: np.dtype  # what the values travel as
+    link: Link
+    reply: asyncio.Future[Reply]
+    since: float = 0.0
+
+
+@dataclass(slots=True)
+class PushRequest:
+    worker: int
+    clock: int
+    span: KeyRange
+    values: np.ndarray
+    index: np.ndarray | None  # global keys of a sparse push
+    commit: bool
+    base_version: int | None
+    timing: PushTiming
+    link: Link
+    reply: asyncio.Future[Reply]
+
+
+class Network:
+    """The network model on the simulation's loop: ``send`` schedules a delivery."""
+
+    def __init__(self, model: NetworkModel) -> None:
+        self.model = model
+        self.loop = asyncio.get_running_loop()
+
+    def send(self, source: Link, target: Link, nbytes: int,
+             deliver: Callable[..., object], *args: object) -> None:
+        arrival = transmit(self.model, self.loop.time(), source, target, nbytes)
+        self.loop.call_at(arrival, deliver, *args)
+
+
+def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
+    if not future.done():
+        future.set_result(reply)
+
+
+class SimServer:
+    def __init__(self, index: int, state: ShardState, network: Network, costs: Costs, *,
+                 max_queued: int, on_syncs: Callable[[list[SyncRecord]], None] | None) -> None:
+        self.index, self.state, self.network, self.costs = index, state, network, costs
+        self.link = Link()
+        self.inbox: asyncio.Queue[PullRequest | PushRequest] = asyncio.Queue(max_queued)
+        self.pending: list[PullRequest] = []
+        self.busy_s = 0.0
+        self._on_syncs = on_syncs
+
+    def deliver(self, request: PullRequest | PushRequest) -> None:
+        try:
+            self.inbox.put_nowait(request)
+        except asyncio.QueueFull:
+            raise RunFailed(f"simulated server {self.index}: more than {self.inbox.maxsize} "
+                            "requests queued (a worker loop sent without waiting?)") from None
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            request = await self.inbox.get()
+            if isinstance(request, PushRequest):
+                cost = self.costs.update_s(len(request.values))
+                self.busy_s += cost
+                await asyncio.sleep(cost)
+                self._push(request)
+            else:
+                request.since = loop.time()
+                self._pull(request)
+
+    def _pull(self, request: PullRequest) -> None:
+        if self.state.pull_ready(request.worker, request.clock, request.span):
+            self._answer(request, 0.0)
+        else:
+            self.pending.append(request)
+
+    def _answer(self, request: PullRequest, waited_s: float) -> None:
+        values = narrow(self.state.read(request.span), request.dtype)
+        request.out[...] = values
+        nbytes = HEADER_BYTES + 8 + values.nbytes
+        reply = Reply(self.state.version_of(request.span), nbytes, waited_s,
+                      self.state.slowest_clock(request.span))
+        self.network.send(self.link, request.link, nbytes, _resolve, request.reply, reply)
+
+    def _push(self, request: PushRequest) -> None:
+        accepted = self.state.push(request.worker, request.clock, request.span, request.values,
+                                   request.timing, index=request.index, commit=request.commit,
+                                   base_version=request.base_version)
+        reply = Reply(accepted, ACK_BYTES, scale=self.state.last_scale)
+        self.network.send(self.link, request.link, ACK_BYTES, _resolve, request.reply, reply)
+        syncs = self.state.controller.take_syncs()
+        if syncs and self._on_syncs is not None:
+            self._on_syncs(syncs)
+        self._release()
+
+    def _release(self) -> None:
+        now, waiting = asyncio.get_running_loop().time(), []
+        for request in self.pending:
+            if self.state.pull_ready(request.worker, request.clock, request.span):
+                self._answer(request, now - request.since)
+            else:
+                waiting.append(request)
+        self.pending = waiting

@@ -1,0 +1,323 @@
+"""A simulated worker: the worker role's loops as coroutines in virtual time.
+
+Each loop mirrors its real counterpart (``engine.worker.loops``, ``downpour``, ``delayed``):
+the same order of pulls, computations and pushes, the same push filter, the same rows. The
+gradient is real, computed on one model shared by every simulated worker (the values each worker
+pulled are copied in first); the virtual time it takes is the compute model's, stretched by the
+worker's straggler factor and jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.config import RunConfig
+from engine.keys import KeyLayout, KeyRange
+from engine.registry import Registry
+from engine.sim.client import SimClient
+from engine.wire.protocol import ANY_CLOCK
+from engine.wire.records import IterationRecord
+from engine.worker.client import PullResult, PushResult
+from engine.worker.filters import GradientFilter
+from engine.worker.heterogeneity import Slowdown
+from engine.worker.loops import Shard, iteration_row, merge_pushes, push_bytes
+
+if TYPE_CHECKING:
+    from engine.models.flat import FlatModel
+
+WARM_START_POLL_S = 0.05
+
+
+class SharedModel:
+    """One torch model for all simulated workers: computations happen one at a time."""
+
+    def __init__(self, model: FlatModel) -> None:
+        self.model = model
+
+    def gradient(self, params: np.ndarray, shard: Shard, batch: np.ndarray) -> tuple[float,
+                                                                                    np.ndarray]:
+        from engine.models.flat import train_step_np
+
+        np.copyto(self.model.params_np, params)
+        loss = train_step_np(self.model, shard.inputs[batch], shard.targets[batch])
+        return loss, self.model.grads_np.copy()
+
+
+@dataclass
+class WorkerContext:
+    """What a simulated worker needs from the cluster."""
+
+    config: RunConfig
+    layout: KeyLayout
+    shared: SharedModel
+    compute_s: float
+    should_stop: Callable[[], bool]
+    record: Callable[[IterationRecord], None]
+    epoch_done: Callable[[int, int], None]  # (rank, epoch)
+
+
+class SimWorker:
+    """The plain loop: pull, compute, push, each waited for. Subclasses change the order."""
+
+    def __init__(self, rank: int, ctx: WorkerContext, client: SimClient, shard: Shard,
+                 params: np.ndarray, grad_filter: GradientFilter | None) -> None:
+        self.rank, self.ctx, self.client, self.shard = rank, ctx, client, shard
+        self.config = ctx.config
+        self.keys = KeyRange(0, ctx.layout.num_keys)
+        self.params = params
+        self.filter = grad_filter
+        self.loop = asyncio.get_running_loop()
+        self.slowdown = Slowdown(self.config.heterogeneity, rank=rank,
+                                 seed=self.config.train.seed, clock=self.loop.time)
+        self.last_clock = -1
+
+    async def run(self) -> int:
+        """Train until the epochs are done or the run stops; returns iterations done."""
+        train, clock = self.config.train, 0
+        self.last_clock = train.epochs * self.shard.iterations_per_epoch - 1
+        await self.begin()
+        try:
+            for epoch in range(train.epochs):
+                rng = np.random.default_rng([train.seed, self.rank, epoch])
+                for batch in self.shard.batches(rng):
+                    if self.ctx.should_stop():
+                        return clock
+                    await self.step(batch, epoch, clock)
+                    clock += 1
+                self.ctx.epoch_done(self.rank, epoch)
+            return clock
+        finally:
+            await self.end()
+
+    async def begin(self) -> None:
+        """Before the first step."""
+
+    async def end(self) -> None:
+        """After the last step: settle what is in flight."""
+
+    async def compute(self, batch: np.ndarray) -> tuple[float, np.ndarray]:
+        loss, grads = self.ctx.shared.gradient(self.params, self.shard, batch)
+        await asyncio.sleep(self.ctx.compute_s * self.slowdown.factor_now())
+        return loss, grads
+
+    def push_order(self) -> list[KeyRange]:
+        return [self.keys]
+
+    async def send(self, grads: np.ndarray, **header: Any) -> PushResult:
+        """Push in ``push_order``'s pieces, through the push filter when the run has one."""
+        if self.filter is None:
+            pushes = [self.client.push(span, grads[span.start:span.end], **header)
+                      for span in self.push_order()]
+        else:
+            keys, values = self.filter.apply(grads)
+            pushes = []
+            for span in self.push_order():
+                lo, hi = np.searchsorted(keys, (span.start, span.end))
+                pushes.append(self.client.push(span, values[lo:hi], index=keys[lo:hi],
+                                               **header))
+        return merge_pushes(list(await asyncio.gather(*pushes)))
+
+    async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
+        started, t0 = self.client.now(), self.loop.time()
+        pulled = await self.client.pull(self.keys, self.params, clock)
+        t1 = self.loop.time()
+        loss, grads = await self.compute(batch)
+        t2 = self.loop.time()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        pushed_at = self.client.now()
+        pushed = await self.send(grads, clock=clock, base_versions=pulled.versions,
+                                 pushed_at=pushed_at, waited_s=wait_s,
+                                 final=clock == self.last_clock)
+        t3 = self.loop.time()
+        row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                            t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
+        self.ctx.record(row.model_copy(update={"pushed_at": pushed_at,
+                                               "acked_at": pushed.answered_at}))
+
+
+class LayeredWorker(SimWorker):
+    """One push per layer, last layer first, each committing that layer's clock."""
+
+    def push_order(self) -> list[KeyRange]:
+        return [segment.keys for segment in reversed(self.ctx.layout.segments)]
+
+
+def settled_row(row: IterationRecord, pushed: PushResult, pulled: PullResult) -> IterationRecord:
+    """A provisional row completed once its push is acknowledged."""
+    return row.model_copy(update={
+        "staleness": pushed.staleness, "lr_scale": pushed.lr_scale, **push_bytes(pushed),
+        "bytes_sent": pushed.bytes_sent + pulled.bytes_sent,
+        "bytes_received": pushed.bytes_received + pulled.bytes_received,
+        "acked_at": pushed.answered_at})
+
+
+class OverlappedWorker(SimWorker):
+    """asp: the next pull is in flight while computing; the push is left in flight."""
+
+    async def begin(self) -> None:
+        self._staging = np.empty_like(self.params)
+        self._pull = asyncio.ensure_future(self.client.pull(self.keys, self._staging, 0))
+        self._unacked: tuple[asyncio.Future[PushResult], PullResult, IterationRecord] | None = \
+            None
+
+    async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
+        started, t0 = self.client.now(), self.loop.time()
+        pulled = await self._pull
+        np.copyto(self.params, self._staging)
+        if clock < self.last_clock:
+            self._pull = asyncio.ensure_future(self.client.pull(self.keys, self._staging,
+                                                                clock + 1))
+        t1 = self.loop.time()
+        loss, grads = await self.compute(batch)
+        t2 = self.loop.time()
+        await self._settle()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        pushed_at = self.client.now()
+        push = asyncio.ensure_future(self.send(grads, clock=clock, base_versions=pulled.versions,
+                                               pushed_at=pushed_at, waited_s=wait_s,
+                                               final=clock == self.last_clock))
+        t3 = self.loop.time()
+        row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                            t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
+        self._unacked = (push, pulled, row.model_copy(update={"pushed_at": pushed_at}))
+
+    async def _settle(self) -> None:
+        if self._unacked is not None:
+            push, pulled, row = self._unacked
+            self._unacked = None
+            self.ctx.record(settled_row(row, await push, pulled))
+
+    async def end(self) -> None:
+        await self._settle()
+        if not self._pull.done():
+            self._pull.cancel()
+
+
+class DownpourWorker(SimWorker):
+    """Downpour SGD: fetch every ``fetch_every``, push the sum every ``push_every``."""
+
+    async def begin(self) -> None:
+        train = self.config.train
+        self._sum = np.zeros_like(self.params)
+        self._held, self._pushes = 0, 0
+        self._fetched: PullResult | None = None
+        self._base: PullResult | None = None
+        if train.warm_start and self.rank != 0:
+            await self._wait_for_warm_start(math.ceil(train.warm_start / train.push_every))
+
+    async def _wait_for_warm_start(self, pushes: int) -> None:
+        probe = np.empty_like(self.params)
+        while not self.ctx.should_stop():
+            pulled = await self.client.pull(self.keys, probe, ANY_CLOCK)
+            if min(pulled.versions.values(), default=0) >= pushes:
+                return
+            await asyncio.sleep(WARM_START_POLL_S)
+
+    async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
+        train = self.config.train
+        started, t0 = self.client.now(), self.loop.time()
+        pulled = await self._fetch(clock, train.fetch_every)
+        t1 = self.loop.time()
+        loss, grads = await self.compute(batch)
+        self._sum += grads
+        self._held += 1
+        t2 = self.loop.time()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        pushed: PushResult | None = None
+        pushed_at: float | None = None
+        if self._held == train.push_every or clock == self.last_clock:
+            base = self._base or self._fetched
+            assert base is not None  # a fetch precedes every gradient
+            pushed_at = self.client.now()
+            pushed = await self.send(self._sum, clock=self._pushes, base_versions=base.versions,
+                                     pushed_at=pushed_at, waited_s=wait_s,
+                                     final=clock == self.last_clock)
+            self._pushes += 1
+            self._sum.fill(0.0)
+            self._held, self._base = 0, None
+        t3 = self.loop.time()
+        row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                            t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
+        if pushed is not None:
+            row = row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
+        self.ctx.record(row)
+
+    async def _fetch(self, clock: int, fetch_every: int) -> PullResult:
+        if self._fetched is None or clock % fetch_every == 0:
+            self._fetched = await self.client.pull(self.keys, self.params, ANY_CLOCK)
+            if self._held == 0:
+                self._base = self._fetched
+            return self._fetched
+        if self._base is None:
+            self._base = self._fetched
+        return PullResult(self._fetched.versions, 0.0, 0, 0, self._fetched.answered_at)
+
+
+@dataclass
+class _Task:
+    clock: int
+    push: asyncio.Future[PushResult]
+    pull: asyncio.Future[PullResult]
+    values: np.ndarray
+    row: IterationRecord
+
+
+class DelayedWorker(SimWorker):
+    """Bounded delay: iteration c computes once every own iteration older than c - T is done;
+    each iteration's push and the pull behind it stay in flight meanwhile."""
+
+    async def begin(self) -> None:
+        self._tasks: deque[_Task] = deque()
+        self._free = [np.empty_like(self.params) for _ in range(self.config.sync.delay + 1)]
+        self._newest = await self.client.pull(self.keys, self.params, ANY_CLOCK)
+
+    async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
+        delay = self.config.sync.delay
+        started, t0 = self.client.now(), self.loop.time()
+        while self._tasks and (self._tasks[0].clock < clock - delay or self._done(self._tasks[0])):
+            await self._finish(self._tasks.popleft())
+        t1 = self.loop.time()
+        loss, grads = await self.compute(batch)
+        t2 = self.loop.time()
+        pushed_at = self.client.now()
+        push = asyncio.ensure_future(self.send(
+            grads, clock=clock, base_versions=self._newest.versions, pushed_at=pushed_at,
+            waited_s=t1 - t0, final=clock == self.last_clock))
+        values = self._free.pop()
+        pull = asyncio.ensure_future(self.client.pull(self.keys, values, ANY_CLOCK))
+        t3 = self.loop.time()
+        row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, 0.0,
+                            t1 - t0, None, self._newest, loss, len(batch))
+        self._tasks.append(_Task(clock, push, pull, values,
+                                 row.model_copy(update={"pushed_at": pushed_at})))
+
+    @staticmethod
+    def _done(task: _Task) -> bool:
+        return task.push.done() and task.pull.done()
+
+    async def _finish(self, task: _Task) -> None:
+        pushed, pulled = await task.push, await task.pull
+        np.copyto(self.params, task.values)
+        self._free.append(task.values)
+        self._newest = pulled
+        self.ctx.record(settled_row(task.row, pushed, pulled))
+
+    async def end(self) -> None:
+        while self._tasks:
+            await self._finish(self._tasks.popleft())
+
+
+# The simulated counterpart of each worker loop in engine.worker.registry, by the same name.
+SIM_LOOPS: Registry[type[SimWorker]] = Registry("simulated worker loop")
+SIM_LOOPS.register("plain", SimWorker, "pull, compute, push, each waited for")
+SIM_LOOPS.register("layered", LayeredWorker, "one push per layer, last layer first")
+SIM_LOOPS.register("overlapped", OverlappedWorker, "asp: the next pull in flight while computing")
+SIM_LOOPS.register("downpour", DownpourWorker, "asp: fetch every N, push the sum every M")
+SIM_LOOPS.register("delayed", DelayedWorker, "bounded delay: up to T iterations in flight")

@@ -1,0 +1,88 @@
+"""``psctl study FILE.toml``: run a grid of configurations one after another, then write a
+report (docs/studies.md)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from psctl import settings
+from psctl.cliutil import DbOption, Handled, err, fail
+
+if TYPE_CHECKING:
+    from psctl.study import Point, Study
+
+
+def register(app: typer.Typer) -> None:
+    app.command("study")(study_command)
+
+
+def study_command(
+    file: Annotated[Path, typer.Argument(help="the study's TOML file", show_default=False)],
+    smoke: Annotated[bool, typer.Option(
+        "--smoke", help="the reduced grid and settings of the file's [smoke] table (for CI)")] =
+        False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", "--list", help="check every point's configuration and print the grid; "
+        "run nothing")] = False,
+    out: Annotated[Path | None, typer.Option(
+        help="folder for report.md, its plots and summary.json "
+        "[FILE's folder/results/NAME, or NAME-smoke with --smoke]", show_default=False)] = None,
+    db: DbOption = None,
+) -> None:
+    """Run a study: every point of a grid of configurations, one after another, each run tagged
+    study=NAME, study_id=ID and AXIS=LABEL; then a report with tables and plots."""
+    from psctl.study import grid, load_study, point_configs
+
+    try:
+        study = load_study(file)
+        if smoke and study.spec.smoke is None:
+            err.print(f"warning: {file} has no [smoke] table; --smoke runs the whole grid",
+                      highlight=False, markup=False, soft_wrap=True)
+        points = grid(study, smoke=smoke)
+        if dry_run:
+            for point in points:
+                point_configs(study, point)  # a dry run checks every point as a real one would
+            _print_grid(study, points)
+            return
+        code = _run(study, points, file, smoke=smoke, out=out, db=settings.database_path(db))
+    except Handled as exc:
+        raise fail(exc) from None
+    raise typer.Exit(code)
+
+
+def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Path | None,
+         db: Path) -> int:
+    from psctl.study_report import Header, collect, write_report
+    from psctl.study_run import new_study_id, plan, prepare_database, run_grid
+
+    planned = plan(study, points)
+    prepare_database(db)
+    study_id = new_study_id()
+    folder = out or file.parent / "results" / (study.name + ("-smoke" if smoke else ""))
+    err.print(f"study {study.name} ({study_id}): {len(planned)} runs → {db}", highlight=False,
+              markup=False)
+    progress = run_grid(study, planned, db, err, study_id=study_id, smoke=smoke)
+    command = " ".join(["psctl", "study", shlex.quote(str(file)), *(["--smoke"] if smoke else [])])
+    rows = collect(db, progress, study.spec.study.target)
+    report = write_report(folder, study, progress, rows,
+                          Header(command=command, study_id=study_id, smoke=smoke))
+    err.print(f"report: {report}", highlight=False, markup=False)
+    if progress.complete:
+        return settings.EXIT_OK
+    return settings.EXIT_INTERRUPTED if progress.interrupted else settings.EXIT_ERROR
+
+
+def _print_grid(study: Study, points: list[Point]) -> None:
+    """One line per point on stdout: its run name, labels and the settings it changes."""
+    from psctl.selection import text
+
+    repeat = study.spec.study.repeat
+    typer.echo(f"{study.name}: {len(points)} points"
+               + (f" x {repeat} seeds" if repeat > 1 else ""))
+    for index, point in enumerate(points, 1):
+        changes = " ".join(f"{k}={text(v)}" for k, v in point.overrides.items())
+        typer.echo(f"{index:>3}  {point.name}  [{point.label}]  {changes}")

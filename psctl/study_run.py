@@ -1,0 +1,144 @@
+"""Running a study's grid: every configuration checked first, then one run after another, each
+tagged with the study, this invocation and its label on every axis."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from engine.config import RunConfig
+from engine.errors import StoreError
+from psctl.study import Point, Study, point_configs
+
+
+@dataclass(frozen=True)
+class Planned:
+    point: Point
+    config: RunConfig
+    seed: int | None  # set when the study repeats each point over several seeds
+
+
+@dataclass(frozen=True)
+class Outcome:
+    planned: Planned
+    run_id: str
+    status: str  # the run's status as the backend reported it at the end
+
+
+@dataclass
+class Progress:
+    """What ran so far; filled in as runs end, so that an interrupted study still reports."""
+
+    total: int
+    outcomes: list[Outcome]
+    interrupted: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return (not self.interrupted and len(self.outcomes) == self.total
+                and all(o.status == "finished" for o in self.outcomes))
+
+
+def new_study_id() -> str:
+    return secrets.token_hex(4)
+
+
+def plan(study: Study, points: list[Point]) -> list[Planned]:
+    """Every run of the grid, each configuration validated and its data set located before
+    any run starts: a mistake in the last point must not surface hours into the study."""
+    repeat = study.spec.study.repeat
+    located: dict[tuple[str, str | None], str] = {}
+    planned = []
+    for point in points:
+        for config in point_configs(study, point):
+            seed = config.train.seed if repeat > 1 else None
+            planned.append(Planned(point, _pinned(config, located), seed))
+    return planned
+
+
+def tags_for(study: Study, planned: Planned, study_id: str, *, smoke: bool) -> dict[str, str]:
+    tags = {"study": study.name, "study_id": study_id, **dict(planned.point.labels)}
+    if planned.seed is not None:
+        # group: psctl compare folds a point's seeds into one row of mean ± deviation.
+        tags |= {"group": f"{planned.point.name}-{study_id}", "seed": str(planned.seed)}
+    if smoke:
+        tags["smoke"] = "true"
+    return tags
+
+
+def run_grid(study: Study, planned: list[Planned], db: Path, console: Console, *,
+             study_id: str, smoke: bool) -> Progress:
+    """Each run in turn; Ctrl-C (the backend stops the run it interrupts) ends the study."""
+    from psctl.launch import run_launch
+
+    done = Progress(total=len(planned), outcomes=[])
+    try:
+        for index, one in enumerate(planned):
+            seed = f", seed {one.seed}" if one.seed is not None else ""
+            console.print(f"study {study.name}: point {index + 1} of {len(planned)}: "
+                          f"{one.point.label}{seed}", highlight=False, markup=False, soft_wrap=True)
+            result = run_launch(one.config, db, console, live=False,
+                                tags=tags_for(study, one, study_id, smoke=smoke))
+            done.outcomes.append(Outcome(one, result.run_id, result.status.value))
+            console.print(f"  {result_line(db, result.run_id, study.spec.study.target)}",
+                          highlight=False, markup=False, soft_wrap=True)
+            if result.status.value == "interrupted":
+                done.interrupted = True
+                break
+    except KeyboardInterrupt:  # between two runs, or while one was being set up
+        done.interrupted = True
+    if done.interrupted:
+        console.print(f"study {study.name} interrupted after {len(done.outcomes)} of "
+                      f"{len(planned)} runs; no run is left running", highlight=False,
+                      markup=False)
+    return done
+
+
+def result_line(db: Path, run_id: str, target: float) -> str:
+    from engine.db import open_engine
+    from engine.db.metrics import run_metrics
+    from engine.db.queries import run_summaries
+    from psctl.display import fmt_pct, fmt_seconds
+
+    engine = open_engine(db, readonly=True)
+    try:
+        (run,) = run_summaries(engine, [run_id])
+        reached = run_metrics(engine, run_id, target=target).time_to_target_s
+    finally:
+        engine.dispose()
+    to_target = "not reached" if reached is None else f"reached in {reached:.1f} s"
+    return (f"{run.status} {run.id[:8]} in {fmt_seconds(run.duration_s)}: {run.iterations} "
+            f"iterations, best {fmt_pct(run.best_accuracy)}, final "
+            f"{fmt_pct(run.final_accuracy)}; {target:.0%} {to_target}")
+
+
+def prepare_database(path: Path) -> None:
+    """Create (or upgrade) the database now, so an unusable path fails before any run."""
+    from engine.db import open_engine
+
+    if path.is_dir():
+        raise StoreError(f"the experiments database {path} is a folder; give a file path")
+    try:
+        open_engine(path).dispose()
+    except OSError as exc:
+        raise StoreError(f"cannot create the experiments database {path}: "
+                         f"{exc.strerror or exc}") from None
+
+
+def _pinned(config: RunConfig, located: dict[tuple[str, str | None], str]) -> RunConfig:
+    # As psctl launch does: the data set is found (or fetched) once, here, and its folder
+    # pinned in the config, so every run's processes read the same files.
+    from engine.datasets import locate
+
+    key = (config.data.dataset, config.data.data_dir)
+    if key not in located:
+        data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+        located[key] = locate(config.data.dataset, data_dir, allow_download=True)
+    source = located[key]
+    if source == "sklearn":
+        return config
+    pinned = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
+    return config.model_copy(update={"data": pinned})

@@ -1,0 +1,172 @@
+"""The simulated cluster's behaviour against what each model must do, on the digits set."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from engine.config import RunConfig, build_config
+from engine.errors import ConfigError
+from engine.sim.clock import run_virtual
+from engine.sim.cluster import SimCluster
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    RunStatus,
+    SyncRecord,
+)
+
+EPOCH = 1_000_000.0
+
+
+@dataclass
+class Sink:
+    rows: list[IterationRecord] = field(default_factory=list)
+    evaluations: list[EvaluationRecord] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
+    syncs: list[SyncRecord] = field(default_factory=list)
+
+    def record_iterations(self, rows: list[IterationRecord]) -> None:
+        self.rows.extend(rows)
+
+    def record_evaluation(self, row: EvaluationRecord) -> None:
+        self.evaluations.append(row)
+
+    def record_event(self, row: EventRecord) -> None:
+        self.events.append(row)
+
+    def record_sync(self, row: SyncRecord) -> None:
+        self.syncs.append(row)
+
+    def of(self, worker: int) -> list[IterationRecord]:
+        return [r for r in self.rows if r.worker == worker]
+
+
+def config(**overrides: Any) -> RunConfig:
+    values = {"cluster.backend": "sim", "data.dataset": "digits", "cluster.workers": 4,
+              "cluster.servers": 2, "train.epochs": 1, "sim.compute": "given",
+              "sim.compute_ms": 100.0, "sim.server_ms": 1.0, "sim.network": "10gbit:50us"}
+    return build_config({}, values | overrides)
+
+
+def simulate(cfg: RunConfig, stop: threading.Event | None = None) -> tuple[RunStatus, float,
+                                                                           Sink]:
+    sink = Sink()
+    cluster = SimCluster(cfg, sink, epoch=EPOCH, interrupted=stop or threading.Event())
+    status, _, virtual_s = run_virtual(cluster.run())
+    return status, virtual_s, sink
+
+
+def test_bsp_fast_workers_wait_for_the_straggler() -> None:
+    status, virtual_s, sink = simulate(config(**{"heterogeneity.stragglers": [
+        {"rank": 0, "factor": 3.0}]}))
+    assert status is RunStatus.FINISHED
+    assert len(sink.rows) == 4 * 6
+    assert all(r.staleness == 0 for r in sink.rows)
+    fast = statistics.mean(r.wait_s for r in sink.of(1)[1:])
+    assert fast == pytest.approx(0.2, abs=0.01)  # 300 ms of the straggler minus 100 of its own
+    assert statistics.mean(r.wait_s for r in sink.of(0)) < 0.005
+    assert virtual_s == pytest.approx(6 * 0.3, rel=0.05)
+    assert sink.evaluations and sink.evaluations[-1].at <= EPOCH + virtual_s
+
+
+def test_asp_fast_workers_run_ahead_and_see_stale_models() -> None:
+    _, _, sink = simulate(config(**{"sync.model": "asp", "stop.max_seconds": 1.0,
+                                    "train.epochs": 20,
+                                    "heterogeneity.stragglers": [{"rank": 0, "factor": 3.0}]}))
+    assert len(sink.of(1)) >= 2 * len(sink.of(0))
+    assert max(r.staleness for r in sink.of(0)) >= 3
+    assert all(r.wait_s == 0 for r in sink.rows)
+
+
+def test_ssp_bounds_how_far_the_fastest_leads() -> None:
+    _, _, sink = simulate(config(**{"sync.model": "ssp", "sync.staleness": 1,
+                                    "train.epochs": 2,
+                                    "heterogeneity.stragglers": [{"rank": 0, "factor": 4.0}]}))
+    assert any(r.wait_s > 0 for r in sink.of(1))
+    # when the straggler starts clock c, nobody has started past c + s + 1
+    starts = {(r.worker, r.iteration): r.started_at for r in sink.rows}
+    for (worker, clock), began in starts.items():
+        slow = max((c for (w, c), t in starts.items() if w == 0 and t <= began), default=0)
+        assert clock <= slow + 2, (worker, clock, slow)
+
+
+def test_network_bandwidth_shows_in_push_and_pull_time() -> None:
+    _, _, slow_net = simulate(config(**{"sim.network": "100mbit:1ms"}))
+    _, _, fast_net = simulate(config())
+    dense = slow_net.rows[0].push_bytes
+    # four workers share each server's incoming side: a push takes at least its own bytes' time
+    assert statistics.mean(r.push_s for r in slow_net.rows) > dense / 12.5e6
+    assert statistics.mean(r.push_s for r in fast_net.rows) < dense / 12.5e6 / 10
+
+
+# The overlapped and delayed loops push gradients about 8 updates stale here (4 workers in step,
+# two iterations in flight): with server momentum 0.9 they diverge, as real runs do; without
+# momentum they learn.
+@pytest.mark.parametrize("overrides", [
+    {"sync.model": "asp", "train.overlap": True, "optimizer.momentum": 0.0},
+    {"sync.model": "asp", "train.fetch_every": 2, "train.push_every": 2, "optimizer.name":
+     "adagrad"},
+    {"sync.model": "bounded-delay", "sync.delay": 2, "optimizer.momentum": 0.0},
+    {"train.loop": "layered"},
+    {"comm.prune": "topk:1%", "sync.model": "asp"},
+    {"sync.model": "dssp"},
+    {"sync.model": "elastic", "sync.lookahead": 15},
+    {"comm.wire_dtype": "float16"},
+])
+def test_every_loop_and_policy_trains(overrides: dict[str, Any]) -> None:
+    status, _, sink = simulate(config(**{"train.epochs": 4} | overrides))
+    assert status is RunStatus.FINISHED
+    assert len(sink.rows) == 4 * 24
+    assert sink.evaluations[-1].accuracy > 0.6  # ten classes: chance is 0.1
+
+
+def test_pruned_pushes_are_sparse() -> None:
+    _, _, sink = simulate(config(**{"comm.prune": "topk:1%"}))
+    row = sink.rows[-1]
+    assert row.push_bytes < 0.05 * row.push_bytes_dense
+
+
+def test_elastic_records_its_barriers() -> None:
+    _, _, sink = simulate(config(**{"sync.model": "elastic", "train.epochs": 2,
+                                    "heterogeneity.stragglers": [{"rank": 0, "factor": 3.0}]}))
+    assert sink.syncs
+
+
+def test_an_interrupt_stops_after_the_current_steps() -> None:
+    stop = threading.Event()
+    stop.set()
+    status, _, sink = simulate(config(), stop)
+    assert status is RunStatus.FAILED  # stopped before any iteration
+    assert any(e.kind == "stop" and e.detail["reason"] == "interrupted" for e in sink.events)
+
+
+def test_target_accuracy_stops_the_run() -> None:
+    status, _, sink = simulate(config(**{"train.epochs": 20, "stop.target_accuracy": 0.8,
+                                         "eval.interval_s": 0.5}))
+    assert status is RunStatus.FINISHED
+    assert len(sink.rows) < 4 * 6 * 20
+    assert max(e.accuracy for e in sink.evaluations) >= 0.8
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    ({"comm.compress": "lz4", "comm.prune": "topk:1%"}, "comm.compress"),
+    ({"comm.pull_filter": "significant:0.01"}, "comm.pull_filter"),
+    ({"comm.schedule": "fifo"}, "comm.schedule"),
+    ({"sim.compute": "given", "sim.compute_ms": None}, "needs sim.compute_ms"),
+    ({"sim.compute": "measured"}, "only read with sim.compute given"),
+    ({"sim.network": "fast"}, "BANDWIDTH:LATENCY"),
+    ({"cluster.backend": "slurm"}, "unknown backend 'slurm'"),
+])
+def test_what_the_simulator_cannot_model_fails_fast(overrides: dict[str, Any], says: str) -> None:
+    values = {"cluster.backend": "sim", "sim.compute": "given", "sim.compute_ms": 10.0}
+    with pytest.raises(ConfigError, match=says):
+        build_config({}, {k: v for k, v in (values | overrides).items() if v is not None}
+                     if "sim.compute_ms" not in overrides else
+                     {k: v for k, v in (values | overrides).items()
+                      if k != "sim.compute_ms"})
