@@ -76,7 +76,11 @@ class SimCluster:
         from engine.models.flat import FlatModel
         from engine.models.spec import MLPSpec
 
+        import torch
+
         cfg = self.config
+        # As each worker process does: more intra-op threads than cores spin against each other.
+        torch.set_num_threads(cfg.train.torch_threads)
         data_dir = Path(cfg.data.data_dir) if cfg.data.data_dir else None
         data = load_dataset(cfg.data.dataset, data_dir, train_limit=cfg.data.train_limit)
         spec = MLPSpec(data.spec.input_dim, cfg.model.hidden, data.spec.num_classes)

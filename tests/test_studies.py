@@ -1,0 +1,33 @@
+"""Acceptance 4 of the simulator issue: every shipped study runs to completion at its reduced
+size (``--smoke``), on the simulated cluster, and reports every run finished."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import psctl
+
+STUDIES = sorted((Path(__file__).parent.parent / "studies").glob("*.toml"))
+
+
+def test_the_seed_studies_are_shipped() -> None:
+    names = {study.stem for study in STUDIES}
+    assert {"sync-stragglers", "elastic-lookahead", "pruning-thresholds", "downpour-rules",
+            "bounded-delay"} <= names
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.stem)
+def test_every_study_runs_in_smoke_size(study: Path, tmp_path: Path, mnist_dir: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PSCTL_DATA_DIR", str(mnist_dir.parent))
+    done = psctl("study", str(study), "--smoke", "--out", str(tmp_path / "out"),
+                 db=tmp_path / "studies.db", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rows"], summary
+    assert all(run["status"] == "finished" for run in summary["rows"])
+    assert (tmp_path / "out" / "report.md").read_text().count("| finished |") == \
+        len(summary["rows"])
