@@ -511,8 +511,8 @@ def simulation_note(conn: Connection, run_id: str) -> str | None:
         return "measured" if values.get(key) else "given"
 
     return (f"compute {float(values.get('compute_ms', 0)):.3g} ms per batch "
-            f"({how('compute_measured')}), network {values.get('network', '?')}, server update "
-            f"{float(values.get('update_ms_per_million_keys', 0)):.3g} ms per million keys "
+            f"({how('compute_measured')}), network {values.get('network', '?')}, "
+            f"{float(values.get('update_ms', 0)):.3g} ms per dense update of the whole model "
             f"({how('update_measured')})")
 
 

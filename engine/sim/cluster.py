@@ -86,7 +86,7 @@ class SimCluster:
         spec = MLPSpec(data.spec.input_dim, cfg.model.hidden, data.spec.num_classes)
         model = FlatModel(spec, seed=cfg.train.seed)
         costs = costs_for(cfg, model, data.train_x, data.train_y)
-        self._event("simulated", network=cfg.sim.network, **costs.as_detail())
+        self._event("simulated", network=cfg.sim.network, **costs.as_detail(spec.num_keys))
         self.shared = SharedModel(model)
         self._test = data.test_x, data.test_y
         self.servers = self._servers(spec.layout(), Network(parse_network(cfg.sim.network)),

@@ -43,10 +43,10 @@ class Costs:
     def update_s(self, keys: int) -> float:
         return keys * self.update_s_per_key
 
-    def as_detail(self) -> dict[str, float | bool]:
+    def as_detail(self, num_keys: int) -> dict[str, float | bool]:
         return {"compute_ms": self.compute_s * 1e3,
                 "compute_measured": self.compute_measured,
-                "update_ms_per_million_keys": self.update_s_per_key * 1e9,
+                "update_ms": self.update_s(num_keys) * 1e3,
                 "update_measured": self.update_measured}
 
 
@@ -83,7 +83,7 @@ def _compute_key(config: RunConfig, model: FlatModel) -> str:
 
 def _update_key(config: RunConfig, model: FlatModel) -> str:
     opt = config.optimizer
-    return (f"update|keys={model.spec.num_keys}|optimizer={opt.name}|momentum="
+    return (f"push|keys={model.spec.num_keys}|optimizer={opt.name}|momentum="
             f"{opt.momentum:g}|nesterov={opt.nesterov}|weight_decay={opt.weight_decay:g}")
 
 
@@ -146,11 +146,19 @@ def _time_compute(model: FlatModel, inputs: np.ndarray, targets: np.ndarray,
 
 
 def _time_update(config: RunConfig, num_keys: int) -> float:
-    from engine.server.optimizers import make_optimizer
-    from engine.server.update import Update
+    """A whole push through a shard as a server handles it (checks, rollback copy, optimizer,
+    finiteness check), dense over ``num_keys``, per key."""
+    import itertools
 
-    optimizer = make_optimizer(config.optimizer, num_keys)
-    params = np.zeros(num_keys, dtype=np.float32)
+    from engine.consistency.base import ASP
+    from engine.keys import KeyRange
+    from engine.server.optimizers import make_optimizer
+    from engine.server.shard import ShardState
+
+    keys = KeyRange(0, num_keys)
+    state = ShardState(keys, ASP(1), make_optimizer(config.optimizer, num_keys),
+                       clip_norm=config.optimizer.clip_norm)
+    state.init(keys, np.zeros(num_keys, dtype=np.float32))
     grad = np.full(num_keys, 1e-6, dtype=np.float32)
-    update = Update(slice(0, num_keys), grad, None, range(1))
-    return _median_time(lambda: optimizer.apply(params, update, 1.0)) / num_keys
+    clocks = itertools.count()
+    return _median_time(lambda: state.push(0, next(clocks), keys, grad)) / num_keys

@@ -411,7 +411,7 @@
     const d = ev.detail || {};
     const how = (k) => (d[k] ? "measured" : "given");
     banner.textContent = `Simulated cluster, virtual time: compute ${Number(d.compute_ms).toPrecision(3)} ms per batch (${how("compute_measured")}), ` +
-      `network ${d.network}, server update ${Number(d.update_ms_per_million_keys).toPrecision(3)} ms per million keys (${how("update_measured")}).`;
+      `network ${d.network}, ${Number(d.update_ms).toPrecision(3)} ms per dense update of the whole model (${how("update_measured")}).`;
   }
 
   function renderEvents() {
