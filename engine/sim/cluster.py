@@ -71,12 +71,25 @@ class SimCluster:
 
     async def run(self) -> tuple[RunStatus, str | None, float]:
         """Simulate the run; (status, reason, virtual seconds it took)."""
-        loop = asyncio.get_running_loop()
+        workers = self._build()
+        serving: list[asyncio.Future[Any]] = [asyncio.ensure_future(server.serve())
+                                              for server in self.servers]
+        timers = [asyncio.ensure_future(self._evaluations()),
+                  asyncio.ensure_future(self._deadline())]
+        try:
+            done = await self._train(workers, serving)
+        finally:
+            for task in serving + timers:
+                task.cancel()
+        return self._finish(done, asyncio.get_running_loop().time())
+
+    def _build(self) -> list[SimWorker]:
+        """The data, the model, the costs, the servers (initialised) and the workers."""
+        import torch
+
         from engine.datasets import load_dataset
         from engine.models.flat import FlatModel
         from engine.models.spec import MLPSpec
-
-        import torch
 
         cfg = self.config
         # As each worker process does: more intra-op threads than cores spin against each other.
@@ -94,20 +107,11 @@ class SimCluster:
         workers = [self._worker(rank, spec.layout(), costs, data.train_x, data.train_y)
                    for rank in range(cfg.cluster.workers)]
         per_epoch = workers[0].shard.iterations_per_epoch
-        for server in self.servers:
+        for server in self.servers:  # schedules by epoch: as the coordinator's Start tells them
             server.state.learning.start(per_epoch / cfg.train.push_every)
-        self._event("training_started", total_iterations=per_epoch * cfg.train.epochs
-                    * cfg.cluster.workers)
-        serving: list[asyncio.Future[Any]] = [asyncio.ensure_future(server.serve())
-                                              for server in self.servers]
-        timers = [asyncio.ensure_future(self._evaluations()), asyncio.ensure_future(
-            self._deadline())]
-        try:
-            done = await self._train(workers, serving)
-        finally:
-            for task in serving + timers:
-                task.cancel()
-        return self._finish(done, loop.time())
+        self._event("training_started",
+                    total_iterations=per_epoch * cfg.train.epochs * cfg.cluster.workers)
+        return workers
 
     def _servers(self, layout: KeyLayout, network: Network, costs: Costs,
                  initial: np.ndarray) -> list[SimServer]:
