@@ -78,3 +78,21 @@ def test_readme_consistency_examples_run(tmp_path: Path) -> None:
         assert done.returncode == 0, (line, done.stderr)
         if line.startswith("psctl zipline replay"):
             assert "R = 30, predictor last" in done.stdout
+
+
+def test_readme_simulation_examples_run(tmp_path: Path, mnist_dir: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (block,) = [b for b in _bash_blocks() if "--backend sim" in b]
+    launch, study = block.strip().splitlines()
+    monkeypatch.setenv("PSCTL_DATA_DIR", str(mnist_dir.parent))
+    monkeypatch.setenv("PSCTL_SIM_CACHE", str(tmp_path / "cache.json"))
+    db = tmp_path / "experiments.db"
+    done = _run_psctl(launch + " --no-live", db)
+    assert done.returncode == 0, done.stderr
+    with sqlite3.connect(db) as conn:
+        (workers,) = conn.execute("SELECT COUNT(DISTINCT worker) FROM iterations").fetchone()
+        (kind,) = conn.execute("SELECT kind FROM events WHERE kind = 'simulated'").fetchone()
+    assert workers == 64 and kind == "simulated"
+    done = _run_psctl(study + f" --out {tmp_path / 'report'}", db)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "report" / "report.md").exists()
