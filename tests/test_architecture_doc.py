@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
+from engine.backends import BACKENDS
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.registry import Registry
 from engine.server.aggregation import AGGREGATION_RULES
 from engine.server.learning import SCHEDULES, STALENESS_RULES
 from engine.server.optimizers import SERVER_OPTIMIZERS
 from engine.server.pull_filter import PULL_FILTERS
+from engine.sim.worker import SIM_LOOPS
 from engine.wire.codecs import CODECS
 from engine.worker.filters import PRUNE_RULES
 from engine.worker.registry import WORKER_LOOPS
@@ -38,6 +40,8 @@ def table_after(heading: str) -> list[str]:
     ("### Pull filters", PULL_FILTERS),
     ("### Wire codecs", CODECS),
     ("### Request schedules", REQUEST_SCHEDULES),
+    ("### Backends", BACKENDS),
+    ("### Simulated worker loops", SIM_LOOPS),
 ])
 def test_policy_table_matches_its_registry(heading: str, registry: Registry[Any]) -> None:
     assert table_after(heading) == list(registry.names())

@@ -170,3 +170,11 @@ def test_what_the_simulator_cannot_model_fails_fast(overrides: dict[str, Any], s
                      if "sim.compute_ms" not in overrides else
                      {k: v for k, v in (values | overrides).items()
                       if k != "sim.compute_ms"})
+
+
+def test_every_worker_loop_has_a_simulated_twin() -> None:
+    from engine.sim.worker import SIM_LOOPS
+    from engine.worker.registry import WORKER_LOOPS
+
+    # scheduled is refused on the sim backend (comm.schedule), as the config test above shows
+    assert set(WORKER_LOOPS.names()) - {"scheduled"} == set(SIM_LOOPS.names())
