@@ -354,15 +354,20 @@ class SimConfig(_Frozen):
         "compute given: milliseconds per batch, before stragglers and jitter"))
     network: str = Field("10gbit:50us", description=(
         "BANDWIDTH:LATENCY of every server's link, e.g. 10gbit:50us, 1gbit:0.2ms, 100mbit:1ms"))
+    server_network: str | None = Field(None, description=(
+        "BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
+        "(e.g. 100gbit:10us; a loopback server has no link of its own to queue on)"))
     server_ms: float | None = Field(None, ge=0, le=_LONGEST_S, description=(
         "milliseconds a server takes to apply a dense update of the whole model (a shard "
         "takes its share); unset: measured"))
 
-    @field_validator("network")
+    @field_validator("network", "server_network")
     @classmethod
-    def _known_network(cls, value: str) -> str:
+    def _known_network(cls, value: str | None) -> str | None:
         from engine.sim.network import parse_network
 
+        if value is None:
+            return None
         try:
             return parse_network(value).spec
         except ConfigError as exc:

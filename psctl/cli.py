@@ -140,6 +140,9 @@ def launch(
     network: Annotated[str | None, typer.Option(
         help="sim: BANDWIDTH:LATENCY of each server's link, e.g. 10gbit:50us [10gbit:50us]")] =
         None,
+    server_network: Annotated[str | None, typer.Option(
+        help="sim: BANDWIDTH:LATENCY of each shard server's link, when it differs from a "
+        "worker's [--network]")] = None,
     server_ms: Annotated[float | None, typer.Option(
         help="sim: milliseconds a server takes to apply a dense update of the whole model "
         "[measured]")] = None,
@@ -182,6 +185,7 @@ def launch(
         "sync.delay": delay, "sync.lookahead": lookahead, "sync.predictor": predictor,
         "cluster.backend": backend, "sim.compute": "given" if compute_ms is not None else compute,
         "sim.compute_ms": compute_ms, "sim.network": network, "sim.server_ms": server_ms,
+        "sim.server_network": server_network,
     }
     path = settings.database_path(db)
     try:

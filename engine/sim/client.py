@@ -21,11 +21,11 @@ _KEY_BYTES = 4  # uint32 keys: every simulated model's key space fits
 
 
 class SimClient:
-    def __init__(self, rank: int, servers: list[SimServer], *, dtype: np.dtype[Any],
-                 epoch: float) -> None:
+    def __init__(self, rank: int, servers: list[SimServer], link: Link, *,
+                 dtype: np.dtype[Any], epoch: float) -> None:
         self.rank, self.servers, self.dtype = rank, servers, dtype
         self.ranges = [server.state.keys for server in servers]
-        self.link = Link()
+        self.link = link
         self.network = servers[0].network
         self.loop = asyncio.get_running_loop()
         self._epoch = epoch  # unix time of virtual time 0
@@ -35,14 +35,15 @@ class SimClient:
         return self._epoch + self.loop.time()
 
     async def pull(self, keys: KeyRange, out: np.ndarray, clock: int) -> PullResult:
-        replies, sent = [], 0
+        replies, frames = [], []
         for index, span in split_by_shard(keys, self.ranges):
             server, reply = self.servers[index], self.loop.create_future()
             request = PullRequest(self.rank, clock, span, out[keys.local(span)], self.dtype,
                                   self.link, reply)
-            self.network.send(self.link, server.link, HEADER_BYTES, server.deliver, request)
-            sent += HEADER_BYTES
+            frames.append((server.link, HEADER_BYTES, server.deliver, request))
             replies.append((index, reply))
+        self.network.send_group(self.link, frames)
+        sent = HEADER_BYTES * len(frames)
         answers: list[Reply] = await asyncio.gather(*(reply for _, reply in replies))
         versions = {index: a.version for (index, _), a in zip(replies, answers, strict=True)}
         return PullResult(versions, max(a.wait_s for a in answers), sent,
@@ -56,7 +57,7 @@ class SimClient:
         ``index`` inside ``keys``; every shard ``keys`` touches gets a frame that commits it."""
         timing = PushTiming(pushed_at, waited_s, final)
         values = narrow(values, self.dtype)
-        replies, sent, counts, dense = [], 0, [], 0
+        replies, frames, counts, dense = [], [], [], 0
         for shard, span in split_by_shard(keys, self.ranges):
             if index is None:
                 part, keys_of = values[keys.local(span)], None
@@ -68,11 +69,12 @@ class SimClient:
             server, reply = self.servers[shard], self.loop.create_future()
             request = PushRequest(self.rank, clock, span, part.astype(np.float32), keys_of, True,
                                   base_versions.get(shard), timing, self.link, reply)
-            self.network.send(self.link, server.link, nbytes, server.deliver, request)
-            sent += nbytes
+            frames.append((server.link, nbytes, server.deliver, request))
             dense += HEADER_BYTES + _DIM_BYTES + len(span) * 4
             counts.append(len(part))
             replies.append((shard, reply))
+        self.network.send_group(self.link, frames)
+        sent = sum(nbytes for _, nbytes, _, _ in frames)
         answers: list[Reply] = await asyncio.gather(*(reply for _, reply in replies))
         versions = {shard: a.version for (shard, _), a in zip(replies, answers, strict=True)}
         staleness = max((v - base_versions.get(s, v) for s, v in versions.items()), default=0)

@@ -17,7 +17,7 @@ from engine.errors import RunFailed
 from engine.keys import KeyLayout, RangePartitioner
 from engine.sim.client import SimClient
 from engine.sim.compute import Costs, costs_for
-from engine.sim.network import parse_network
+from engine.sim.network import Link, parse_network
 from engine.sim.server import Network, SimServer
 from engine.sim.worker import SIM_LOOPS, SharedModel, SimWorker, WorkerContext
 from engine.wire.records import (
@@ -99,11 +99,13 @@ class SimCluster:
         spec = MLPSpec(data.spec.input_dim, cfg.model.hidden, data.spec.num_classes)
         model = FlatModel(spec, seed=cfg.train.seed)
         costs = costs_for(cfg, model, data.train_x, data.train_y)
-        self._event("simulated", network=cfg.sim.network, **costs.as_detail(spec.num_keys))
+        self._event("simulated", network=cfg.sim.network,
+                    server_network=cfg.sim.server_network or cfg.sim.network,
+                    **costs.as_detail(spec.num_keys))
         self.shared = SharedModel(model)
         self._test = data.test_x, data.test_y
-        self.servers = self._servers(spec.layout(), Network(parse_network(cfg.sim.network)),
-                                     costs, model.params_np)
+        self.network = Network()
+        self.servers = self._servers(spec.layout(), costs, model.params_np)
         workers = [self._worker(rank, spec.layout(), costs, data.train_x, data.train_y)
                    for rank in range(cfg.cluster.workers)]
         per_epoch = workers[0].shard.iterations_per_epoch
@@ -113,7 +115,7 @@ class SimCluster:
                     total_iterations=per_epoch * cfg.train.epochs * cfg.cluster.workers)
         return workers
 
-    def _servers(self, layout: KeyLayout, network: Network, costs: Costs,
+    def _servers(self, layout: KeyLayout, costs: Costs,
                  initial: np.ndarray) -> list[SimServer]:
         from engine.roles.server import build_shard
 
@@ -123,7 +125,8 @@ class SimCluster:
         for index, keys in enumerate(ranges):
             state = build_shard(cfg, keys, layout)
             state.init(keys, initial[keys.start:keys.end])
-            servers.append(SimServer(index, state, network, costs,
+            link = Link(parse_network(cfg.sim.server_network or cfg.sim.network))
+            servers.append(SimServer(index, state, self.network, link, costs,
                                      max_queued=QUEUED_PER_WORKER * cfg.cluster.workers,
                                      on_syncs=self._syncs if index == 0 else None))
         return servers
@@ -140,8 +143,8 @@ class SimCluster:
         self.progress.per_epoch[rank] = shard.iterations_per_epoch
         ctx = WorkerContext(cfg, layout, self.shared, costs.compute_s, self._should_stop,
                             self._record, self._epoch_done)
-        client = SimClient(rank, self.servers, dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)),
-                           epoch=self.epoch)
+        client = SimClient(rank, self.servers, Link(parse_network(cfg.sim.network)),
+                           dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)), epoch=self.epoch)
         grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments], layout.num_keys)
         params = np.empty(layout.num_keys, dtype=np.float32)
         return SIM_LOOPS.get(loop_name(cfg))(rank, ctx, client, shard, params, grad_filter)

@@ -1,6 +1,10 @@
-"""The network model: every endpoint (a worker, a shard server) has one link of the same
-bandwidth and latency. A message occupies the sender's outgoing and the receiver's incoming side
-for ``bytes / bandwidth``, first come first served on each, then arrives ``latency`` later."""
+"""The network model: every endpoint (a worker, a shard server) has one link; workers' links
+have ``sim.network``'s bandwidth and latency, servers' links ``sim.server_network``'s (the same
+unless set). A message occupies the sender's outgoing side for ``bytes / its bandwidth`` and the
+receiver's incoming side for ``bytes / its bandwidth``, first come first served on each, and
+arrives when the slower of the two is done plus the larger latency. The frames of one request
+(a push cut per shard) leave their sender together, interleaved as a socket per shard would,
+and all arrive when the whole request has passed the sender's link."""
 
 from __future__ import annotations
 
@@ -57,18 +61,32 @@ def parse_network(text: str) -> NetworkModel:
 
 
 class Link:
-    """One endpoint's link: when its outgoing and incoming sides are next free (virtual s)."""
+    """One endpoint's link: its model, and when its outgoing and incoming sides are next free
+    (virtual s)."""
 
-    __slots__ = ("in_free", "out_free")
+    __slots__ = ("in_free", "model", "out_free")
 
-    def __init__(self) -> None:
+    def __init__(self, model: NetworkModel) -> None:
+        self.model = model
         self.in_free = 0.0
         self.out_free = 0.0
 
 
-def transmit(model: NetworkModel, now: float, source: Link, target: Link, nbytes: int) -> float:
+def transmit(now: float, source: Link, target: Link, nbytes: int) -> float:
     """Occupy both sides for the message; returns when it arrives."""
-    start = max(now, source.out_free, target.in_free)
-    end = start + model.transfer_s(nbytes)
-    source.out_free = target.in_free = end
-    return end + model.latency_s
+    return transmit_group(now, source, [(target, nbytes)])
+
+
+def transmit_group(now: float, source: Link, frames: list[tuple[Link, int]]) -> float:
+    """Send frames to several targets at once, interleaved on the source's link; returns when
+    they all have arrived."""
+    start = max(now, source.out_free, *(target.in_free for target, _ in frames))
+    sending = source.model.transfer_s(sum(nbytes for _, nbytes in frames))
+    source.out_free = start + sending
+    done = sending
+    for target, nbytes in frames:
+        receiving = target.model.transfer_s(nbytes)
+        target.in_free = start + receiving
+        done = max(done, receiving)
+    latency = max(source.model.latency_s, *(target.model.latency_s for target, _ in frames))
+    return start + done + latency

@@ -6,7 +6,7 @@ a push releases it. Replies travel back through the network model."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +16,7 @@ from engine.errors import RunFailed
 from engine.keys import KeyRange
 from engine.server.shard import ShardState
 from engine.sim.compute import Costs
-from engine.sim.network import Link, NetworkModel, transmit
+from engine.sim.network import Link, transmit, transmit_group
 from engine.wire.codecs import narrow
 from engine.wire.protocol import HEADER_BYTES
 from engine.wire.records import SyncRecord
@@ -63,14 +63,21 @@ class PushRequest:
 class Network:
     """The network model on the simulation's loop: ``send`` schedules a delivery."""
 
-    def __init__(self, model: NetworkModel) -> None:
-        self.model = model
+    def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
 
     def send(self, source: Link, target: Link, nbytes: int,
              deliver: Callable[..., object], *args: object) -> None:
-        arrival = transmit(self.model, self.loop.time(), source, target, nbytes)
+        arrival = transmit(self.loop.time(), source, target, nbytes)
         self.loop.call_at(arrival, deliver, *args)
+
+    def send_group(self, source: Link,
+                   frames: Sequence[tuple[Link, int, Callable[..., object], object]]) -> None:
+        """Frames of one request: they leave together and arrive together."""
+        arrival = transmit_group(self.loop.time(), source,
+                                 [(target, nbytes) for target, nbytes, _, _ in frames])
+        for _, _, deliver, request in frames:
+            self.loop.call_at(arrival, deliver, request)
 
 
 def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
@@ -79,10 +86,11 @@ def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
 
 
 class SimServer:
-    def __init__(self, index: int, state: ShardState, network: Network, costs: Costs, *,
-                 max_queued: int, on_syncs: Callable[[list[SyncRecord]], None] | None) -> None:
+    def __init__(self, index: int, state: ShardState, network: Network, link: Link,
+                 costs: Costs, *, max_queued: int,
+                 on_syncs: Callable[[list[SyncRecord]], None] | None) -> None:
         self.index, self.state, self.network, self.costs = index, state, network, costs
-        self.link = Link()
+        self.link = link
         self.inbox: asyncio.Queue[PullRequest | PushRequest] = asyncio.Queue(max_queued)
         self.pending: list[PullRequest] = []
         self.busy_s = 0.0

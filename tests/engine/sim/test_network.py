@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ConfigError
-from engine.sim.network import Link, parse_network, transmit
+from engine.sim.network import Link, parse_network, transmit, transmit_group
 
 
 @pytest.mark.parametrize(("text", "rate", "latency", "spec"), [
@@ -30,9 +30,24 @@ def test_bad_specs_say_what_is_wrong(text: str, says: str) -> None:
 
 def test_links_are_fifo_on_both_ends() -> None:
     model = parse_network("8kbit:1s")  # 1000 bytes per second
-    a, b, server = Link(), Link(), Link()
-    assert transmit(model, 0.0, a, server, 500) == pytest.approx(1.5)
+    a, b, server = Link(model), Link(model), Link(model)
+    assert transmit(0.0, a, server, 500) == pytest.approx(1.5)
     # b's message waits for the server's incoming side to be free
-    assert transmit(model, 0.0, b, server, 500) == pytest.approx(2.0)
+    assert transmit(0.0, b, server, 500) == pytest.approx(2.0)
     # a's next message waits for nothing on a's side (free at 0.5) but the server's (at 1.0)
-    assert transmit(model, 0.6, a, server, 1000) == pytest.approx(3.0)
+    assert transmit(0.6, a, server, 1000) == pytest.approx(3.0)
+
+
+def test_each_side_takes_its_own_bandwidth_and_the_larger_latency() -> None:
+    worker = Link(parse_network("8kbit:1s"))  # 1000 bytes per second
+    server = Link(parse_network("80kbit:2s"))  # 10000 bytes per second
+    assert transmit(0.0, worker, server, 1000) == pytest.approx(1.0 + 2.0)
+    assert server.in_free == pytest.approx(0.1) and worker.out_free == pytest.approx(1.0)
+
+
+def test_a_requests_frames_leave_together_and_arrive_together() -> None:
+    model = parse_network("8kbit:0s")
+    worker, one, two = Link(model), Link(model), Link(model)
+    # 300 + 700 bytes through the worker's link at 1000 B/s: both are in at 1 s, not 0.3 and 1
+    assert transmit_group(0.0, worker, [(one, 300), (two, 700)]) == pytest.approx(1.0)
+    assert one.in_free == pytest.approx(0.3) and two.in_free == pytest.approx(0.7)
