@@ -36,7 +36,8 @@ BSP, ELASTIC, LIVE = "b" * 32, "e" * 32, "a" * 32
 
 
 def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "finished",
-          oversubscribed: bool = False, syncs: int = 0, samples_s: float = DURATION_S) -> None:
+          oversubscribed: bool = False, syncs: int = 0, samples_s: float = DURATION_S,
+          simulated: bool = False) -> None:
     t0 = time.time() - DURATION_S - 60
     ended = None if status == "running" else t0 + DURATION_S
     heartbeat = 9e9 if status == "running" else t0 + DURATION_S
@@ -73,6 +74,11 @@ def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "fi
         detail = {"cores": 2, "message": "7 busy processes share 2 cores"}
         conn.execute("INSERT INTO events (run_id, at, kind, detail) VALUES (?, ?, ?, ?)",
                      (run_id, t0 + 1, "oversubscribed", json.dumps(detail)))
+    if simulated:
+        detail = {"network": "10gbit:50us", "server_network": "10gbit:50us", "compute_ms": 100.0,
+                  "compute_measured": False, "update_ms": 2.0, "update_measured": True}
+        conn.execute("INSERT INTO events (run_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                     (run_id, t0, "simulated", json.dumps(detail)))
     for k in range(syncs):
         _add_sync(conn, run_id, k, t0 + DURATION_S - 90 + 10 * k)
 
@@ -91,7 +97,7 @@ def run_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     open_engine(db).dispose()
     with sqlite3.connect(db) as conn:
         _seed(conn, BSP, sync="bsp", oversubscribed=True)
-        _seed(conn, ELASTIC, sync="elastic", syncs=5, samples_s=120)
+        _seed(conn, ELASTIC, sync="elastic", syncs=5, samples_s=120, simulated=True)
     return db
 
 
@@ -213,6 +219,7 @@ def test_bsp_run_page(browser: Any, base: str) -> None:
     text = banner.inner_text()
     assert "7 busy processes (4 workers, 2 servers, 1 evaluator)" in text
     assert "2 CPU cores" in text and "contention" in text
+    assert not page.locator("#simulated").is_visible()
     # The process samples shown download as CSV, one row per point.
     with page.expect_download() as download:
         page.click("#count-cpu a.proc-csv")
@@ -259,6 +266,12 @@ def test_elastic_run_page(browser: Any, base: str) -> None:
     assert elastic.is_visible()
     assert int(elastic.get_attribute("data-points") or 0) == 4  # sync 0 predicts nothing
     assert not page.locator("#oversubscribed").is_visible()
+    # A simulated run says its times are virtual, and with which models.
+    simulated = page.locator("#simulated")
+    assert simulated.is_visible()
+    assert simulated.inner_text() == (
+        "Simulated cluster, virtual time: compute 100 ms per batch (given), network "
+        "10gbit:50us, 2.00 ms per dense update of the whole model (measured).")
     assert len(_trace_names(page, "cpu")) == len(PROCESSES)
     page.close()
     assert errors == []
