@@ -247,6 +247,8 @@ class SimCluster:
         self._flush()
         if self.stop_reason is None:
             self._stop("all epochs done")
+        if self.stop_reason == "interrupted" and done == 0:
+            return RunStatus.INTERRUPTED, "interrupted before any iteration", now
         if done == 0:
             return RunStatus.FAILED, f"no worker completed an iteration ({self.stop_reason})", now
         self._evaluate(self.progress.epoch(self.config.cluster.workers))

@@ -34,6 +34,9 @@ class SimLauncher:
         self.name = config.name or default_run_name(config)
         self.logs = (logs_root or self.db.parent / "psctl-logs") / self.run_id
         self._interrupted = threading.Event()
+        # Set when the simulation has recorded its end. Waited on instead of Thread.join: a
+        # join interrupted by Ctrl-C can leave the thread looking dead while it still runs.
+        self._ended = threading.Event()
         self._outcome: tuple[RunStatus, str | None] | None = None
         self._thread: threading.Thread | None = None
         self._recorder: Recorder | None = None
@@ -69,21 +72,26 @@ class SimLauncher:
                 status, reason = RunStatus.FAILED, f"its end could not be recorded: {exc}"
             recorder.close()
             self._outcome = (status, reason)
+            self._ended.set()
 
     def wait(self, on_tick: Callable[[], None] | None = None,
              tick_s: float = 0.5) -> LaunchResult:
-        thread = self._thread
-        if thread is None:
+        if self._thread is None:
             raise RuntimeError("wait() before start()")
-        while thread.is_alive():
+        while not self._ended.is_set():
             try:
-                thread.join(tick_s)
+                self._ended.wait(tick_s)
                 if on_tick is not None:
                     on_tick()
             except KeyboardInterrupt:
                 self._interrupted.set()
-                thread.join(STOP_WAIT_S)
+                self._ended.wait(STOP_WAIT_S)
+                break
         if on_tick is not None:
             on_tick()
-        status, reason = self._outcome or (RunStatus.FAILED, "the simulation did not end")
+        if self._outcome is None:  # still building (loading data, measuring) after the grace
+            reason = f"interrupted; the simulation did not stop within {STOP_WAIT_S:g} s"
+            Recorder.mark_ended(self.db, self.run_id, RunStatus.INTERRUPTED, reason)
+            return LaunchResult(self.run_id, RunStatus.INTERRUPTED, reason, self.logs, (), 0)
+        status, reason = self._outcome
         return LaunchResult(self.run_id, status, reason, self.logs, (), 0)

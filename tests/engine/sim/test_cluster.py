@@ -143,7 +143,7 @@ def test_an_interrupt_stops_after_the_current_steps() -> None:
     stop = threading.Event()
     stop.set()
     status, _, sink = simulate(config(), stop)
-    assert status is RunStatus.FAILED  # stopped before any iteration
+    assert status is RunStatus.INTERRUPTED  # before any iteration
     assert any(e.kind == "stop" and e.detail["reason"] == "interrupted" for e in sink.events)
 
 
