@@ -89,13 +89,21 @@ def default_run_name(config: RunConfig) -> str:
             f"{config.data.dataset}-{stamp}")
 
 
-class Launcher:
+class NewRun:
+    """What every backend gives a run it starts: its config, database, a fresh id, its name
+    and its log folder (``psctl-logs/<run id>`` beside the database unless ``logs_root``)."""
+
     def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None) -> None:
         self.config = config
         self.db = db.resolve()
         self.run_id = uuid.uuid4().hex
         self.name = config.name or default_run_name(config)
         self.logs = (logs_root or self.db.parent / "psctl-logs") / self.run_id
+
+
+class Launcher(NewRun):
+    def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None) -> None:
+        super().__init__(config, db=db, logs_root=logs_root)
         self.children: list[Child] = []
         self._token = secrets.token_urlsafe(32)
         self._interrupted = False

@@ -487,25 +487,27 @@ def _layer_stats(conn: Connection, run_id: str) -> list[LayerStats]:
             for layer, n, s_mean, s_max, t_mean, t_max, order in conn.execute(stmt)]
 
 
-def oversubscription_note(conn: Connection, run_id: str) -> str | None:
-    """The message of the run's ``oversubscribed`` event, or None if it has none."""
+def _first_event_detail(conn: Connection, run_id: str, kind: str) -> dict[str, Any] | None:
     detail = conn.execute(
         select(events.c.detail).where(events.c.run_id == run_id,
-                                      events.c.kind == "oversubscribed").limit(1)).scalar()
-    if detail is None:
+                                      events.c.kind == kind).limit(1)).scalar()
+    return None if detail is None else parse_json(detail)
+
+
+def oversubscription_note(conn: Connection, run_id: str) -> str | None:
+    """The message of the run's ``oversubscribed`` event, or None if it has none."""
+    values = _first_event_detail(conn, run_id, "oversubscribed")
+    if values is None:
         return None
-    message = parse_json(detail).get("message")
+    message = values.get("message")
     return str(message) if message else "more busy processes than cores"
 
 
 def simulation_note(conn: Connection, run_id: str) -> str | None:
     """How a simulated run turned work into virtual time (its ``simulated`` event), or None."""
-    detail = conn.execute(
-        select(events.c.detail).where(events.c.run_id == run_id,
-                                      events.c.kind == "simulated").limit(1)).scalar()
-    if detail is None:
+    values = _first_event_detail(conn, run_id, "simulated")
+    if values is None:
         return None
-    values = parse_json(detail)
 
     def how(key: str) -> str:
         return "measured" if values.get(key) else "given"

@@ -10,13 +10,12 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import RunConfig
 from engine.errors import PsctlError
-from engine.launcher import LaunchResult, default_run_name
+from engine.launcher import LaunchResult, NewRun
 from engine.recorder import Recorder
 from engine.sim.clock import run_virtual
 from engine.sim.cluster import SimCluster
@@ -26,13 +25,9 @@ from engine.wire.records import RunStatus
 STOP_WAIT_S = 60.0
 
 
-class SimLauncher:
+class SimLauncher(NewRun):
     def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None) -> None:
-        self.config = config
-        self.db = db.resolve()
-        self.run_id = uuid.uuid4().hex
-        self.name = config.name or default_run_name(config)
-        self.logs = (logs_root or self.db.parent / "psctl-logs") / self.run_id
+        super().__init__(config, db=db, logs_root=logs_root)
         self._interrupted = threading.Event()
         # Set when the simulation has recorded its end. Waited on instead of Thread.join: a
         # join interrupted by Ctrl-C can leave the thread looking dead while it still runs.
@@ -90,8 +85,8 @@ class SimLauncher:
         if on_tick is not None:
             on_tick()
         if self._outcome is None:  # still building (loading data, measuring) after the grace
-            reason = f"interrupted; the simulation did not stop within {STOP_WAIT_S:g} s"
-            Recorder.mark_ended(self.db, self.run_id, RunStatus.INTERRUPTED, reason)
-            return LaunchResult(self.run_id, RunStatus.INTERRUPTED, reason, self.logs, (), 0)
+            late = f"interrupted; the simulation did not stop within {STOP_WAIT_S:g} s"
+            Recorder.mark_ended(self.db, self.run_id, RunStatus.INTERRUPTED, late)
+            return LaunchResult(self.run_id, RunStatus.INTERRUPTED, late, self.logs, (), 0)
         status, reason = self._outcome
         return LaunchResult(self.run_id, status, reason, self.logs, (), 0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -13,38 +12,21 @@ from engine.config import RunConfig, build_config
 from engine.errors import ConfigError
 from engine.sim.clock import run_virtual
 from engine.sim.cluster import SimCluster
-from engine.wire.records import (
-    EvaluationRecord,
-    EventRecord,
-    IterationRecord,
-    RunStatus,
-    SyncRecord,
-)
+from engine.wire.records import IterationRecord, RunStatus
+from tests.engine.test_cluster_memory import Sink as MemorySink
 
 EPOCH = 1_000_000.0
 
 
-@dataclass
-class Sink:
-    rows: list[IterationRecord] = field(default_factory=list)
-    evaluations: list[EvaluationRecord] = field(default_factory=list)
-    events: list[EventRecord] = field(default_factory=list)
-    syncs: list[SyncRecord] = field(default_factory=list)
+class Sink(MemorySink):
+    """Every row the simulated cluster records, kept."""
 
-    def record_iterations(self, rows: list[IterationRecord]) -> None:
-        self.rows.extend(rows)
-
-    def record_evaluation(self, row: EvaluationRecord) -> None:
-        self.evaluations.append(row)
-
-    def record_event(self, row: EventRecord) -> None:
-        self.events.append(row)
-
-    def record_sync(self, row: SyncRecord) -> None:
-        self.syncs.append(row)
+    @property
+    def rows(self) -> list[IterationRecord]:
+        return self.iterations
 
     def of(self, worker: int) -> list[IterationRecord]:
-        return [r for r in self.rows if r.worker == worker]
+        return [r for r in self.iterations if r.worker == worker]
 
 
 def config(**overrides: Any) -> RunConfig:
