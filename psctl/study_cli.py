@@ -31,6 +31,9 @@ def study_command(
     out: Annotated[Path | None, typer.Option(
         help="folder for report.md, its plots and summary.json "
         "[FILE's folder/results/NAME, or NAME-smoke with --smoke]", show_default=False)] = None,
+    report: Annotated[str | None, typer.Option(
+        "--report", metavar="STUDY_ID", help="run nothing: write the report again from the "
+        "runs of an earlier invocation (tagged study_id=STUDY_ID) in the database")] = None,
     db: DbOption = None,
 ) -> None:
     """Run a study: every point of a grid of configurations, one after another, each run tagged
@@ -48,7 +51,12 @@ def study_command(
                 point_configs(study, point)  # a dry run checks every point as a real one would
             _print_grid(study, points)
             return
-        code = _run(study, points, file, smoke=smoke, out=out, db=settings.database_path(db))
+        if report is not None:
+            code = _rereport(study, points, file, report, smoke=smoke, out=out,
+                             db=settings.database_path(db))
+        else:
+            code = _run(study, points, file, smoke=smoke, out=out,
+                        db=settings.database_path(db))
     except Handled as exc:
         raise fail(exc) from None
     raise typer.Exit(code)
@@ -74,6 +82,39 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
     if progress.complete:
         return settings.EXIT_OK
     return settings.EXIT_INTERRUPTED if progress.interrupted else settings.EXIT_ERROR
+
+
+def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, smoke: bool,
+              out: Path | None, db: Path) -> int:
+    """The report of runs already recorded: each point's run found by its name among the runs
+    tagged study_id=STUDY_ID, in the grid's order."""
+    from engine.db import open_engine
+    from engine.db.queries import tagged_runs
+    from psctl.selection import UsageError
+    from psctl.study_report import Header, collect, write_report
+    from psctl.study_run import Outcome, Progress, plan
+
+    engine = open_engine(db, readonly=True)
+    try:
+        recorded = tagged_runs(engine, "study_id", study_id)
+    finally:
+        engine.dispose()
+    if not recorded:
+        raise UsageError(f"no run in {db} is tagged study_id={study_id}; the id is printed "
+                         "when a study starts and is in its report")
+    progress = Progress(total=len(points), outcomes=[])
+    for one in plan(study, points):
+        found = recorded.get(one.config.name or "")
+        if found is not None:
+            progress.outcomes.append(Outcome(one, *found))
+    progress.interrupted = len(progress.outcomes) < progress.total
+    folder = out or file.parent / "results" / (study.name + ("-smoke" if smoke else ""))
+    command = " ".join(["psctl", "study", shlex.quote(str(file)), *(["--smoke"] if smoke else [])])
+    path = write_report(folder, study, progress, collect(db, progress, study.spec.study.target),
+                        Header(command=command, study_id=study_id, smoke=smoke))
+    err.print(f"report: {path} ({len(progress.outcomes)} of {progress.total} runs)",
+              highlight=False, markup=False)
+    return settings.EXIT_OK if progress.complete else settings.EXIT_ERROR
 
 
 def _print_grid(study: Study, points: list[Point]) -> None:

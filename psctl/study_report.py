@@ -30,6 +30,9 @@ class Row:
     staleness_mean: float | None
     bytes_per_sample: float | None
     duration_s: float
+    # Until the workers together had run one epoch's iterations: the speed of a pass over the
+    # data, which under asynchronous models a straggler's tail does not decide.
+    epoch_time_s: float | None = None
     # (elapsed s, step, accuracy) of every evaluation, for the plots; not in summary.json
     evaluations: list[tuple[float, int, float]] = field(default_factory=list, repr=False)
 
@@ -45,13 +48,15 @@ class Header:
 def collect(db: Path, progress: Progress, target: float) -> list[Row]:
     from engine.db import open_engine
     from engine.db.metrics import run_metrics
-    from engine.db.queries import run_detail
+    from engine.db.queries import epoch_time_s, reading, run_detail
 
     engine = open_engine(db, readonly=True)
     rows = []
     try:
         for outcome in progress.outcomes:
             detail = run_detail(engine, outcome.run_id)
+            with reading(engine, "reading a run's epoch time") as conn:
+                per_epoch = epoch_time_s(conn, outcome.run_id)
             metrics = run_metrics(engine, outcome.run_id, target=target)
             run, evals = detail.summary, detail.evaluations
             rows.append(Row(
@@ -62,6 +67,7 @@ def collect(db: Path, progress: Progress, target: float) -> list[Row]:
                 epochs=evals[-1].epoch if evals else None,
                 idle_fraction=metrics.idle_fraction, staleness_mean=metrics.staleness_mean,
                 bytes_per_sample=metrics.bytes_per_sample, duration_s=run.duration_s,
+                epoch_time_s=per_epoch,
                 evaluations=[(e.elapsed_s, e.step, e.accuracy) for e in evals]))
     finally:
         engine.dispose()
@@ -99,8 +105,8 @@ def _summary(study: Study, progress: Progress, rows: list[Row], header: Header,
     }
 
 
-_COLUMNS = ("status", "to target (s)", "final acc", "best acc", "iterations", "epochs", "idle",
-            "mean staleness", "bytes/sample", "run")
+_COLUMNS = ("status", "to target (s)", "epoch time (s)", "final acc", "best acc", "iterations",
+            "epochs", "idle", "mean staleness", "bytes/sample", "run")
 
 
 def _markdown(study: Study, progress: Progress, rows: list[Row], header: Header,
@@ -125,7 +131,9 @@ def _markdown(study: Study, progress: Progress, rows: list[Row], header: Header,
     lines += [f"Time to target: seconds from the run's start to the first evaluation with test "
               f"accuracy ≥ {meta.target:.0%}. Idle: time workers waited for the consistency "
               "model, as a share of their iterations' wall time. Staleness: updates applied "
-              "between a worker's pull and its push.", ""]
+              "between a worker's pull and its push. Epoch time: seconds until the workers "
+              "together had run one epoch's iterations (a pass over the data, whoever ran "
+              "it).", ""]
     heads = [*study.axes, *(["seed"] if meta.repeat > 1 else []), *_COLUMNS]
     lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     lines += ["| " + " | ".join(_cells(row, study.axes, meta.repeat > 1)) + " |" for row in rows]
@@ -149,7 +157,8 @@ def _cells(row: Row, axes: list[str], seeded: bool) -> list[str]:
     reached = "not reached" if row.time_to_target_s is None else f"{row.time_to_target_s:.1f}"
     cells = [row.labels.get(axis, "") for axis in axes]
     cells += [str(row.seed)] if seeded else []
-    cells += [row.status, reached, pct(row.final_accuracy), pct(row.best_accuracy),
+    cells += [row.status, reached, num(row.epoch_time_s, ".1f"), pct(row.final_accuracy),
+              pct(row.best_accuracy),
               f"{row.iterations:,}", num(row.epochs, ".2f"), pct(row.idle_fraction),
               num(row.staleness_mean, ".2f"), num(row.bytes_per_sample, ",.0f"),
               f"`{row.run_id[:8]}`"]

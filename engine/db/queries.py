@@ -38,6 +38,7 @@ from engine.db.schema import (
     layer_iterations,
     runs,
     syncs,
+    tags,
 )
 from engine.db.schema import translate_errors as _translate_errors
 from engine.errors import AmbiguousRun, RunNotFound, StoreError
@@ -492,6 +493,33 @@ def _first_event_detail(conn: Connection, run_id: str, kind: str) -> dict[str, A
         select(events.c.detail).where(events.c.run_id == run_id,
                                       events.c.kind == kind).limit(1)).scalar()
     return None if detail is None else parse_json(detail)
+
+
+def tagged_runs(engine: Engine, key: str, value: str) -> dict[str, tuple[str, str]]:
+    """Run name -> (run id, status) of the runs tagged ``key=value``."""
+    with reading(engine, f"reading the runs tagged {key}={value}") as conn:
+        rows = conn.execute(select(runs.c.name, runs.c.id, runs.c.status)
+                            .join(tags, tags.c.run_id == runs.c.id)
+                            .where(tags.c.key == key, tags.c.value == value))
+        return {str(name): (str(run_id), str(status)) for name, run_id, status in rows}
+
+
+def epoch_time_s(conn: Connection, run_id: str) -> float | None:
+    """Seconds from the run's start until its workers together had finished one epoch's worth
+    of iterations (every worker's share of the data once, in any mix): the speed of a pass over
+    the data, which a straggler's tail does not decide under asynchronous models. None before
+    training started or when the run never got that far."""
+    planned = startup(conn, run_id).planned_iterations
+    config = parse_json(fetch_run(conn, run_id).config_json)
+    epochs = int(config.get("train", {}).get("epochs", 0) or 0)
+    if not planned or epochs < 1:
+        return None
+    it, runs_c = iterations.c, runs.c
+    ended = conn.execute(
+        select(it.ended_at).where(it.run_id == run_id).order_by(it.ended_at)
+        .offset(planned // epochs - 1).limit(1)).scalar()
+    started = conn.execute(select(runs_c.started_at).where(runs_c.id == run_id)).scalar()
+    return None if ended is None or started is None else float(ended) - float(started)
 
 
 def oversubscription_note(conn: Connection, run_id: str) -> str | None:

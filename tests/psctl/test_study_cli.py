@@ -114,6 +114,24 @@ def test_summary_numbers_are_the_databases(ran: tuple[Path, Path, str]) -> None:
         assert row["idle_fraction"] == pytest.approx(idle)
         assert row["staleness_mean"] == pytest.approx(stale)
         assert row["status"] == "finished" and row["epochs"] == pytest.approx(2.0, abs=0.5)
+        # one epoch's iterations (half of the run's), whoever ran them
+        (epoch_end,) = query(db, "SELECT ended_at - (SELECT started_at FROM runs WHERE id = ?) "
+                                 "FROM iterations WHERE run_id = ? ORDER BY ended_at "
+                                 "LIMIT 1 OFFSET ?", run_id, run_id, iterations // 2 - 1)[0]
+        assert row["epoch_time_s"] == pytest.approx(epoch_end)
+
+
+def test_report_writes_the_report_again_from_the_database(ran: tuple[Path, Path, str],
+                                                          tmp_path: Path) -> None:
+    db, study, _ = ran
+    first = json.loads((study.parent / "results" / "tiny" / "summary.json").read_text())
+    done = psctl("study", str(study), "--report", first["study_id"], "--out", str(tmp_path),
+                 db=db)
+    assert done.returncode == 0, done.stderr
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["rows"] == first["rows"] and again["complete"]
+    unknown = psctl("study", str(study), "--report", "00000000", "--out", str(tmp_path), db=db)
+    assert unknown.returncode != 0 and "no run" in unknown.stderr
 
 
 def test_ctrl_c_stops_the_study_and_still_reports(tmp_path: Path) -> None:
