@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.config import RunConfig
-from engine.errors import RunFailed
+from engine.errors import PsctlError, RunFailed
 from engine.keys import KeyLayout, RangePartitioner
 from engine.sim.client import SimClient
 from engine.sim.compute import Costs, costs_for
@@ -74,13 +74,16 @@ class SimCluster:
         workers = self._build()
         serving: list[asyncio.Future[Any]] = [asyncio.ensure_future(server.serve())
                                               for server in self.servers]
-        timers = [asyncio.ensure_future(self._evaluations()),
-                  asyncio.ensure_future(self._deadline())]
+        timers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._evaluations()),
+                                             asyncio.ensure_future(self._deadline())]
         try:
             done = await self._train(workers, serving)
+        except PsctlError as exc:  # a refused push (a diverged model), a deadlock: the run fails
+            self._flush()
+            self._event("run_failed", reason=str(exc))
+            return RunStatus.FAILED, str(exc), asyncio.get_running_loop().time()
         finally:
-            for task in serving + timers:
-                task.cancel()
+            await _cancel(serving + timers)
         return self._finish(done, asyncio.get_running_loop().time())
 
     def _build(self) -> list[SimWorker]:
@@ -160,8 +163,7 @@ class SimCluster:
             for task in finished:
                 error = task.exception()
                 if error is not None:
-                    for other in pending:
-                        other.cancel()
+                    await _cancel(list(pending))
                     raise error
                 if task in serving:
                     raise RunFailed("a simulated server stopped serving")
@@ -263,3 +265,10 @@ class SimCluster:
     def _event(self, kind: str, **detail: Any) -> None:
         now = asyncio.get_running_loop().time()
         self.sink.record_event(EventRecord(at=self.epoch + now, kind=kind, detail=detail))
+
+
+async def _cancel(tasks: list[asyncio.Future[Any]]) -> None:
+    """Cancel and let them finish cancelling, so none is left pending when the loop closes."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

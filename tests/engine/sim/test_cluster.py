@@ -161,3 +161,12 @@ def test_every_worker_loop_has_a_simulated_twin() -> None:
 
     # scheduled is refused on the sim backend (comm.schedule), as the config test above shows
     assert set(WORKER_LOOPS.names()) - {"scheduled"} == set(SIM_LOOPS.names())
+
+
+def test_a_diverging_run_fails_at_its_virtual_time_with_its_rows() -> None:
+    # lr 50 with momentum blows the model up within a few iterations: a push turns infinite
+    status, virtual_s, sink = simulate(config(**{"optimizer.lr": 50.0, "train.epochs": 5}))
+    assert status is RunStatus.FAILED
+    (failed,) = [e for e in sink.events if e.kind == "run_failed"]
+    assert "not finite" in failed.detail["reason"]
+    assert sink.rows and virtual_s >= max(r.ended_at for r in sink.rows) - EPOCH > 0
