@@ -67,4 +67,10 @@ def run_virtual(main: Any) -> Any:
     try:
         return loop.run_until_complete(main)
     finally:
+        # As asyncio.run does: what a failed run left in flight (a loop's prefetched pull) is
+        # cancelled and let finish, so that nothing is destroyed pending.
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         loop.close()

@@ -42,3 +42,24 @@ def test_waiting_forever_is_a_deadlock_not_a_hang() -> None:
 
     with pytest.raises(Deadlock, match="deadlocked"):
         run_virtual(main())
+
+
+def test_tasks_left_in_flight_are_cancelled_not_destroyed_pending() -> None:
+    cancelled = []
+
+    async def straggler() -> None:
+        try:
+            await asyncio.sleep(1e6)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def main() -> None:
+        left = asyncio.ensure_future(straggler())
+        await asyncio.sleep(1)
+        assert not left.done()
+        raise RuntimeError("the run failed")
+
+    with pytest.raises(RuntimeError):
+        run_virtual(main())
+    assert cancelled == [True]
