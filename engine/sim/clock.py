@@ -72,5 +72,6 @@ def run_virtual(main: Any) -> Any:
         left = asyncio.all_tasks(loop)
         for task in left:
             task.cancel()
-        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         loop.close()
