@@ -59,6 +59,7 @@ from engine.wire.records import (
     ProcessSample,
     RunStatus,
     SyncRecord,
+    divergence,
 )
 
 log = logging.getLogger(__name__)
@@ -345,6 +346,11 @@ class Coordinator:
             self.progress.iterations[peer.rank] = rows[-1].iteration + 1
 
     def _on_evaluation(self, message: Evaluation) -> None:
+        diverged = divergence(message.row)
+        if diverged is not None:  # a NaN loss cannot be stored, and training on is pointless
+            self._event("diverged", accuracy=message.row.accuracy, step=message.row.step)
+            self.fail(diverged)
+            return
         self._record(self.recorder.record_evaluation, message.row)
         self._eval_pending = False
         self.best_accuracy = max(self.best_accuracy, message.row.accuracy)

@@ -26,6 +26,7 @@ from engine.wire.records import (
     IterationRecord,
     RunStatus,
     SyncRecord,
+    divergence,
 )
 from engine.worker.loops import Shard, shard_for
 
@@ -63,6 +64,7 @@ class SimCluster:
         self.interrupted = interrupted
         self.progress = _Progress()
         self.stop_reason: str | None = None
+        self.failure: str | None = None  # set when the model diverged
         self.best_accuracy = 0.0
         self._rows: list[IterationRecord] = []
         self.servers: list[SimServer] = []
@@ -238,6 +240,12 @@ class SimCluster:
             int(s.state.versions.max()) for s in self.servers), accuracy=accuracy, loss=loss,
             epoch=epoch)
         self._flush()  # the iterations before it reach the database first
+        diverged = divergence(row)
+        if diverged is not None:  # as the coordinator: stop, and fail the run with the reason
+            self._event("diverged", accuracy=accuracy, step=row.step)
+            self.failure = self.failure or diverged
+            self._stop(diverged)
+            return row
         self.sink.record_evaluation(row)
         self.best_accuracy = max(self.best_accuracy, accuracy)
         target = self.config.stop.target_accuracy
@@ -253,11 +261,14 @@ class SimCluster:
             return RunStatus.INTERRUPTED, "interrupted before any iteration", now
         if done == 0:
             return RunStatus.FAILED, f"no worker completed an iteration ({self.stop_reason})", now
-        self._evaluate(self.progress.epoch(self.config.cluster.workers))
+        if self.failure is None:  # the final evaluation, of the model the servers hold now
+            self._evaluate(self.progress.epoch(self.config.cluster.workers))
         for server in self.servers:
             self._event("server_stats", rank=server.index, version=server.state.version,
                         pushes=server.state.pushes, busy_s=server.busy_s,
                         range_versions=server.state.versions.tolist())
+        if self.failure is not None:
+            return RunStatus.FAILED, self.failure, now
         status = (RunStatus.INTERRUPTED if self.stop_reason == "interrupted"
                   else RunStatus.FINISHED)
         return status, self.stop_reason, now

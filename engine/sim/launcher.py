@@ -7,6 +7,7 @@ steps, as a real run's workers do.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
@@ -63,9 +64,12 @@ class SimLauncher(NewRun):
         finally:
             try:
                 recorder.finish(status, reason, ended_at=max(ended, epoch))
-            except PsctlError as exc:
+            except PsctlError as exc:  # as the coordinator: the end goes in through a fresh
                 status, reason = RunStatus.FAILED, f"its end could not be recorded: {exc}"
-            recorder.close()
+                with contextlib.suppress(PsctlError):  # connection if the database takes it
+                    Recorder.mark_ended(self.db, self.run_id, status, reason)
+            with contextlib.suppress(PsctlError):
+                recorder.close()
             self._outcome = (status, reason)
             self._ended.set()
 

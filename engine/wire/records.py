@@ -90,6 +90,15 @@ class EvaluationRecord(_Record):
     epoch: float = Field(ge=0)
 
 
+def divergence(row: EvaluationRecord) -> str | None:
+    """Why the run must stop if this evaluation shows a diverged model (a test loss that is not
+    finite: the database keeps no such value), else None."""
+    if math.isfinite(row.loss):
+        return None
+    return (f"the model diverged: the test loss is {row.loss} at step {row.step} (accuracy "
+            f"{row.accuracy:.2%}); try a lower learning rate or less staleness")
+
+
 class EventRecord(_Record):
     """Something that happened: a process started or exited, an error, a barrier."""
 

@@ -152,3 +152,28 @@ def test_a_run_stopped_before_any_iteration_fails_and_says_why() -> None:
                               "limit of 0.001 s reached)")
     assert outcome.worker_iterations == {0: 0, 1: 0}
     assert outcome.sink.iterations == []
+
+
+def test_a_diverged_model_fails_the_run_and_records_no_nan() -> None:
+    from engine.wire.messages import Evaluation
+    from engine.wire.records import EvaluationRecord
+
+    run = config(**{"cluster.workers": 2, "cluster.servers": 1})
+    kept: list[Any] = []
+
+    class Keeping(QuietSink):
+        def record_evaluation(self, row: Any) -> None:
+            kept.append(row)
+
+    async def scenario() -> tuple[RunStatus, str | None]:
+        coordinator = Coordinator(run, run_id=uuid.uuid4().hex, token=TOKEN,
+                                  layout=model_spec(run).layout(), recorder=Keeping())
+        row = EvaluationRecord(at=1.0, elapsed_s=1.0, step=40, accuracy=0.1135,
+                               loss=float("nan"), epoch=1.5)
+        coordinator._on_evaluation(Evaluation(row=row, final=False))
+        return await asyncio.wait_for(coordinator.outcome, 1)
+
+    status, reason = asyncio.run(scenario())
+    assert status is RunStatus.FAILED and kept == []
+    assert reason is not None and reason.startswith("the model diverged: the test loss is nan "
+                                                    "at step 40 (accuracy 11.35%)")

@@ -170,3 +170,13 @@ def test_a_diverging_run_fails_at_its_virtual_time_with_its_rows() -> None:
     (failed,) = [e for e in sink.events if e.kind == "run_failed"]
     assert "not finite" in failed.detail["reason"]
     assert sink.rows and virtual_s >= max(r.ended_at for r in sink.rows) - EPOCH > 0
+
+
+def test_a_nan_test_loss_fails_the_run_as_diverged(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.models.flat as flat
+
+    monkeypatch.setattr(flat, "evaluate", lambda *args, **kwargs: (0.1, float("nan")))
+    status, _, sink = simulate(config(**{"eval.interval_s": 0.5}))
+    assert status is RunStatus.FAILED
+    assert sink.evaluations == []  # the database keeps no NaN loss
+    assert any(e.kind == "diverged" for e in sink.events)
