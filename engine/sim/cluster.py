@@ -212,7 +212,9 @@ class SimCluster:
                 self._evaluate(float(after + 1))
 
     async def _evaluations(self) -> None:
-        while True:
+        """Every eval.interval_s until the run stops: then no timer is left to tick, so roles
+        that wait for what never comes are a deadlock, reported, not an endless virtual time."""
+        while self.stop_reason is None:
             await asyncio.sleep(self.config.eval.interval_s)
             if self.progress.iterations and self.stop_reason is None:
                 self._evaluate(self.progress.epoch(self.config.cluster.workers))

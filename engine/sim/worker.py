@@ -83,18 +83,22 @@ class SimWorker:
         train, clock = self.config.train, 0
         self.last_clock = train.epochs * self.shard.iterations_per_epoch - 1
         await self.begin()
-        try:
-            for epoch in range(train.epochs):
-                rng = np.random.default_rng([train.seed, self.rank, epoch])
-                for batch in self.shard.batches(rng):
-                    if self.ctx.should_stop():
-                        return clock
-                    await self.step(batch, epoch, clock)
-                    clock += 1
-                self.ctx.epoch_done(self.rank, epoch)
-            return clock
-        finally:
-            await self.end()
+        # Cancelled, the run is failing: what is in flight will never be answered, so end()
+        # (which waits for it) is skipped.
+        clock = await self._epochs(train.epochs, clock)
+        await self.end()
+        return clock
+
+    async def _epochs(self, epochs: int, clock: int) -> int:
+        for epoch in range(epochs):
+            rng = np.random.default_rng([self.config.train.seed, self.rank, epoch])
+            for batch in self.shard.batches(rng):
+                if self.ctx.should_stop():
+                    return clock
+                await self.step(batch, epoch, clock)
+                clock += 1
+            self.ctx.epoch_done(self.rank, epoch)
+        return clock
 
     async def begin(self) -> None:
         """Before the first step."""

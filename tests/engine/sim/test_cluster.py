@@ -180,3 +180,14 @@ def test_a_nan_test_loss_fails_the_run_as_diverged(monkeypatch: pytest.MonkeyPat
     assert status is RunStatus.FAILED
     assert sink.evaluations == []  # the database keeps no NaN loss
     assert any(e.kind == "diverged" for e in sink.events)
+
+
+@pytest.mark.timeout(60)
+def test_a_diverging_delayed_loop_fails_instead_of_waiting_forever() -> None:
+    # Pushes left in flight by the bounded-delay loop are never answered once a server has
+    # refused a non-finite push: the run must fail, not tick virtual time for ever.
+    status, virtual_s, sink = simulate(config(**{
+        "sync.model": "bounded-delay", "sync.delay": 2, "optimizer.momentum": 0.0,
+        "optimizer.lr": 3.0, "train.epochs": 30, "eval.interval_s": 0.5}))
+    assert status is RunStatus.FAILED and virtual_s < 60
+    assert any(e.kind == "run_failed" for e in sink.events)
