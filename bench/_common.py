@@ -268,6 +268,18 @@ def add_pass_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--db", type=Path, default=None)
 
 
+def add_config_arguments(parser: argparse.ArgumentParser, name: str, *, budget_s: float,
+                         redraws: str = "the docs section") -> None:
+    """The options of a bench that trains named configurations for a time budget each."""
+    parser.add_argument("--budget-s", type=float, default=budget_s,
+                        help="seconds each configuration trains")
+    add_pass_arguments(parser, name)
+    parser.add_argument("--only", action="append", default=None,
+                        help="run only this configuration (repeatable; a smoke test)")
+    parser.add_argument("--redraw", action="store_true",
+                        help=f"rewrite {redraws} from bench/results/{name}.json (runs nothing)")
+
+
 def earlier_passes(name: str) -> list[dict[str, Any]]:
     """The passes recorded in bench/results/<name>.json, for ``--append``."""
     path = RESULTS / f"{name}.json"

@@ -354,14 +354,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="the MNIST files (default: ../shared/data/mnist, or where "
                         "$PSCTL_DATA_DIR points when it is set)")
     parser.add_argument("--target", type=float, default=0.97)
-    parser.add_argument("--budget-s", type=float, default=90.0,
-                        help="seconds each configuration trains")
-    C.add_pass_arguments(parser, NAME)
-    parser.add_argument("--only", action="append", default=None,
-                        help="run only this configuration (repeatable; a smoke test)")
-    parser.add_argument("--redraw", action="store_true",
-                        help=f"rewrite the docs section and the plots from bench/results/{NAME}"
-                        ".json (runs nothing)")
+    C.add_config_arguments(parser, NAME, budget_s=90.0,
+                           redraws="the docs section and the plots")
     args = parser.parse_args(argv)
     args.dataset = "digits" if args.quick else "mnist"
     if args.quick:

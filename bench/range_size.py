@@ -207,14 +207,7 @@ def verdict(passes: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "mnist"))
-    parser.add_argument("--budget-s", type=float, default=40.0,
-                        help="seconds each configuration trains")
-    C.add_pass_arguments(parser, NAME)
-    parser.add_argument("--only", action="append", default=None,
-                        help="run only this configuration (repeatable; a smoke test)")
-    parser.add_argument("--redraw", action="store_true",
-                        help=f"rewrite the docs section from bench/results/{NAME}.json "
-                        "(runs nothing)")
+    C.add_config_arguments(parser, NAME, budget_s=40.0)
     args = parser.parse_args(argv)
     args.dataset = "digits" if args.quick else "mnist"
     if args.quick:
