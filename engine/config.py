@@ -76,6 +76,18 @@ class ClusterConfig(_Frozen):
         "disconnected as too slow a reader (one reply always goes through)"))
     max_pending_pulls: int = Field(1024, ge=1, le=2**20, description=(
         "pulls one connection may have waiting at a server for a clock"))
+    replicas: int = Field(0, ge=0, le=8, description=(
+        "backup copies of every key range, on other servers along a consistent-hash ring; a "
+        "push is acknowledged once every copy applied it, and a dead server's keys fail over "
+        "to the next copy (needs servers > replicas)"))
+
+    @model_validator(mode="after")
+    def _room_for_replicas(self) -> ClusterConfig:
+        if self.replicas >= self.servers:
+            raise ValueError(f"cluster.replicas {self.replicas} needs at least "
+                             f"{self.replicas + 1} servers, one per copy; there are "
+                             f"{self.servers}")
+        return self
 
 
     @field_validator("backend")
@@ -383,6 +395,34 @@ class SimConfig(_Frozen):
         return self
 
 
+class FaultConfig(_Frozen):
+    """Checkpoints, restarts and injected faults (``docs/fault-tolerance.md``)."""
+
+    checkpoint_every_s: float | None = Field(None, gt=0, le=_LONGEST_S, description=(
+        "every this many seconds (and at the end) each shard saves its values, optimizer "
+        "state and clocks to the run's folder, for psctl resume; unset: only at the end"))
+    max_restarts: int = Field(3, ge=0, le=1000, description=(
+        "times a worker killed by a signal (kill -9, the OOM killer) is restarted; it rejoins "
+        "at the clock the servers hold for it"))
+    inject: tuple[str, ...] = Field((), max_length=64, description=(
+        "faults to inject: kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS (after training "
+        "started), drop:PERCENT% and delay:MSms on the workers' data plane"))
+    resend_after_s: float = Field(0.25, gt=0, le=60, description=(
+        "with drop faults, a data-plane request unanswered this long is sent again (by "
+        "request id; the servers discard duplicates)"))
+
+    @field_validator("inject")
+    @classmethod
+    def _known_faults(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from engine.faults import FaultPlan
+
+        try:
+            FaultPlan.of(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return tuple(spec.strip().lower() for spec in value)
+
+
 class RunConfig(_Frozen):
     name: str | None = None
     cluster: ClusterConfig = ClusterConfig()
@@ -397,6 +437,7 @@ class RunConfig(_Frozen):
     eval: EvalConfig = EvalConfig()
     heterogeneity: HeterogeneityConfig = HeterogeneityConfig()
     sim: SimConfig = SimConfig()
+    fault: FaultConfig = FaultConfig()
 
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
@@ -421,6 +462,15 @@ class RunConfig(_Frozen):
                              "runs the delayed loop, and only it does")
         if self.cluster.backend == "sim":
             _simulable(self)
+        _killable(self)
+        if self.comm.pull_filter != "none" and any(
+                spec.startswith("drop:") for spec in self.fault.inject):
+            raise ValueError("fault.inject drop and comm.pull_filter do not mix: a filtered "
+                             "answer that is lost cannot be sent again as it was")
+        if self.cluster.replicas and self.comm.range_size is not None:
+            raise ValueError("cluster.replicas and comm.range_size do not mix: a push cut into "
+                             "pieces could be applied twice when it is sent again after a "
+                             "failover")
         ranks = [s.rank for s in self.heterogeneity.stragglers]
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"a worker is named twice in heterogeneity.stragglers: {ranks}")
@@ -433,6 +483,17 @@ class RunConfig(_Frozen):
         return self.model_dump(mode="json")
 
 
+def _killable(config: RunConfig) -> None:
+    """Every injected kill names a process the run has."""
+    from engine.faults import FaultPlan
+
+    counts = {"worker": config.cluster.workers, "server": config.cluster.servers}
+    for kill in FaultPlan.of(config.fault.inject).kills:
+        if kill.rank >= counts[kill.role]:
+            raise ValueError(f"fault {kill.spec}: there is no {kill.role} {kill.rank} "
+                             f"(cluster.{kill.role}s = {counts[kill.role]}; ranks count from 0)")
+
+
 def _simulable(config: RunConfig) -> None:
     """The simulator models every policy but these parts of the wire (yet)."""
     comm = config.comm
@@ -441,6 +502,9 @@ def _simulable(config: RunConfig) -> None:
         ("comm.pull_filter", comm.pull_filter != "none"),
         ("comm.range_size", comm.range_size is not None),
         ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
+        ("fault.inject", bool(config.fault.inject)),
+        ("cluster.replicas", config.cluster.replicas > 0),
+        ("fault.checkpoint_every_s", config.fault.checkpoint_every_s is not None),
     ) if used]
     if unmodelled:
         raise ValueError(f"cluster.backend sim does not model {', '.join(unmodelled)}; run "

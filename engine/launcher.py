@@ -56,6 +56,8 @@ class Child:
     rank: int
     process: subprocess.Popen[bytes]
     log: Path
+    args: tuple[str, ...] = ()
+    restarts: int = 0
 
     @property
     def label(self) -> str:
@@ -101,9 +103,24 @@ class NewRun:
         self.logs = (logs_root or self.db.parent / "psctl-logs") / self.run_id
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """An ended run to continue (``psctl resume``): its id, name, folder and checkpoint."""
+
+    run_id: str
+    name: str
+    folder: Path  # the run's log folder, which holds its checkpoints
+    checkpoint: Path
+    seq: int
+
+
 class Launcher(NewRun):
-    def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None) -> None:
+    def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None,
+                 resume: ResumePoint | None = None) -> None:
         super().__init__(config, db=db, logs_root=logs_root)
+        self.resume = resume
+        if resume is not None:  # the same run, its rows and logs going on
+            self.run_id, self.name, self.logs = resume.run_id, resume.name, resume.folder
         self.children: list[Child] = []
         self._token = secrets.token_urlsafe(32)
         self._interrupted = False
@@ -118,10 +135,12 @@ class Launcher(NewRun):
         self.logs.mkdir(parents=True, exist_ok=True)
         config_path = self.logs / "config.json"
         config_path.write_text(json.dumps(self.config.to_json_dict(), indent=2))
+        resume = [] if self.resume is None else [
+            "--resume-from", str(self.resume.checkpoint), "--resume-seq", str(self.resume.seq)]
         coordinator = self._spawn("coordinator", 0, [
             "coordinator", "--config", str(config_path), "--run-id", self.run_id,
             "--name", self.name, "--db", str(self.db), "--host", self.config.cluster.host,
-        ], stdout=subprocess.PIPE)
+            *resume], stdout=subprocess.PIPE)
         address = self._await_announcement(coordinator)
         try:
             self._start_roles(address)
@@ -166,6 +185,8 @@ class Launcher(NewRun):
             while self.children[0].process.poll() is None:
                 for child in self.children[1:]:
                     child.process.poll()  # reaps a role that ended, so none lingers <defunct>
+                    if self._restartable(child):
+                        self._restart(child)
                 if on_tick is not None:
                     on_tick()
                 time.sleep(tick_s)
@@ -175,6 +196,25 @@ class Launcher(NewRun):
         finally:
             self.stop_all()
         return self._result()
+
+    def _restartable(self, child: Child) -> bool:
+        """A worker killed by a signal (kill -9, the OOM killer) while the run goes on; one
+        that exits with an error failed for a reason a restart would meet again."""
+        code = child.process.returncode
+        return (child.role == "worker" and code is not None and code < 0
+                and child.restarts < self.config.fault.max_restarts
+                and self.children[0].process.poll() is None)
+
+    def _restart(self, child: Child) -> None:
+        """The same role again, in the same place in ``children``, logging on in its log."""
+        with child.log.open("ab") as handle:
+            handle.write(f"\n--- psctl: {child.label} was killed by signal "
+                         f"{-(child.process.returncode or 0)}; restarting it\n".encode())
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "engine.roles", *child.args], stdin=subprocess.DEVNULL,
+                stdout=handle, stderr=handle, env=self._environment(child.role, child.rank),
+                start_new_session=True)
+        child.restarts += 1
 
     def stop_all(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Let children exit on their own for ``grace_s``, then kill what is left."""
@@ -258,12 +298,12 @@ class Launcher(NewRun):
     def _spawn(self, role: str, rank: int, args: list[str], *,
                stdout: int | None = None) -> Child:
         log = self.logs / (f"{role}-{rank}.log" if role in ("server", "worker") else f"{role}.log")
-        with log.open("wb") as handle:
+        with log.open("ab" if self.resume is not None else "wb") as handle:
             process = subprocess.Popen(
                 [sys.executable, "-m", "engine.roles", *args], stdin=subprocess.DEVNULL,
                 stdout=stdout if stdout is not None else handle, stderr=handle,
                 env=self._environment(role, rank), start_new_session=True)
-        child = Child(role, rank, process, log)
+        child = Child(role, rank, process, log, tuple(args))
         self.children.append(child)
         return child
 

@@ -146,6 +146,19 @@ def launch(
     server_ms: Annotated[float | None, typer.Option(
         help="sim: milliseconds a server takes to apply a dense update of the whole model "
         "[measured]")] = None,
+    replicas: Annotated[int | None, typer.Option(
+        help="backup copies of every key range on other servers (chain replication): a dead "
+        "server's keys fail over to the next copy [0]")] = None,
+    checkpoint_every: Annotated[float | None, typer.Option(
+        help="every S seconds (and at the end) each shard saves its values, optimizer state "
+        "and clocks to the run's folder, for psctl resume")] = None,
+    max_restarts: Annotated[int | None, typer.Option(
+        help="times a worker killed by a signal is restarted, rejoining at its clock [3]")] =
+        None,
+    fault: Annotated[list[str] | None, typer.Option(
+        help="inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS "
+        "(after training started), drop:PERCENT% or delay:MSms on the workers' data plane")] =
+        None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="TOML file with [cluster], [sync], [train], ... sections")] = None,
     no_config: Annotated[bool, typer.Option(
@@ -186,6 +199,9 @@ def launch(
         "cluster.backend": backend, "sim.compute": "given" if compute_ms is not None else compute,
         "sim.compute_ms": compute_ms, "sim.network": network, "sim.server_ms": server_ms,
         "sim.server_network": server_network,
+        "cluster.replicas": replicas, "fault.checkpoint_every_s": checkpoint_every,
+        "fault.max_restarts": max_restarts,
+        "fault.inject": tuple(fault) if fault else None,
     }
     path = settings.database_path(db)
     try:
@@ -214,6 +230,33 @@ def launch(
     if statuses == {"finished"}:
         raise typer.Exit(settings.EXIT_OK)
     raise typer.Exit(settings.EXIT_INTERRUPTED if "interrupted" in statuses
+                     else settings.EXIT_ERROR)
+
+
+@app.command()
+def resume(
+    run: RunArgument,
+    db: DbOption = None,
+    live: Annotated[bool, typer.Option(help="show live progress")] = True,
+) -> None:
+    """Continue a failed, interrupted or crashed run from its newest complete checkpoint,
+    under the same run id (launch it with --checkpoint-every SECONDS)."""
+    from psctl.launch import print_summary, run_launch
+    from psctl.resume import plan_resume, resumed_launcher
+
+    path = settings.database_path(db)
+    try:
+        config, point = plan_resume(path, run)
+        err.print(f"resuming run {point.run_id[:8]} ({point.name}) from checkpoint "
+                  f"{point.seq} in {point.checkpoint}", highlight=False, markup=False)
+        result = run_launch(config, path, err, live=live,
+                            launcher=resumed_launcher(config, path, point))
+        print_summary(result, path, err)
+    except PsctlError as exc:
+        raise _fail(exc) from None
+    if result.status.value == "finished":
+        raise typer.Exit(settings.EXIT_OK)
+    raise typer.Exit(settings.EXIT_INTERRUPTED if result.status.value == "interrupted"
                      else settings.EXIT_ERROR)
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from engine.backends import BACKENDS
+from engine.backends import BACKENDS, RunHandle
 from engine.config import RunConfig, build_config
 from engine.datasets import locate
 from engine.db import open_engine
@@ -64,8 +64,10 @@ def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:
 
 
 def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
-               tags: dict[str, str] | None = None) -> LaunchResult:
-    launcher = BACKENDS.get(config.cluster.backend)(config, db=db)
+               tags: dict[str, str] | None = None,
+               launcher: RunHandle | None = None) -> LaunchResult:
+    """Start a run (or the ``launcher`` given: a resumed one) and wait for its end."""
+    launcher = launcher or BACKENDS.get(config.cluster.backend)(config, db=db)
     # A run name or path is the user's text, never markup: "[/x]" must print as itself.
     console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({escape(launcher.name)}) → "
                   f"{escape(str(db))}", highlight=False)

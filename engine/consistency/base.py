@@ -69,6 +69,12 @@ class ConsistencyController(Protocol):
         """Barrier decisions and completions since the last call (ElasticBSP), oldest first."""
         ...
 
+    def resume(self, clocks: list[int]) -> None:
+        """The shard was restored from a checkpoint (its commits replayed through
+        ``on_commit``); each worker has finished ``clocks[w]`` clocks on every range. The
+        timing-driven state starts again from there."""
+        ...
+
 
 class RangeClocks:
     """Per worker and clock range, the next clock the worker may push (its committed count)."""
@@ -80,9 +86,12 @@ class RangeClocks:
         self.next = np.zeros((workers, max(ranges, 1)), dtype=np.int64)
         self.duplicates = 0
 
-    def check(self, worker: int, clock: int, ranges: range) -> None:
+    def check_rank(self, worker: int) -> None:
         if not 0 <= worker < self.workers:
             raise ProtocolError(f"worker rank {worker} is outside 0..{self.workers - 1}")
+
+    def check(self, worker: int, clock: int, ranges: range) -> None:
+        self.check_rank(worker)
         expected = self.next[worker, ranges.start:ranges.stop]
         if (expected == clock).all():
             return
@@ -119,6 +128,9 @@ class ImmediateController:
 
     def take_syncs(self) -> list[SyncRecord]:
         return []
+
+    def resume(self, clocks: list[int]) -> None:
+        return None
 
 
 class BSP:
@@ -161,6 +173,9 @@ class BSP:
 
     def take_syncs(self) -> list[SyncRecord]:
         return []
+
+    def resume(self, clocks: list[int]) -> None:
+        return None
 
 
 class ASP(ImmediateController):

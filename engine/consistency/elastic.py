@@ -80,6 +80,18 @@ class ElasticBSP(ImmediateController):
         reports, self._reports = self._reports, []
         return reports
 
+    def resume(self, clocks: list[int]) -> None:
+        """Monitor again from where each worker is: its barrier two pushes ahead, as at the
+        start, since the timing history is gone. Decisions are numbered past any taken before
+        (there were at most min(clocks) + 1), so none overwrites a recorded one."""
+        self.timings = TimingHistory(self.workers)
+        self._finished = [False] * self.workers
+        self._arrivals = [None] * self.workers
+        self._participants = list(range(self.workers))
+        self._barrier = [clock + MONITOR_CLOCK for clock in clocks]
+        self._current = self._record(max(clocks, default=0) + 2, 0.0, [c - 1 for c in clocks],
+                                     [[] for _ in clocks], 0.0, "monitoring")
+
     def barrier_clocks(self) -> list[int]:
         return list(self._barrier)
 

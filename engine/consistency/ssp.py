@@ -97,6 +97,9 @@ class DSSP(SSP):
         self._finished[worker] = clock + 1
         self.timings.observe(worker, timing.pushed_at, timing.waited_s)
 
+    def resume(self, clocks: list[int]) -> None:
+        self._finished = list(clocks)  # the timing history starts empty
+
     def _ends_before_slowest(self, worker: int) -> bool:
         slowest = self._finished.index(min(self._finished))  # lowest rank: deterministic
         mine, theirs = self._next_end(worker), self._next_end(slowest)

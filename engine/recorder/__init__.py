@@ -36,6 +36,7 @@ from engine.recorder.writer import (
     FlushRequest,
     IterationsRequest,
     MessageRequest,
+    ResumeRunRequest,
     RowRequest,
     StartRunRequest,
     Writer,
@@ -120,6 +121,22 @@ class Recorder:
             if self._run_id is not None:
                 raise StoreError(f"run {self._run_id} is still open; finish it before starting")
             self._queue.put(StartRunRequest(values))
+            self._run_id = run_id
+        try:
+            self.flush()
+        except StoreError:
+            with self._lock:
+                self._run_id = None
+            raise
+
+    def resume_run(self, run_id: str) -> None:
+        """Reopen an ended run (``psctl resume``): running again, its rows going on; waits
+        until committed."""
+        with self._lock:
+            self._check_usable()
+            if self._run_id is not None:
+                raise StoreError(f"run {self._run_id} is still open; finish it before resuming")
+            self._queue.put(ResumeRunRequest(run_id, time.time()))
             self._run_id = run_id
         try:
             self.flush()

@@ -85,6 +85,12 @@ class StartRunRequest:
 
 
 @dataclass(frozen=True)
+class ResumeRunRequest:
+    run_id: str
+    heartbeat_at: float
+
+
+@dataclass(frozen=True)
 class IterationsRequest:
     run_id: str
     rows: tuple[IterationRecord, ...]
@@ -114,8 +120,8 @@ class CloseRequest:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-MessageRequest = (StartRunRequest | IterationsRequest | RowRequest | FinishRequest | FlushRequest
-                  | CloseRequest)
+MessageRequest = (StartRunRequest | ResumeRunRequest | IterationsRequest | RowRequest
+                  | FinishRequest | FlushRequest | CloseRequest)
 
 
 SYNC_JSON_COLUMNS = ("base_clocks", "predicted", "chosen", "barrier_clocks", "arrivals")
@@ -220,7 +226,8 @@ class Writer:
                 pending.extend((run_id, *_iteration_values(r)) for r in rows)
             case RowRequest(table=table, values=values):
                 self._rows[table].append(values)
-            case StartRunRequest() | FinishRequest() | FlushRequest() | CloseRequest():
+            case (StartRunRequest() | ResumeRunRequest() | FinishRequest() | FlushRequest()
+                  | CloseRequest()):
                 self._write(conn, message)
                 return
         if self._due():
@@ -236,7 +243,8 @@ class Writer:
 
     def _write(
         self, conn: Connection,
-        control: StartRunRequest | FinishRequest | FlushRequest | CloseRequest | None,
+        control: (StartRunRequest | ResumeRunRequest | FinishRequest | FlushRequest
+                  | CloseRequest | None),
     ) -> None:
         """One transaction: pending rows first, then the control message, then the heartbeat."""
         with conn.begin():
@@ -245,6 +253,8 @@ class Writer:
                 conn.execute(insert(runs).values(control.values))
                 self._run_id = control.values["id"]
                 self._origins[control.values["id"]] = float(control.values["started_at"])
+            elif isinstance(control, ResumeRunRequest):
+                self._write_resume(conn, control)
             elif isinstance(control, FinishRequest):
                 self._write_finish(conn, control)
             if self._run_id is not None:
@@ -304,6 +314,15 @@ class Writer:
         detail = json.dumps({"count": count})
         values = {"run_id": run_id, "at": time.time(), "kind": DUPLICATE_EVENT, "detail": detail}
         conn.execute(insert(events).values(values))
+
+    def _write_resume(self, conn: Connection, message: ResumeRunRequest) -> None:
+        changed = conn.execute(
+            update(runs).where(runs.c.id == message.run_id)
+            .values(status="running", reason=None, ended_at=None,
+                    heartbeat_at=message.heartbeat_at)).rowcount
+        if not changed:
+            raise StoreError(f"run {message.run_id} is not in the database: nothing to resume")
+        self._run_id = message.run_id
 
     def _write_finish(self, conn: Connection, message: FinishRequest) -> None:
         changed = conn.execute(

@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     coordinator.add_argument("--db", type=Path, required=True)
     coordinator.add_argument("--host", default="127.0.0.1")
     coordinator.add_argument("--port", type=int, default=0)
+    coordinator.add_argument("--resume-from", type=Path, default=None,
+                             help="continue the run from this checkpoint folder")
+    coordinator.add_argument("--resume-seq", type=int, default=0)
     for role in ("server", "worker", "evaluator"):
         sub = roles.add_parser(role)
         sub.add_argument("--coordinator", required=True, help="ws://host:port of the coordinator")
@@ -78,6 +81,7 @@ def _run(args: argparse.Namespace, token: str) -> int:
 
 def _coordinator(args: argparse.Namespace, token: str) -> int:
     from engine.config import RunConfig
+    from engine.roles.coordination import Resume
     from engine.roles.coordinator import EXIT_CODES, announce_on_stdout, coordinate
     from engine.transport import WebSocketTransport
 
@@ -85,7 +89,10 @@ def _coordinator(args: argparse.Namespace, token: str) -> int:
     transport = WebSocketTransport(max_frame_bytes=config.cluster.max_frame_bytes)
     status = asyncio.run(coordinate(config, run_id=args.run_id, name=args.name, token=token,
                                     db=args.db, transport=transport, host=args.host,
-                                    port=args.port, announce=announce_on_stdout))
+                                    port=args.port, announce=announce_on_stdout,
+                                    folder=args.config.resolve().parent,
+                                    resume=None if args.resume_from is None else
+                                    Resume(args.resume_from, args.resume_seq)))
     return EXIT_CODES.get(status, 1)
 
 

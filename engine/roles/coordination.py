@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from engine.config import RunConfig
@@ -25,10 +28,14 @@ from engine.errors import (
     PsctlError,
     StoreError,
 )
+from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
+from engine.roles.checkpoints import CheckpointKeeper
+from engine.roles.placement import Placement
 from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
+    Checkpoint,
     ControlMessage,
     Done,
     EpochDone,
@@ -71,6 +78,14 @@ _Row = TypeVar("_Row")
 # not for free); 103 processes need about 290 s.
 JOIN_S_PER_PROCESS = 3.0
 _NAMES_SHOWN = 8
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A run continued from a checkpoint: the folder whose shard files the servers load."""
+
+    folder: Path
+    seq: int
 
 
 def process_count(config: RunConfig) -> int:
@@ -131,6 +146,8 @@ class Peer:
     connection: Connection
     leaving: bool = False
     welcomed: bool = False  # a role reads its welcome first: nothing else may reach it before
+    pid: int = 0
+    lost: bool = False  # a worker that died; its restart takes its place
 
     def __str__(self) -> str:
         return f"{self.role} {self.rank}"
@@ -153,15 +170,29 @@ class _Progress:
 class Coordinator:
     def __init__(self, config: RunConfig, *, run_id: str, token: str, layout: KeyLayout,
                  recorder: RecorderSink, partitioner: Partitioner | None = None,
-                 sampler: ProcessSampler | None = None) -> None:
+                 sampler: ProcessSampler | None = None, folder: Path | None = None,
+                 resume: Resume | None = None,
+                 kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL)) -> None:
         self.config, self.run_id, self.token, self.recorder = config, run_id, token, recorder
+        # The run's folder (its checkpoints go in it); None: no checkpoints.
+        self.folder, self.resume, self._kill = folder, resume, kill
+        self.faults = FaultPlan.of(config.fault.inject)
+        self.restarts: dict[int, int] = {}
+        self.training = asyncio.Event()
+        self._training_at = 0.0
         self.sampler = sampler
         self.layout = layout
         num_keys = self.num_keys = layout.num_keys
         self.ranges = (partitioner or RangePartitioner()).ranges(num_keys, config.cluster.servers)
+        self.checkpoints = None if folder is None else CheckpointKeeper(
+            folder, len(self.ranges), first_seq=resume.seq if resume else 0,
+            send=self._order_server, event=self._event)
         self.peers: dict[tuple[str, int], Peer] = {}
-        self.addresses: dict[int, str] = {}
+        self.placement = Placement(self.ranges, config.cluster.replicas)
         self.servers_ready = asyncio.Event()
+        self._linked = 0
+        self._failed_over_at: dict[int, float] = {}  # range -> when its primary was lost
+        self._killed_at: dict[tuple[str, int], float] = {}
         self.progress = _Progress()
         self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
             asyncio.get_running_loop().create_future()
@@ -182,7 +213,7 @@ class Coordinator:
         self._listener = await transport.listen(host, port, self._serve, token=self.token)
         self._tasks = [asyncio.create_task(coro) for coro in
                        (self._watch_registration(), self._evaluation_timer(), self._deadline(),
-                        self._sample_processes())]
+                        self._sample_processes(), self._inject_kills(), self._checkpoints())]
         return self._listener.address
 
     async def run(self) -> tuple[RunStatus, str | None]:
@@ -192,6 +223,8 @@ class Coordinator:
         finisher.cancel()
         for task in self._tasks:
             task.cancel()
+        if self._wants_final_checkpoint(status):
+            await self._checkpoint()
         await self._dismiss_all()
         if self._listener is not None:
             await self._listener.close()
@@ -235,8 +268,14 @@ class Coordinator:
             while True:
                 self._on_message(peer, parse_control(await connection.recv()))
         except ConnectionClosed as exc:
-            if not peer.leaving and not self.outcome.done():
-                self.fail(f"{peer} disconnected unexpectedly ({exc}); see its log")
+            if peer.leaving or self.outcome.done():
+                return
+            if self._restartable(peer):
+                self._lose(peer)
+            elif peer.role == "server" and self.config.cluster.replicas and peer.welcomed:
+                self._fail_over(peer)
+            else:
+                self.fail(f"{peer} disconnected unexpectedly ({exc}); {self._loss_hint(peer)}")
         except PsctlError as exc:
             self.fail(f"{peer} sent an invalid message: {exc}")
 
@@ -256,14 +295,19 @@ class Coordinator:
         if hello.role == "server":
             shard = self.ranges[hello.rank]
             own = ShardInfo(index=hello.rank, address="", start=shard.start, end=shard.end)
-            await self._send(peer, self._welcome(shards=[], own=own))
+            welcome = self._welcome(shards=[], own=own).model_copy(update={
+                "held": self.placement.held(hello.rank),
+                "checkpoint": None if self.resume is None else str(self.resume.folder)})
+            await self._send(peer, welcome)
         else:
             try:
                 await asyncio.wait_for(self.servers_ready.wait(), self.join_deadline_s)
             except TimeoutError:
                 raise ProtocolError(f"shard servers did not start listening within "
                                     f"{self.join_deadline_s:.0f} s") from None
-            await self._send(peer, self._welcome(shards=self._shard_map(), own=None))
+            welcome = self._welcome(shards=self.placement.shard_map(), own=None)
+            await self._send(peer, welcome.model_copy(
+                update={"backups": self.placement.backups()}))
         peer.welcomed = True
         if self._stop_reason is not None and peer.role in ("worker", "server"):
             # the stop went out before its welcome (a tiny stop.max_seconds): it must stop too
@@ -275,11 +319,16 @@ class Coordinator:
                  "evaluator": 1}[hello.role]
         if hello.rank >= limit:
             raise ProtocolError(f"{hello.role} rank {hello.rank} is outside 0..{limit - 1}")
-        if (hello.role, hello.rank) in self.peers:
+        before = self.peers.get((hello.role, hello.rank))
+        if before is not None and not before.lost:
             raise ProtocolError(f"{hello.role} {hello.rank} joined twice")
-        peer = Peer(hello.role, hello.rank, connection)
+        peer = Peer(hello.role, hello.rank, connection, pid=hello.pid)
         self.peers[(hello.role, hello.rank)] = peer
-        self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid)
+        if before is not None:  # a restarted worker takes the dead one's place
+            self._event("worker_rejoined", rank=hello.rank, pid=hello.pid,
+                        restarts=self.restarts.get(hello.rank, 0))
+        else:
+            self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid)
         if self.sampler is not None:
             self.sampler.watch(hello.role, hello.rank, hello.pid)
         return peer
@@ -289,10 +338,6 @@ class Coordinator:
                        num_keys=self.num_keys, segments=layout_info(self.layout),
                        shards=shards, own_range=own,
                        started_at=self.started_at)
-
-    def _shard_map(self) -> list[ShardInfo]:
-        return [ShardInfo(index=i, address=self.addresses[i], start=r.start, end=r.end)
-                for i, r in enumerate(self.ranges)]
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -307,24 +352,43 @@ class Coordinator:
             self._on_evaluation(message)
         elif isinstance(message, Event):
             self._record(self.recorder.record_event, message.row)
+            if peer.role == "server":
+                self._on_server_event(message.row)
         elif isinstance(message, Syncs):
             for row in message.rows:
                 self._record(self.recorder.record_sync, row)
         elif isinstance(message, Serving):
-            self.addresses[peer.rank] = message.address
-            self._event("server_listening", rank=peer.rank, address=message.address)
-            if len(self.addresses) == self.config.cluster.servers:
-                self.servers_ready.set()
+            self.placement.serving(peer.rank, message.address, message.backups)
+            self._event("server_listening", rank=peer.rank, address=message.address,
+                        backups={b.index: b.address for b in message.backups})
+            if self.placement.all_serving():
+                if self.config.cluster.replicas:  # the chains are linked before any push
+                    for order in self.placement.links():
+                        self._spawn(self._order(order.server, order.message))
+                else:
+                    self.servers_ready.set()
         elif isinstance(message, Ready):
             self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
+            if message.first_iteration:
+                self.progress.iterations[peer.rank] = message.first_iteration
             # Each worker is ready once its data is loaded; the displays count these to say
             # what start-up is waiting for, and take the run's total from training_started.
             self._event("worker_ready", rank=peer.rank,
-                        iterations_per_epoch=message.iterations_per_epoch)
-            if len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
+                        iterations_per_epoch=message.iterations_per_epoch,
+                        first_iteration=message.first_iteration)
+            if self.training.is_set():  # a restarted worker: the others are training already
+                self._spawn(self._send(peer, Start()))
+            elif len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
                 planned = self.config.train.epochs * sum(
                     self.progress.iterations_per_epoch.values())
-                self._event("training_started", total_iterations=planned)
+                self.training.set()
+                self._training_at = time.monotonic()
+                if self.resume is None:
+                    self._event("training_started", total_iterations=planned)
+                else:
+                    self._event("training_resumed", total_iterations=planned,
+                                checkpoint=self.resume.seq,
+                                first_iterations=dict(sorted(self.progress.iterations.items())))
                 self._spawn(self._start_training(
                     min(self.progress.iterations_per_epoch.values())))
         elif isinstance(message, EpochDone):
@@ -416,6 +480,140 @@ class Coordinator:
         await asyncio.gather(*(peer.connection.close() for peer in self.peers.values()),
                              return_exceptions=True)
 
+    # -- failures, restarts, faults and checkpoints ---------------------------------------------
+
+    def _on_server_event(self, row: EventRecord) -> None:
+        detail = row.detail
+        if row.kind in ("checkpoint_saved", "checkpoint_failed") and self.checkpoints:
+            self.checkpoints.on_saved(row.kind, detail)
+        elif row.kind == "chain_linked" and not self.servers_ready.is_set():
+            self._linked += 1
+            if self._linked == self.placement.copies:
+                self.servers_ready.set()
+        elif row.kind == "failover_served" and isinstance(detail.get("index"), int):
+            lost_at = self._failed_over_at.get(detail["index"])
+            served = detail.get("first_pull_at")
+            if lost_at is not None and isinstance(served, float):
+                self._event("failover_complete", index=detail["index"], rank=detail.get("rank"),
+                            seconds=round(served - lost_at, 4))
+
+    def _fail_over(self, dead: Peer) -> None:
+        """A server died: its backups take over its keys; every chain it was in is repaired."""
+        dead.lost = True
+        lost_at = self._killed_at.get(("server", dead.rank), time.time())
+        orders, failed_over, gone = self.placement.lose(dead.rank)
+        self._event("server_lost", rank=dead.rank, pid=dead.pid)
+        if gone:
+            self.fail(f"server {dead.rank} died holding the last copy of shards "
+                      f"{', '.join(map(str, gone))}; resume the run from its last checkpoint "
+                      f"with psctl resume {self.run_id[:8]}")
+            return
+        for index in failed_over:
+            self._failed_over_at[index] = lost_at
+            self._event("failover", index=index, lost=dead.rank,
+                        primary=self.placement.chains[index][0],
+                        chain=list(self.placement.chains[index]))
+        for order in orders:
+            self._spawn(self._order(order.server, order.message))
+
+    async def _order(self, server: int, message: Message) -> None:
+        peer = self.peers.get(("server", server))
+        if peer is None or peer.lost:
+            self.fail(f"server {server} is gone; it cannot take {type(message).__name__}")
+            return
+        await self._send(peer, message)
+
+    def _restartable(self, peer: Peer) -> bool:
+        """A worker that dies mid-run is restarted by the launcher while it has restarts left."""
+        return (peer.role == "worker" and peer.welcomed
+                and self.restarts.get(peer.rank, 0) < self.config.fault.max_restarts)
+
+    def _lose(self, peer: Peer) -> None:
+        peer.lost = True
+        count = self.restarts[peer.rank] = self.restarts.get(peer.rank, 0) + 1
+        self._event("worker_lost", rank=peer.rank, pid=peer.pid, restart=count,
+                    max_restarts=self.config.fault.max_restarts)
+        self._spawn(self._await_rejoin(peer))
+
+    async def _await_rejoin(self, lost: Peer) -> None:
+        limit = self.config.cluster.connect_timeout_s
+        await asyncio.sleep(limit)
+        if self.peers.get((lost.role, lost.rank)) is lost:
+            self.fail(f"{lost} died and was not restarted within {limit:g} s "
+                      "(cluster.connect_timeout_s); see its log")
+
+    def _loss_hint(self, peer: Peer) -> str:
+        if peer.role == "worker" and peer.welcomed:
+            used = self.restarts.get(peer.rank, 0)
+            return (f"it was restarted {used} times already (fault.max_restarts = "
+                    f"{self.config.fault.max_restarts}); see its log")
+        if peer.role == "server":
+            return ("a shard's values live on its server alone, so the run ends; continue it "
+                    f"from its last checkpoint with psctl resume {self.run_id[:8]}")
+        return "see its log"
+
+    async def _inject_kills(self) -> None:
+        """The ``kill:ROLE:RANK@S`` faults, timed from the start of training."""
+        await self.training.wait()
+        for spec in (f"drop:{self.faults.drop * 100:g}%" if self.faults.drop else None,
+                     f"delay:{self.faults.delay_s * 1000:g}ms" if self.faults.delay_s else None):
+            if spec is not None:  # the workers apply these from the start of training
+                self._event("fault_injected", spec=spec, role="worker", rank=None, pid=None)
+        for kill in self.faults.kills:
+            await asyncio.sleep(max(0.0, self._training_at + kill.at_s - time.monotonic()))
+            peer = self.peers.get((kill.role, kill.rank))
+            if peer is None or peer.leaving or not peer.pid:
+                self._event("fault_skipped", spec=kill.spec, reason="the process has left")
+                continue
+            try:
+                self._killed_at[(kill.role, kill.rank)] = time.time()
+                self._kill(peer.pid)
+            except OSError as exc:
+                self._event("fault_skipped", spec=kill.spec, reason=str(exc))
+                continue
+            self._event("fault_injected", spec=kill.spec, role=kill.role, rank=kill.rank,
+                        pid=peer.pid)
+
+    async def _checkpoints(self) -> None:
+        every = self.config.fault.checkpoint_every_s
+        if every is None or self.checkpoints is None:
+            return
+        await self.training.wait()
+        while True:
+            await asyncio.sleep(every)
+            if self._stop_reason is None:
+                await self.checkpoints.save(self._live_servers())
+
+    def _live_servers(self) -> list[int]:
+        return [p.rank for p in self.peers.values() if p.role == "server" and not p.lost]
+
+    def _wants_final_checkpoint(self, status: RunStatus) -> bool:
+        """At the end: with periodic checkpoints, or for a run that could be resumed, while
+        a server is still there to save each shard."""
+        if self.checkpoints is None or not self.training.is_set():
+            return False
+        servers = [p for p in self.peers.values() if p.role == "server"]
+        if len(servers) < self.config.cluster.servers:
+            return False
+        if any(p.lost for p in servers) and not self.config.cluster.replicas:
+            return False
+        return (self.config.fault.checkpoint_every_s is not None
+                or status is not RunStatus.FINISHED)
+
+    async def _checkpoint(self) -> None:
+        if self.checkpoints is not None:
+            await self.checkpoints.save(self._live_servers())
+
+    async def _order_server(self, rank: int, message: Checkpoint) -> bool:
+        peer = self.peers.get(("server", rank))
+        if peer is None or peer.leaving:
+            return False
+        try:
+            await peer.connection.send(dump_control(message))
+        except ConnectionClosed:
+            return False
+        return True
+
     # -- timers ---------------------------------------------------------------------------------
 
     async def _watch_registration(self) -> None:
@@ -469,6 +667,8 @@ class Coordinator:
         await asyncio.gather(*(self._send(worker, Start()) for worker in by_role["worker"]))
 
     async def _send(self, peer: Peer, message: Message) -> None:
+        if peer.lost:  # a dead worker or server: its replacement gets its own messages
+            return
         try:
             await peer.connection.send(dump_control(message))
         except ConnectionClosed:

@@ -16,7 +16,7 @@ from engine.datasets import get_spec
 from engine.errors import StoreError
 from engine.models.spec import MLPSpec
 from engine.recorder import Recorder
-from engine.roles.coordination import Coordinator
+from engine.roles.coordination import Coordinator, Resume
 from engine.roles.sampling import PsutilSampler, oversubscription, usable_cores
 from engine.transport.base import Transport
 from engine.wire.records import EventRecord, RunStatus
@@ -35,12 +35,19 @@ def model_spec(config: RunConfig) -> MLPSpec:
 
 async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, db: Path,
                      transport: Transport, host: str, port: int,
-                     announce: Callable[[str], None]) -> RunStatus:
-    """Record a run from its first connection to its end; returns its final status."""
+                     announce: Callable[[str], None], folder: Path | None = None,
+                     resume: Resume | None = None) -> RunStatus:
+    """Record a run from its first connection to its end; returns its final status. With
+    ``resume`` the run is an ended one continued from a checkpoint."""
     recorder = Recorder(db)
-    recorder.start_run(run_id, name, config.to_json_dict(), sync=config.sync.model,
-                       workers=config.cluster.workers, servers=config.cluster.servers,
-                       dataset=config.data.dataset)
+    if resume is None:
+        recorder.start_run(run_id, name, config.to_json_dict(), sync=config.sync.model,
+                           workers=config.cluster.workers, servers=config.cluster.servers,
+                           dataset=config.data.dataset)
+    else:
+        recorder.resume_run(run_id)
+        recorder.record_event(EventRecord(at=time.time(), kind="resumed", detail={
+            "checkpoint": resume.seq, "folder": str(resume.folder)}))
     status: RunStatus = RunStatus.FAILED
     reason: str | None = "coordinator stopped before the run ended"
     watcher: asyncio.Task[None] | None = None
@@ -48,7 +55,8 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
         sampler = PsutilSampler()
         sampler.watch("coordinator", 0, os.getpid())
         coordinator = Coordinator(config, run_id=run_id, token=token, recorder=recorder,
-                                  layout=model_spec(config).layout(), sampler=sampler)
+                                  layout=model_spec(config).layout(), sampler=sampler,
+                                  folder=folder, resume=resume)
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)
         # The pid lets `psctl runs rm --force` stop this run before deleting it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -10,14 +11,22 @@ import torch
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
+from engine.faults import FaultPlan
 from engine.keys import KeyRange
 from engine.models.flat import FlatModel
 from engine.models.spec import MLPSpec
 from engine.roles.control import SyncControl
 from engine.transport.base import Transport
-from engine.wire.messages import Hello, Welcome
+from engine.wire.messages import Event, Hello, Welcome
 from engine.wire.protocol import Role
-from engine.worker.client import PLAIN_WIRE, ParameterClient, ShardAddress, WireFormat
+from engine.wire.records import EventRecord
+from engine.worker.client import (
+    PLAIN_WIRE,
+    LinkFaults,
+    ParameterClient,
+    ShardAddress,
+    WireFormat,
+)
 from engine.worker.loops import Worker, shard_for
 
 
@@ -39,25 +48,40 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
     client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io,
                             wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress,
                                                keeps_copy=config.comm.pull_filter != "none",
-                                               range_size=config.comm.range_size))
+                                               range_size=config.comm.range_size),
+                            faults=link_faults(config), duplicates_ok=True)
     try:
         return Worker(welcome, rank, control, client).run(shard, model)
     finally:
+        if client.link_stats["dropped"] or client.link_stats["resent"]:
+            control.send(Event(row=EventRecord(at=time.time(), kind="link_faults",
+                                               detail={"rank": rank, **client.link_stats})))
         client.close()
         control.close()
         io.stop()
 
 
+def link_faults(config: RunConfig) -> LinkFaults | None:
+    """The data-plane faults injected into a worker's connections, if any (``--fault``)."""
+    plan = FaultPlan.of(config.fault.inject)
+    if not (plan.drop or plan.delay_s):
+        return None
+    return LinkFaults(plan.drop, plan.delay_s, config.fault.resend_after_s, config.train.seed)
+
+
 def connect_client(transport: Transport, welcome: Welcome, config: RunConfig, role: Role,
                    rank: int, token: str, io: LoopThread,
-                   wire: WireFormat = PLAIN_WIRE) -> ParameterClient:
+                   wire: WireFormat = PLAIN_WIRE, faults: LinkFaults | None = None,
+                   duplicates_ok: bool = False) -> ParameterClient:
     """A connected client; ``wire`` says how its values travel (the evaluator's stay
     float32, so it measures the model the servers hold exactly)."""
-    shards = [ShardAddress(s.index, s.address, KeyRange(s.start, s.end)) for s in welcome.shards]
+    shards = [ShardAddress(s.index, s.address, KeyRange(s.start, s.end),
+                           tuple(welcome.backups.get(s.index, ()))) for s in welcome.shards]
     client = ParameterClient(
         transport, shards, token=token, run=bytes.fromhex(welcome.run_id)[:16], role=role,
         rank=rank, connect_timeout_s=config.cluster.connect_timeout_s,
         request_timeout_s=config.cluster.request_timeout_s,
-        max_frame_bytes=config.cluster.max_frame_bytes, io=io, wire=wire)
+        max_frame_bytes=config.cluster.max_frame_bytes, io=io, wire=wire, faults=faults,
+        duplicates_ok=duplicates_ok)
     client.connect()
     return client

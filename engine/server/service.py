@@ -18,14 +18,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from engine.consistency.base import PushTiming
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError
+from engine.replication.link import ChainLink
 from engine.server.pull_filter import PullFilter, SendAll
 from engine.server.shard import ShardState
 from engine.transport.base import Connection, Listener, Transport
@@ -49,6 +50,7 @@ from engine.wire.records import SyncRecord
 
 log = logging.getLogger(__name__)
 MAX_BAD_FRAMES = 32
+REMEMBERED_ACKS = 256  # per connection: far more pushes than a worker keeps in flight
 CLOSE_POLICY = 1008  # websocket close code: the peer broke a rule (garbage, too slow a reader)
 _FLUSH_TIMEOUT_S = 5.0
 
@@ -99,6 +101,9 @@ class _Peer:
         self.log = LogBudget(limits.warnings_per_minute)
         self.sender: asyncio.Task[None] | None = None
         self.close: asyncio.Task[None] | None = None  # the policy close under way, if any
+        # The acks of this connection's latest pushes by request id: a push sent again (its
+        # reply was lost) gets the same ack and is not applied twice.
+        self.acked: OrderedDict[int, Frame | None] = OrderedDict()  # None: on its way
 
 
 @dataclass
@@ -118,6 +123,8 @@ class ServerStats:
     slow_readers_closed: int = 0
     internal_errors: int = 0
     warnings_held_back: int = 0
+    resent_pushes: int = 0  # pushes that came again by request id (acked again, not applied)
+    resent_pulls: int = 0  # pulls that came again while the first still waited
 
 
 class ShardServer:
@@ -137,13 +144,28 @@ class ShardServer:
         self._peers: set[_Peer] = set()
         self._draining = False
         self._listener: Listener | None = None
+        # Replication (engine.replication): a backup serves only its chain predecessor until it
+        # is promoted; ``link`` forwards every applied update to the successor, if any.
+        self.primary = True
+        self.link: ChainLink | None = None
+        self.promoted_at: float | None = None
+        self.first_pull_at: float | None = None
+        self.on_first_pull: Callable[[ShardServer], None] | None = None
 
     async def start(self, transport: Transport, host: str, port: int, *, token: str) -> str:
         self._listener = await transport.listen(host, port, self.serve, token=token)
         return self._listener.address
 
+    @property
+    def address(self) -> str:
+        if self._listener is None:
+            raise ProtocolError("the shard server is not listening yet")
+        return self._listener.address
+
     async def close(self) -> None:
         self.drain("server shutting down")
+        if self.link is not None:
+            await self.link.close()
         if self._listener is not None:
             await self._listener.close()
         deadline = time.monotonic() + _FLUSH_TIMEOUT_S
@@ -207,7 +229,7 @@ class ShardServer:
             return False
         try:
             frame = decode(message, max_bytes=self.max_frame_bytes)
-            self._dispatch(peer, frame)
+            self._dispatch(peer, frame, message)
         except PsctlError as exc:
             self._refuse(peer, peek_request_id(message), exc)
             return False
@@ -219,21 +241,35 @@ class ShardServer:
             return False
         return True
 
-    def _dispatch(self, peer: _Peer, frame: Frame) -> None:
+    def _dispatch(self, peer: _Peer, frame: Frame, message: bytes) -> None:
         if frame.run != self.run:
             raise ProtocolError("frame belongs to another run")
         admission = peer.connection.admission
         sender = frame.role.name.lower()
-        if admission is not None and not admission.permits(sender, frame.rank):
+        # The chain's predecessor (a server) forwards the updates of every worker.
+        chained = admission is not None and admission.role == "server"
+        if chained and frame.type not in (MsgType.PUSH, MsgType.INIT):
+            raise ProtocolError(f"a chain predecessor forwards pushes only, not {frame.type.name}")
+        if admission is not None and not chained and not admission.permits(sender, frame.rank):
             raise ProtocolError(f"this connection was admitted as {admission}; it may not send "
                                 f"frames as {sender} {frame.rank}")
+        if not (self.primary or chained):
+            self._reply_error(peer, frame.request_id, "not_primary",
+                              f"server {self.rank} holds a backup of these keys, not the primary")
+            return
         if frame.type is MsgType.PULL:
             self._pull(peer, frame)
         elif frame.type is MsgType.PUSH:
-            self._push(peer, frame)
+            self._push(peer, frame, message)
+        elif frame.type is MsgType.CLOCKS:
+            self._send(peer, self._clocks(frame))
         elif frame.type is MsgType.INIT:
             applied = self.state.init(frame.keys, frame.values)
-            self._send(peer, self._ack(frame, self.state.version_of(frame.keys)))
+            ack = self._ack(frame, self.state.version_of(frame.keys))
+            if applied and self.link is not None:
+                self.link.forward(message).add_done_callback(lambda _: self._send(peer, ack))
+            else:
+                self._send(peer, ack)
             if applied:
                 self._release_ready_pulls()
         else:
@@ -248,6 +284,9 @@ class ShardServer:
             self._answer_pull(peer, frame, waited_s=0.0)
         elif self._draining:
             self._reply_error(peer, frame.request_id, "shutting_down", "run is stopping")
+        elif any(p.peer is peer and p.frame.request_id == frame.request_id
+                 for p in self._pending):
+            self.stats.resent_pulls += 1  # sent again while it waits: the first one answers
         elif peer.pending >= self.limits.max_pending_pulls:
             raise ProtocolError(f"{peer.pending} pulls already wait on this connection; the "
                                 f"limit is {self.limits.max_pending_pulls}")
@@ -255,7 +294,13 @@ class ShardServer:
             peer.pending += 1
             self._pending.append(_PendingPull(peer, frame, time.perf_counter()))
 
-    def _push(self, peer: _Peer, frame: Frame) -> None:
+    def _push(self, peer: _Peer, frame: Frame, message: bytes) -> None:
+        if frame.request_id in peer.acked:  # sent again: the first one was applied
+            self.stats.resent_pushes += 1
+            repeated = peer.acked[frame.request_id]
+            if repeated is not None:  # else its ack is on the way, once the chain has it
+                self._send(peer, repeated)
+            return
         if self._draining:
             self._reply_error(peer, frame.request_id, "shutting_down", "run is stopping")
             return
@@ -266,11 +311,30 @@ class ShardServer:
         accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing,
                                       index=frame.index, commit=bool(frame.flags & FLAG_COMMIT),
                                       base_version=frame.version)
-        self._send(peer, self._ack(frame, accepted_at, self.state.last_scale))
+        ack = self._ack(frame, accepted_at, self.state.last_scale)
+        if len(peer.acked) >= REMEMBERED_ACKS:
+            peer.acked.popitem(last=False)
+        if self.link is None:
+            peer.acked[frame.request_id] = ack
+            self._send(peer, ack)
+        else:  # acknowledged once the chain's tail has applied it too
+            peer.acked[frame.request_id] = None
+            self.link.forward(message).add_done_callback(
+                lambda _: self._acknowledge(peer, frame.request_id, ack))
         syncs = self.state.controller.take_syncs()
         if syncs and self._on_syncs is not None:
             self._on_syncs(syncs)
         self._release_ready_pulls()
+
+    def _acknowledge(self, peer: _Peer, request_id: int, ack: Frame) -> None:
+        if request_id in peer.acked:
+            peer.acked[request_id] = ack
+        self._send(peer, ack)
+
+    def promote(self) -> None:
+        """This backup becomes its keys' primary: it serves workers from now on."""
+        self.primary = True
+        self.promoted_at = time.time()
 
     def _release_ready_pulls(self) -> None:
         now, still_waiting = time.perf_counter(), []
@@ -302,6 +366,10 @@ class ShardServer:
             codec=frame.codec if index is not None else Codec.NONE,
         )
         self._send(peer, reply)
+        if self.promoted_at is not None and self.first_pull_at is None:
+            self.first_pull_at = time.time()
+            if self.on_first_pull is not None:
+                self.on_first_pull(self)
 
     def _pulled(self, frame: Frame) -> tuple[np.ndarray | None, np.ndarray]:
         """(keys, values) of a pull's answer: those asked for, or for a worker's range pull,
@@ -316,6 +384,14 @@ class ShardServer:
         keys = (chosen + self.state.keys.start).astype(
             np.uint32 if self.state.keys.end <= 2**32 else np.uint64)
         return keys, values[chosen - span.start]
+
+    def _clocks(self, frame: Frame) -> Frame:
+        """The next clock this shard expects from the asking worker on the span (its slowest
+        clock range): where a restarted worker rejoins."""
+        if frame.role is not Role.WORKER:
+            raise ProtocolError("only workers ask for their clocks")
+        ack = self._ack(frame, self.state.version_of(frame.keys))
+        return replace(ack, clock=self.state.worker_clock(frame.rank, frame.keys))
 
     def _ack(self, frame: Frame, version: int, scale: float | None = None) -> Frame:
         return Frame(

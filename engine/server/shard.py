@@ -111,6 +111,16 @@ class ShardState:
             return 0
         return int(self.clocks.next[:, ranges.start:ranges.stop].min())
 
+    def worker_clock(self, worker: int, span: KeyRange) -> int:
+        """The next clock ``worker`` may push on every clock range ``span`` touches (the
+        smallest): the clocks it has committed there."""
+        self._check_owned(span)
+        self.clocks.check_rank(worker)
+        ranges = self.index.touched(span)
+        if not len(ranges):
+            return 0
+        return int(self.clocks.next[worker, ranges.start:ranges.stop].min())
+
     def read(self, keys: KeyRange, index: np.ndarray | None = None) -> np.ndarray:
         self._check_owned(keys)
         if index is None:

@@ -61,6 +61,12 @@ class Welcome(Message):
     shards: list[ShardInfo]  # empty for servers: they learn only their own range
     own_range: ShardInfo | None = None
     started_at: float
+    # A server of a resumed run: the checkpoint folder its copies start from.
+    checkpoint: str | None = Field(None, max_length=4096)
+    # With replicas, a server: the key ranges it holds a backup of; a worker: per shard, the
+    # addresses of its backups in chain order (where its keys are served after a failover).
+    held: list[ShardInfo] = Field(default_factory=list)
+    backups: dict[int, list[str]] = Field(default_factory=dict)
 
 
 class Iterations(Message):
@@ -92,6 +98,7 @@ class Serving(Message):
 
     type: Literal["serving"] = "serving"
     address: str
+    backups: list[ShardInfo] = Field(default_factory=list)  # where its backup copies listen
 
 
 class Ready(Message):
@@ -100,6 +107,9 @@ class Ready(Message):
     type: Literal["ready"] = "ready"
     iterations_per_epoch: int = Field(ge=1)
     train_samples: int = Field(ge=1)
+    # The iteration it starts from: its clock on the servers (above 0 after a restart or a
+    # resume; the iterations before it were done).
+    first_iteration: int = Field(0, ge=0)
 
 
 class Start(Message):
@@ -144,6 +154,31 @@ class Exit(Message):
     type: Literal["exit"] = "exit"
 
 
+class Chain(Message):
+    """Coordinator -> server: the copy of key range ``index`` forwards its updates to
+    ``successor`` (None: it is the chain's tail). Answered by a ``chain_linked`` event."""
+
+    type: Literal["chain"] = "chain"
+    index: int = Field(ge=0)
+    successor: str | None = None
+
+
+class Promote(Message):
+    """Coordinator -> server: its backup of key range ``index`` is the primary from now on."""
+
+    type: Literal["promote"] = "promote"
+    index: int = Field(ge=0)
+
+
+class Checkpoint(Message):
+    """Coordinator -> server: save the shard now as checkpoint ``seq``; the server answers with
+    a ``checkpoint_saved`` event."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    seq: int = Field(ge=0)
+    folder: str = Field(min_length=1, max_length=4096)
+
+
 ControlMessage = Annotated[
     Hello
     | Welcome
@@ -159,7 +194,10 @@ ControlMessage = Annotated[
     | Fatal
     | Evaluate
     | Stop
-    | Exit,
+    | Exit
+    | Checkpoint
+    | Chain
+    | Promote,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

@@ -59,6 +59,7 @@ class MsgType(IntEnum):
     ACK = 4  # server -> worker: push or init accepted
     VALUES = 5  # server -> worker: reply to PULL
     ERROR = 6  # either way: JSON {"code", "message"}
+    CLOCKS = 7  # worker -> server: which clock do you hold for me on this span? (an ACK answers)
 
 
 class Role(IntEnum):
@@ -443,3 +444,13 @@ def _check_values(kind: MsgType, dtype: DType, shape: tuple[int, ...], keys: Key
         where = (f"[{keys.start}, {keys.end})" if index is None
                  else f"the key list in [{keys.start}, {keys.end})")
         raise BadPayload(f"{kind.name} shape {shape} does not match the {count} keys of {where}")
+
+
+_REQUEST_ID_OFFSET = 28  # after magic, six one-byte fields, the rank and the run id
+
+
+def with_request_id(data: bytes | bytearray, request_id: int) -> bytearray:
+    """A copy of an encoded frame under another request id (a chain link's own numbering)."""
+    copy = bytearray(data)
+    struct.pack_into("<Q", copy, _REQUEST_ID_OFFSET, request_id)
+    return copy

@@ -25,15 +25,12 @@ import numpy as np
 
 from engine.aio import LoopThread
 from engine.errors import (
-    ConnectionClosed,
     ProtocolError,
     PsctlError,
-    RemoteError,
     RequestTimeout,
-    ShuttingDown,
 )
 from engine.keys import KeyRange, split_by_shard, split_keys_by_shard
-from engine.transport.base import Connection, Transport
+from engine.transport.base import Transport
 from engine.wire.codecs import CODECS, Codec, narrow
 from engine.wire.protocol import (
     FLAG_COMMIT,
@@ -43,19 +40,14 @@ from engine.wire.protocol import (
     Frame,
     MsgType,
     Role,
-    decode,
     encode,
     numpy_dtype,
     to_ns,
     wire_dtype,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ShardAddress:
-    index: int
-    address: str
-    keys: KeyRange
+from engine.worker.connection import Link, ShardConnection
+from engine.worker.connection import LinkFaults as LinkFaults  # re-exported for the roles
+from engine.worker.connection import ShardAddress as ShardAddress
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,9 +153,14 @@ class ParameterClient:
         max_frame_bytes: int,
         io: LoopThread,
         wire: WireFormat = PLAIN_WIRE,
+        faults: LinkFaults | None = None,
+        duplicates_ok: bool = False,
     ) -> None:
         self._transport, self._shards, self._token = transport, shards, token
         self._wire = wire
+        # A push refused as a duplicate of a committed clock counts as acknowledged: a
+        # restarted worker repeats the clock some shard already has.
+        self._faults, self._duplicates_ok = faults, duplicates_ok
         self._copy = (np.zeros(shards[-1].keys.end, dtype=np.float32)
                       if wire.keeps_copy and shards else None)
         self._run, self._role, self._rank = run, role, rank
@@ -172,7 +169,7 @@ class ParameterClient:
         self._ids = itertools.count(1)
         self._requests: dict[int, concurrent.futures.Future[Result]] = {}
         self._io = io
-        self._connections: list[_ShardConnection] = []
+        self._connections: list[ShardConnection] = []
 
     @property
     def shard_keys(self) -> list[KeyRange]:
@@ -188,6 +185,27 @@ class ParameterClient:
     @property
     def num_keys(self) -> int:
         return self._shards[-1].keys.end
+
+    def clock(self) -> int:
+        """The next clock the servers expect from this worker on every key (the smallest over
+        shards and clock ranges): where a restarted worker picks up."""
+        frames = [(shard.index, encode(Frame(
+            MsgType.CLOCKS, rid, shard.keys, run=self._run, role=self._role, rank=self._rank,
+            clock=0)), rid) for shard, rid in zip(self._shards, self._ids, strict=False)]
+        replies = self._io.call(self._ask_all(frames), self.request_timeout_s,
+                                "asking the shards for this worker's clock")
+        return min((reply.clock for reply, _ in replies), default=0)
+
+    async def _ask_all(self, frames: list[tuple[int, bytearray, int]]) -> list[tuple[Frame, int]]:
+        return list(await asyncio.gather(*(self._connections[index].request(rid, data)
+                                           for index, data, rid in frames)))
+
+    @property
+    def link_stats(self) -> dict[str, int]:
+        """Frames the injected faults dropped, and requests sent again, on every connection."""
+        links = [c.link for c in self._connections if c.link is not None]
+        return {"dropped": sum(link.dropped for link in links),
+                "resent": sum(link.resent for link in links)}
 
     def init(self, values: np.ndarray) -> PushHandle:
         request_id = self._submit(MsgType.INIT, self._range_parts(
@@ -355,12 +373,15 @@ class ParameterClient:
         self._connections = list(
             await asyncio.gather(
                 *(
-                    _ShardConnection.open(
+                    ShardConnection.open(
                         self._transport,
                         shard,
                         token=self._token,
                         timeout=self._connect_timeout_s,
                         max_frame_bytes=self._max_frame_bytes,
+                        link=None if self._faults is None else Link(
+                            self._faults, self._rank * 1009 + shard.index),
+                        duplicates_ok=self._duplicates_ok,
                     )
                     for shard in self._shards
                 )
@@ -427,82 +448,3 @@ def _mean_scale(acks: list[tuple[Frame, int]]) -> tuple[float | None, int]:
         if math.isfinite(scale) and scale >= 0:
             total, keys = total + scale * count, keys + count
     return (total / keys, keys) if keys else (None, 0)
-
-
-class _ShardConnection:
-    """One connection to one shard; replies are matched to requests by request id."""
-
-    def __init__(self, connection: Connection, shard: ShardAddress, max_frame_bytes: int) -> None:
-        self._connection, self._shard = connection, shard
-        self._max_frame_bytes = max_frame_bytes
-        self._waiting: dict[int, asyncio.Future[tuple[Frame, int]]] = {}
-        self._reader = asyncio.create_task(self._read())
-        self._closed: PsctlError | None = None
-
-    @classmethod
-    async def open(
-        cls,
-        transport: Transport,
-        shard: ShardAddress,
-        *,
-        token: str,
-        timeout: float,
-        max_frame_bytes: int,
-    ) -> _ShardConnection:
-        connection = await transport.connect(shard.address, token=token, timeout=timeout)
-        return cls(connection, shard, max_frame_bytes)
-
-    async def request(self, request_id: int, data: bytearray) -> tuple[Frame, int]:
-        if self._closed is not None:
-            raise self._closed
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        await self._connection.send(data)
-        reply: tuple[Frame, int] = await future
-        return reply
-
-    async def close(self) -> None:
-        await self._connection.close()
-        self._reader.cancel()
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                message = await self._connection.recv()
-                if isinstance(message, str):
-                    raise ProtocolError(f"shard {self._shard.index} sent a text message")
-                frame = decode(message, max_bytes=self._max_frame_bytes)
-                self._resolve(frame, len(message))
-        except ConnectionClosed as exc:
-            self._fail_all(
-                ConnectionClosed(
-                    f"shard server {self._shard.index} at {self._shard.address}: {exc}"
-                )
-            )
-        except PsctlError as exc:
-            self._fail_all(exc)
-
-    def _resolve(self, frame: Frame, nbytes: int) -> None:
-        future = self._waiting.pop(frame.request_id, None)
-        if future is None or future.done():
-            return
-        if frame.type is MsgType.ERROR:
-            code, message = frame.error()
-            error = (
-                ShuttingDown(message)
-                if code == "shutting_down"
-                else RemoteError(
-                    f"shard server {self._shard.index} refused request {frame.request_id}: "
-                    f"{code}: {message}"
-                )
-            )
-            future.set_exception(error)
-        else:
-            future.set_result((frame, nbytes))
-
-    def _fail_all(self, error: PsctlError) -> None:
-        self._closed = error
-        waiting, self._waiting = self._waiting, {}
-        for future in waiting.values():
-            if not future.done():
-                future.set_exception(error)

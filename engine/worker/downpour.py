@@ -35,9 +35,13 @@ class DownpourLoop(PlainLoop):
         self._held = 0  # gradients in the sum
         self._fetched: PullResult | None = None  # the newest fetch
         self._base: PullResult | None = None  # the oldest fetch behind the sum
-        self._pushes = 0
+        self._pushes = self.first_clock // self.push_every
         if train.warm_start and self.worker.rank != 0:
             self._wait_for_warm_start(math.ceil(train.warm_start / self.push_every))
+
+    def resume_iteration(self, clock: int) -> int:
+        """Downpour's clocks count pushes, each of ``push_every`` iterations."""
+        return clock * self.worker.config.train.push_every
 
     def _wait_for_warm_start(self, pushes: int) -> None:
         """Until every shard has applied worker 0's first ``pushes`` pushes (under asp with one

@@ -87,13 +87,16 @@ class Worker:
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
 
     def run(self, shard: Shard, model: FlatModel) -> int:
-        """Train until the epochs are done or the coordinator says stop; returns iterations."""
-        if self.rank == 0:
+        """Train until the epochs are done or the coordinator says stop; returns iterations.
+        A restarted (or resumed) worker starts at the clock the servers hold for it."""
+        if self.rank == 0:  # the servers keep the first INIT: a restarted worker 0's is ignored
             self.client.wait(self.client.init(model.params_np))
+        loop = self._loop_class()(self, model)
+        first = loop.resume_iteration(self.client.clock())
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
-                                train_samples=len(shard.targets)))
+                                train_samples=len(shard.targets), first_iteration=first))
         self._await_start()
-        done = self._loop_class()(self, model).train(shard)
+        done = loop.train(shard, first)
         self._flush()
         self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
         return done
@@ -155,6 +158,7 @@ class PlainLoop:
         self.worker, self.model = worker, model
         self.client = worker.client
         self.last_clock = -1
+        self.first_clock = 0  # above 0 for a restarted or resumed worker
         self.filter = make_filter(worker.config.comm,
                                   [segment.keys for segment in worker.layout.segments],
                                   worker.keys.end)
@@ -200,16 +204,25 @@ class PlainLoop:
     def pushes_done(self, requests: list[PushHandle]) -> bool:
         return all(self.client.done(request) for request in requests)
 
-    def train(self, shard: Shard) -> int:
-        """Run the epochs, one ``step`` per batch; returns the iterations done. A run that is
-        stopping (the coordinator said so, or a server is draining) ends after the step."""
-        cfg, clock = self.worker.config.train, 0
-        self.last_clock = cfg.epochs * shard.iterations_per_epoch - 1
+    def resume_iteration(self, clock: int) -> int:
+        """The iteration to start from when the servers hold ``clock`` for this worker (one
+        clock per iteration)."""
+        return clock
+
+    def train(self, shard: Shard, start: int = 0) -> int:
+        """Run the epochs from iteration ``start``, one ``step`` per batch; returns the
+        iterations done (counting those before ``start``). A run that is stopping (the
+        coordinator said so, or a server is draining) ends after the step."""
+        cfg, clock = self.worker.config.train, start
+        per_epoch = shard.iterations_per_epoch
+        self.last_clock = cfg.epochs * per_epoch - 1
+        self.first_clock = start
         try:
             self.begin()
-            for epoch in range(cfg.epochs):
+            for epoch in range(start // per_epoch, cfg.epochs):
                 rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
-                for batch in shard.batches(rng):
+                # The same batches in the same order as before a restart, from where it was.
+                for batch in shard.batches(rng)[clock - epoch * per_epoch:]:
                     if self.worker.should_stop():
                         return clock
                     self.step(shard, batch, epoch, clock)
@@ -259,7 +272,8 @@ class OverlappedLoop(PlainLoop):
     def begin(self) -> None:
         self._unacked: tuple[list[PushHandle], PullResult, IterationRecord] | None = None
         self._staging = np.empty_like(self.model.params_np)
-        self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=0)
+        self._in_flight = self.client.pull(self.worker.keys, self._staging,
+                                           clock=self.first_clock)
 
     def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
         started, t0 = time.time(), time.perf_counter()

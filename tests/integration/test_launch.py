@@ -62,14 +62,14 @@ def test_asp_with_four_workers_shows_staleness(tmp_path: Path, mnist_dir: Path) 
     assert stale[0] > 0 and stale[1] > 0
 
 
-def test_a_killed_worker_fails_the_run_with_its_name_and_leaves_no_process(
+def test_a_killed_worker_without_restarts_fails_the_run_with_its_name_and_leaves_no_process(
         tmp_path: Path) -> None:
     import os
     import signal
     import threading
 
     launcher = Launcher(config(data__dataset="digits", cluster__workers=2, cluster__servers=1,
-                               train__epochs=200, sync__model="bsp"),
+                               train__epochs=200, sync__model="bsp", fault__max_restarts=0),
                         db=tmp_path / "experiments.db")
     launcher.start()
 

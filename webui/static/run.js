@@ -179,7 +179,7 @@
       `${sum.iterations.toLocaleString()} iterations · best accuracy ${PS.pct(sum.best_accuracy)} · started ${PS.date(sum.started_at)} · `;
     const dur = document.getElementById("run-duration") || document.getElementById("run-summary").appendChild(PS.el("span", { id: "run-duration" }));
     dur.textContent = `duration ${PS.fmtS(sum.duration_s)}`;
-    renderBanner(); renderSimulated();
+    renderBanner(); renderSimulated(); renderResumed(); renderFaults();
     const ready = plotly === "ready";
     const top = (card, traces, layout) => {
       if (!ready) { preview(card.div, traces, layout); return; }
@@ -187,18 +187,21 @@
       PS.draw(card.div, traces, layout);
     };
     const ex = (e) => PS.x(mode, e.at, S.origin, e.step);
+    // Events have a time, not an iteration: on the iteration axis they are not marked.
+    const shapes = mode === "iteration" ? [] : eventShapes((at) => PS.x(mode, at, S.origin, null), -Infinity);
+    [cards.acc, cards.tloss, cards.thr, cards.loss].forEach((c) => { c.div.dataset.faultMarks = String(shapes.length); });
     top(cards.acc, [{ type: "scatter", mode: "lines+markers", name: "test accuracy", x: S.evals.map(ex), y: S.evals.map((e) => 100 * e.accuracy) }],
-      PS.layout("Test accuracy", mode, "accuracy (%)", { showlegend: false }));
+      PS.layout("Test accuracy", mode, "accuracy (%)", { showlegend: false, shapes }));
     PS.setCount(cards.acc, S.evals.length, S.evals.length);
     top(cards.tloss, [{ type: "scatter", mode: "lines+markers", name: "test loss", x: S.evals.map(ex), y: S.evals.map((e) => e.loss) }],
-      PS.layout("Test loss", mode, "cross-entropy", { showlegend: false }));
+      PS.layout("Test loss", mode, "cross-entropy", { showlegend: false, shapes }));
     PS.setCount(cards.tloss, S.evals.length, S.evals.length);
     const [thrAll, nAll] = lineTraces(groups, mode, "throughput", { only: "all" });
     const [thrW, nW] = lineTraces(groups, mode, "throughput", {});
-    top(cards.thr, thrAll.concat(thrW), PS.layout("Throughput", mode, "samples/s"));
+    top(cards.thr, thrAll.concat(thrW), PS.layout("Throughput", mode, "samples/s", { shapes }));
     PS.setCount(cards.thr, nAll + nW, S.total, "iterations");
     const [lossT, nLoss] = envelopeTraces(groups, mode, "loss_min", "loss_max", "loss");
-    top(cards.loss, lossT, PS.layout("Training loss (min and max per bucket)", mode, "cross-entropy"));
+    top(cards.loss, lossT, PS.layout("Training loss (min and max per bucket)", mode, "cross-entropy", { shapes }));
     PS.setCount(cards.loss, nLoss, S.total, "iterations");
     // The charts above the fold are drawn first (a preview until plotly.js runs); the rest
     // follow in the next task, so the page is readable before every chart is done.
@@ -338,8 +341,9 @@
     // ElasticBSP barriers inside the window: a dotted line where each was released, and a
     // marker on top whose hover says which barrier and how long its arrivals were spread.
     const marks = [...S.syncs.values()].filter((s) => s.released_at && s.released_at >= lo);
+    const faults = eventShapes(t, lo);
     const shapes = marks.map((s) => ({ type: "line", xref: "x", yref: "paper", x0: t(s.released_at), x1: t(s.released_at),
-      y0: 0, y1: 1, line: { color: "#333", dash: "dot", width: 1 } }));
+      y0: 0, y1: 1, line: { color: "#333", dash: "dot", width: 1 } })).concat(faults);
     if (marks.length) traces.push({ type: "scatter", mode: "markers", name: "barrier released", yaxis: "y2", marker: { symbol: "triangle-down", color: "#333", size: 9 },
       x: marks.map((s) => t(s.released_at)), y: marks.map(() => 1), customdata: marks.map((s) => [s.sync_index, s.actual_wait === null ? "–" : (1000 * s.actual_wait).toFixed(1)]),
       hovertemplate: "barrier %{customdata[0]} · actual wait %{customdata[1]} ms<extra></extra>" });
@@ -347,12 +351,13 @@
     // Workers 0..n top to bottom, whatever order their rows arrived in (categories would
     // otherwise follow first appearance: 3, 2, 0, 1).
     const order = Array.from({ length: S.summary.workers }, (_, w) => label(w));
-    PS.draw(cards.timeline.div, traces, PS.layout(`Synchronisation timeline${span}; ▼ dotted: barriers`, wall ? "wall" : "elapsed", "",
+    PS.draw(cards.timeline.div, traces, PS.layout(`Synchronisation timeline${span}; ▼ dotted: barriers${faults.length ? "; dashed: fault tolerance" : ""}`, wall ? "wall" : "elapsed", "",
       { barmode: "overlay", shapes, bargap: 0.3,
         yaxis: { title: { text: "worker" }, automargin: true, autorange: "reversed", type: "category", categoryorder: "array", categoryarray: order },
         yaxis2: { overlaying: "y", range: [0, 1.05], visible: false, fixedrange: true } }));
     PS.setCount(cards.timeline, rows.length, S.total, "iterations");
     cards.timeline.div.dataset.barriers = String(marks.length);
+    cards.timeline.div.dataset.faultMarks = String(faults.length);
     cards.timeline.div.dataset.order = order.join(",");
   }
 
@@ -386,6 +391,48 @@
     PS.draw(cards.mem.div, procs.map((p, i) => trace(p, i, p.rss.map((b) => b / 1e6))),
       PS.layout(`Memory per process (RSS${every ? ", maximum" + every : ""})`, xMode, "resident memory (MB)"));
     [cards.cpu, cards.mem].forEach((c) => { PS.setCount(c, n, n); c.div.dataset.traces = String(procs.length); });
+  }
+
+  // -- fault tolerance: events marked on the time charts, and banners --------------------------
+  // kind -> [colour, label]: a dashed line at each event of the kind, labelled with
+  // label(detail); a kind without a label is frequent and drawn thin and unlabelled. One line
+  // here marks one more kind. Each chart's data-fault-marks counts its lines, all kinds.
+  const MARKS = {
+    fault_injected: ["#d62728", (d) => String(d.spec).split("@")[0].replaceAll(":", " ")],  // kill worker 1, drop 1%
+    worker_lost: ["#ff7f0e", (d) => `worker ${d.rank} lost`],
+    worker_rejoined: ["#2ca02c", (d) => `worker ${d.rank} rejoined`],
+    resumed: ["#1f77b4", (d) => `resumed from checkpoint ${d.checkpoint}`],
+    checkpoint_incomplete: ["#e0a100", (d) => `checkpoint ${d.seq} incomplete`],
+    training_resumed: ["#9ecae1", null],
+    checkpoint: ["#aaa", null],
+  };
+  // Plotly layout shapes for the marked events from `from` (unix s) on, at x = t(at).
+  function eventShapes(t, from) {
+    let labelled = 0;
+    return S.events.filter((e) => Object.hasOwn(MARKS, e.kind) && e.at >= from).map((e) => {
+      const [color, text] = MARKS[e.kind], x = t(e.at);
+      const shape = { type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
+        line: { color, dash: "dash", width: text ? 1.5 : 0.8 } };
+      if (!text) return shape;
+      // Along the line, on its right, inside the plot; alternately from the top and from the
+      // bottom, as a kill and the loss it causes are a moment apart.
+      const [textposition, xanchor] = labelled++ % 2 ? ["start", "left"] : ["end", "right"];
+      return { ...shape, label: { text: text(e.detail || {}), font: { size: 10, color }, textposition, xanchor, yanchor: "top" } };
+    });
+  }
+
+  function renderResumed() {
+    const resumes = S.events.filter((e) => e.kind === "resumed");
+    const banner = document.getElementById("resumed");
+    banner.hidden = !resumes.length;
+    banner.textContent = resumes.map((e) => `Resumed from checkpoint ${(e.detail || {}).checkpoint} at ${PS.date(e.at).slice(11)}`).join("; ");
+  }
+
+  function renderFaults() {
+    const specs = [...new Set(S.events.filter((e) => e.kind === "fault_injected").map((e) => (e.detail || {}).spec))];
+    const banner = document.getElementById("faults");
+    banner.hidden = !specs.length;
+    banner.textContent = `Faults injected: ${specs.join(", ")}. Dashed lines on the charts mark each fault and what the system did.`;
   }
 
   // A run with more busy processes than cores measures contention as much as its sync model.

@@ -44,7 +44,7 @@ def serve_and(script: Callable[[ShardServer], Awaitable[Any]], *, keys: int = 8,
         state.init(KeyRange(0, keys), np.ones(keys, dtype=np.float32))
         server = ShardServer(state, run=RUN, rank=0, max_frame_bytes=64 * MIB,
                              limits=ServerLimits(**limits))
-        server.address = await server.start(WebSocketTransport(), "127.0.0.1", 0, token=SECRET)
+        await server.start(WebSocketTransport(), "127.0.0.1", 0, token=SECRET)
         try:
             return await asyncio.wait_for(script(server), 45)
         finally:

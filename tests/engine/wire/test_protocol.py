@@ -37,6 +37,7 @@ from engine.wire.protocol import (
     from_ns,
     peek_request_id,
     to_ns,
+    with_request_id,
 )
 
 # magic | version | type | dtype | ndim | role | flags | rank | run | request id | clock |
@@ -223,7 +224,7 @@ def test_value_frames_round_trip(
 
 @settings(max_examples=100, deadline=None)
 @given(
-    kind=st.sampled_from([MsgType.PULL, MsgType.ACK]),
+    kind=st.sampled_from([MsgType.PULL, MsgType.ACK, MsgType.CLOCKS]),
     keys=key_ranges(max_len=2**40),
     request_id=u64,
     clock=clocks,
@@ -288,7 +289,7 @@ def test_error_frames_round_trip(
 
 def test_every_message_type_is_covered_by_a_round_trip() -> None:
     covered = {MsgType.PUSH, MsgType.INIT, MsgType.VALUES, MsgType.PULL, MsgType.ACK}
-    covered.add(MsgType.ERROR)
+    covered |= {MsgType.ERROR, MsgType.CLOCKS}
     assert covered == set(MsgType)
 
 
@@ -385,7 +386,7 @@ def test_unsupported_version(version: int) -> None:
     ("field", "value", "what"),
     [
         ("msg_type", 0, "type"),
-        ("msg_type", 7, "type"),
+        ("msg_type", 8, "type"),
         ("dtype", 0, "dtype"),
         ("dtype", 6, "dtype"),
         ("role", 5, "role"),
@@ -656,3 +657,12 @@ def test_a_range_frame_may_not_declare_keys_and_init_takes_no_list() -> None:
 def test_uint32_keys_cannot_describe_a_span_past_2_to_the_32() -> None:
     with pytest.raises(ProtocolError, match="does not fit the frame's uint32 keys"):
         decode(raw_frame(key_kind=1, keys=u32(1), start=0, end=2**32 + 5), max_bytes=MAX)
+
+
+def test_a_frame_takes_another_request_id_and_keeps_the_rest() -> None:
+    sent = Frame(MsgType.PUSH, 7, KeyRange(0, 3), rank=2, clock=5,
+                 payload=np.arange(3, dtype=np.float32))
+    got = decode(with_request_id(encode(sent), 2**40 + 1), max_bytes=MAX)
+    assert got.request_id == 2**40 + 1
+    assert (got.rank, got.clock, got.keys) == (2, 5, KeyRange(0, 3))
+    np.testing.assert_array_equal(got.values, np.arange(3, dtype=np.float32))

@@ -1,0 +1,160 @@
+"""A shard's checkpoint: its values, optimizer state and vector clocks in one ``.npz`` file.
+
+Written atomically (a temporary file, fsync, rename, fsync of the folder), so a checkpoint file
+either holds a whole shard or does not exist. Read back with ``allow_pickle=False`` and checked
+against the shard it is loaded into: its key range, workers, clock ranges and optimizer slots.
+
+What a restored shard holds: every update it had applied, and per worker and clock range the
+next clock it expects. Under a model that accumulates rounds (BSP) a round that was only partly
+pushed is dropped: its contributors' clocks go back to the round, so they push it again. The
+consistency controller is rebuilt by replaying the commits the clocks imply, in clock order;
+its timing history (which only ElasticBSP and DSSP keep) starts empty again, and ElasticBSP
+monitors two pushes before placing its next barrier, as at the start of a run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import StoreError
+from engine.server.shard import ShardState
+
+FORMAT = 1
+
+
+def shard_file(folder: Path, rank: int) -> Path:
+    return folder / f"shard-{rank}.npz"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Copies of a shard's state taken on its event loop, written out later off it."""
+
+    arrays: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, state: ShardState, seq: int) -> Snapshot:
+        arrays: dict[str, np.ndarray] = {
+            "format": np.array([FORMAT], dtype=np.int64),
+            "seq": np.array([seq], dtype=np.int64),
+            "keys": np.array([state.keys.start, state.keys.end], dtype=np.int64),
+            "params": state.params.copy(),
+            "next": state.clocks.next.copy(),
+            "versions": state.versions.copy(),
+            "pushes": np.array([state.pushes], dtype=np.int64),
+        }
+        for i, slot in enumerate(state.optimizer.slots()):
+            arrays[f"slot{i}"] = slot.copy()
+        return cls(arrays)
+
+    def write(self, path: Path) -> int:
+        """Write atomically; returns the file's size in bytes."""
+        partial = path.with_name(path.name + ".partial")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with partial.open("wb") as handle:
+                np.savez(handle, **self.arrays)  # type: ignore[arg-type]
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, path)
+            _fsync_folder(path.parent)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise StoreError(f"cannot write checkpoint {path}: {exc}") from None
+        return path.stat().st_size
+
+
+def save(state: ShardState, folder: Path, rank: int, seq: int) -> tuple[Path, int, float]:
+    """Snapshot and write one shard; (path, bytes, seconds)."""
+    started = time.perf_counter()
+    path = shard_file(folder, rank)
+    size = Snapshot.of(state, seq).write(path)
+    return path, size, time.perf_counter() - started
+
+
+def restore(state: ShardState, path: Path) -> int:
+    """Load ``path`` into a fresh ``state``; returns the checkpoint's sequence number."""
+    arrays = _load(path)
+    _check(state, arrays, path)
+    np.copyto(state.params, arrays["params"])
+    for i, slot in enumerate(state.optimizer.slots()):
+        np.copyto(slot, arrays[f"slot{i}"])
+    np.copyto(state.versions, arrays["versions"])
+    state.pushes = int(arrays["pushes"][0])
+    state.initialized = True
+    clocks = arrays["next"].copy()
+    if state.controller.accumulates:  # a partial round is not in the values: push it again
+        clocks[:] = clocks.min(axis=0)
+    replay(state, clocks)
+    return int(arrays["seq"][0])
+
+
+def replay(state: ShardState, clocks: np.ndarray) -> None:
+    """Bring the shard's clocks and controller to ``clocks`` (workers x clock ranges) by
+    committing, clock by clock, what they say was committed, then let the controller restart
+    its timing-driven state from there (``resume``); what it reports is dropped."""
+    controller, ranges = state.controller, clocks.shape[1]
+    for clock in range(int(clocks.max(initial=0))):
+        for worker in range(clocks.shape[0]):
+            for r in range(ranges):
+                if clocks[worker, r] > clock:
+                    controller.on_commit(worker, clock, range(r, r + 1))
+    np.copyto(state.clocks.next, clocks)
+    controller.resume([int(c) for c in clocks.min(axis=1)])
+    controller.take_syncs()
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except ValueError as exc:  # numpy's advice (load it with pickles allowed) is not ours
+        if "allow_pickle" in str(exc):
+            raise StoreError(f"cannot read checkpoint {path}: it holds Python objects, which "
+                             "psctl never loads; it is not a psctl checkpoint") from None
+        raise StoreError(f"cannot read checkpoint {path}: {exc}") from None
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise StoreError(f"cannot read checkpoint {path}: {exc} (damaged or not a "
+                         "checkpoint)") from None
+
+
+def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None:
+    slots = state.optimizer.slots()
+    expected = {"format": (1,), "seq": (1,), "keys": (2,), "params": state.params.shape,
+                "next": state.clocks.next.shape, "versions": state.versions.shape,
+                "pushes": (1,), **{f"slot{i}": s.shape for i, s in enumerate(slots)}}
+    for name, shape in expected.items():
+        if name not in arrays or arrays[name].shape != shape:
+            got = arrays[name].shape if name in arrays else "nothing"
+            raise StoreError(f"checkpoint {path} does not fit this shard: {name} should have "
+                             f"shape {shape}, has {got} (was the run's config changed?)")
+    if int(arrays["format"][0]) != FORMAT:
+        raise StoreError(f"checkpoint {path} has format {int(arrays['format'][0])}, "
+                         f"this psctl reads {FORMAT}")
+    if tuple(arrays["keys"].tolist()) != (state.keys.start, state.keys.end):
+        start, end = arrays["keys"].tolist()
+        raise StoreError(f"checkpoint {path} holds keys [{start}, {end}), this shard "
+                         f"[{state.keys.start}, {state.keys.end})")
+    floats = [arrays["params"], *(arrays[f"slot{i}"] for i in range(len(slots)))]
+    if not all(a.dtype == np.float32 and np.isfinite(a).all() for a in floats):
+        raise StoreError(f"checkpoint {path} holds values that are not finite float32")
+    for name in ("next", "versions", "pushes", "seq"):
+        if arrays[name].dtype.kind != "i" or (arrays[name] < 0).any():
+            raise StoreError(f"checkpoint {path} holds negative or non-integer {name}")
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # not every file system lets a folder be opened; the rename is still atomic
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

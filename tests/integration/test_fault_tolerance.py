@@ -1,0 +1,148 @@
+"""Fault tolerance on real processes: a worker killed and restarted, a launcher killed and the
+run resumed, lost and delayed frames, a shard server killed under chain replication."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.launcher import Launcher
+from engine.wire.records import RunStatus
+from tests.integration.support import config, processes_with, query, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+DIGITS = {"data__dataset": "digits", "cluster__workers": 2, "cluster__servers": 2,
+          "train__seed": 3}
+
+
+def _run(tmp_path: Path, name: str, **overrides: object) -> Launcher:
+    launcher = Launcher(config(**{**DIGITS, **overrides}), db=tmp_path / f"{name}.db")
+    launcher.start()
+    result = launcher.wait()
+    assert result.status is RunStatus.FINISHED, result.reason
+    assert processes_with(launcher.join_token) == []
+    return launcher
+
+
+def _final_accuracy(launcher: Launcher) -> float:
+    return float(query(launcher.db, "SELECT accuracy FROM evaluations ORDER BY at DESC "
+                                    "LIMIT 1")[0][0])
+
+
+def _events(launcher: Launcher, kind: str) -> list[dict[str, object]]:
+    return [json.loads(detail) for (detail,) in
+            query(launcher.db, "SELECT detail FROM events WHERE kind = ? ORDER BY at", kind)]
+
+
+def test_a_killed_worker_is_restarted_at_its_clock_and_the_run_ends_as_if_undisturbed(
+        tmp_path: Path) -> None:
+    clean = _run(tmp_path, "clean", sync__model="bsp", train__epochs=25)
+    hit = _run(tmp_path, "hit", sync__model="bsp", train__epochs=25,
+               fault__inject=("kill:worker:1@2s",))
+    assert [e["spec"] for e in _events(hit, "fault_injected")] == ["kill:worker:1@2s"]
+    assert [e["rank"] for e in _events(hit, "worker_lost")] == [1]
+    assert [e["rank"] for e in _events(hit, "worker_rejoined")] == [1]
+    rejoined = [e for e in _events(hit, "worker_ready") if e["rank"] == 1][-1]
+    first = rejoined["first_iteration"]
+    assert isinstance(first, int) and first > 0  # it went on from its clock, not from 0
+    per_worker = query(hit.db, "SELECT worker, max(iteration) FROM iterations GROUP BY worker")
+    assert per_worker == query(clean.db, "SELECT worker, max(iteration) FROM iterations "
+                                         "GROUP BY worker")
+    # The restarted worker recomputes its clock on the same batch and the same values (BSP):
+    # the run ends where the undisturbed one did.
+    assert abs(_final_accuracy(hit) - _final_accuracy(clean)) <= 0.005
+
+
+def test_a_run_whose_launcher_was_killed_is_resumed_from_its_checkpoint(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
+         "--servers", "2", "--epochs", "30", "--sync", "asp", "--checkpoint-every", "1",
+         "--no-live"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: db.exists() and query(
+            db, "SELECT count(*) FROM events WHERE kind = 'checkpoint'")[0][0] >= 2, 120,
+            "two checkpoints")
+        run_id = query(db, "SELECT id FROM runs")[0][0]
+        launch.send_signal(signal.SIGKILL)  # every process of the run dies with it
+        launch.wait(10)
+        wait_for(lambda: not processes_with(run_id), 10, "the run's processes to die")
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    planned = json.loads(query(db, "SELECT detail FROM events WHERE kind = "
+                                   "'training_started'")[0][0])["total_iterations"]
+    before = query(db, "SELECT status, iteration_count FROM runs")[0]
+    assert before[0] == "running" and 0 < before[1] < planned  # killed mid-run
+    per_second = before[1] / _training_seconds(db)
+    resumed = subprocess.run([sys.executable, "-m", "psctl", "resume", run_id[:8], "--no-live"],
+                             env=env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run" in resumed.stderr
+    status, total = query(db, "SELECT status, iteration_count FROM runs")[0]
+    assert status == "finished"
+    # Each iteration recorded once (one redone keeps its first row); rows a worker had not
+    # reported yet when it was killed, from before the checkpoint, are missing: fewer than
+    # one checkpoint interval's.
+    assert 0 <= planned - total <= per_second * 1.0
+    last = query(db, "SELECT max(iteration) FROM iterations GROUP BY worker")
+    assert last == [(planned // 2 - 1,), (planned // 2 - 1,)]
+    assert query(db, "SELECT count(*) FROM events WHERE kind = 'resumed'")[0][0] == 1
+    firsts = json.loads(query(db, "SELECT detail FROM events WHERE kind = "
+                                  "'training_resumed'")[0][0])["first_iterations"]
+    assert all(int(first) > 0 for first in firsts.values())
+    assert not processes_with(run_id)
+
+
+def _training_seconds(db: Path) -> float:
+    started = query(db, "SELECT min(at) FROM events WHERE kind = 'training_started'")[0][0]
+    ended = query(db, "SELECT max(ended_at) FROM iterations")[0][0]
+    return float(ended - started)
+
+
+def test_resume_refuses_a_finished_run_and_a_run_without_checkpoints(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launcher = Launcher(config(**{**DIGITS, "train__epochs": 1}), db=db)
+    launcher.start()
+    assert launcher.wait().status is RunStatus.FINISHED
+    refused = subprocess.run([sys.executable, "-m", "psctl", "resume", launcher.run_id],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0
+    assert "is finished; only a failed, interrupted or crashed run can be resumed" in \
+        refused.stderr
+
+
+@pytest.mark.parametrize("model", ["bsp", "asp"])
+def test_lost_and_delayed_frames_are_resent_and_the_run_learns_as_a_clean_one(
+        tmp_path: Path, model: str) -> None:
+    clean = _run(tmp_path, "clean", sync__model=model, train__epochs=15)
+    faulty = _run(tmp_path, "faulty", sync__model=model, train__epochs=15,
+                  fault__inject=("drop:1%", "delay:5ms"))
+    links = _events(faulty, "link_faults")
+    assert sum(int(str(e["dropped"])) for e in links) > 0
+    assert sum(int(str(e["resent"])) for e in links) > 0
+    assert {e["spec"] for e in _events(faulty, "fault_injected")} == {"drop:1%", "delay:5ms"}
+    # BSP does the same arithmetic whatever the delays: the same model. ASP's order of updates
+    # varies from run to run anyway; docs/fault-tolerance.md measures it on MNIST.
+    allowed = 0.0 if model == "bsp" else 0.03
+    assert abs(_final_accuracy(faulty) - _final_accuracy(clean)) <= allowed
+
+
+def test_a_killed_primary_fails_over_to_its_backup_within_a_second(tmp_path: Path) -> None:
+    clean = _run(tmp_path, "clean", sync__model="bsp", train__epochs=25, cluster__replicas=1)
+    hit = _run(tmp_path, "hit", sync__model="bsp", train__epochs=25, cluster__replicas=1,
+               fault__inject=("kill:server:0@2s",))
+    assert [e["rank"] for e in _events(hit, "server_lost")] == [0]
+    assert [(e["index"], e["primary"]) for e in _events(hit, "failover")] == [(0, 1)]
+    complete = _events(hit, "failover_complete")
+    assert len(complete) == 1 and 0 < float(str(complete[0]["seconds"])) <= 1.0
+    assert abs(_final_accuracy(hit) - _final_accuracy(clean)) <= 0.005
