@@ -32,6 +32,7 @@ from engine.config import RunConfig
 from engine.db.schema import events, open_engine, translate_errors
 from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
 from engine.recorder import Recorder
+from engine.roles.membership import ranks_to_spawn
 from engine.transport.admission import credential
 from engine.wire.records import RunStatus
 
@@ -124,6 +125,7 @@ class Launcher(NewRun):
         self.children: list[Child] = []
         self._token = secrets.token_urlsafe(32)
         self._interrupted = False
+        self._address: str | None = None
 
     @property
     def join_token(self) -> str:
@@ -141,7 +143,7 @@ class Launcher(NewRun):
             "coordinator", "--config", str(config_path), "--run-id", self.run_id,
             "--name", self.name, "--db", str(self.db), "--host", self.config.cluster.host,
             *resume], stdout=subprocess.PIPE)
-        address = self._await_announcement(coordinator)
+        address = self._address = self._await_announcement(coordinator)
         try:
             self._start_roles(address)
         except KeyboardInterrupt:  # starting a hundred roles takes minutes: Ctrl-C ends it all
@@ -156,10 +158,12 @@ class Launcher(NewRun):
             if first and not self._await_joined(first):
                 return  # the coordinator ended: wait() reports why
             for role, rank in roles[first:first + size]:
-                self._spawn(role, rank, [
-                    role, "--coordinator", address, "--rank", str(rank), "--host",
-                    self.config.cluster.host, "--max-frame-bytes",
-                    str(self.config.cluster.max_frame_bytes)])
+                self._spawn(role, rank, self._role_args(role, rank, address))
+
+    def _role_args(self, role: str, rank: int, address: str) -> list[str]:
+        return [role, "--coordinator", address, "--rank", str(rank), "--host",
+                self.config.cluster.host, "--max-frame-bytes",
+                str(self.config.cluster.max_frame_bytes)]
 
     def _await_joined(self, started: int) -> bool:
         """Wait (at most WAVE_JOIN_WAIT_S) until the roles started so far joined, or died;
@@ -187,6 +191,7 @@ class Launcher(NewRun):
                     child.process.poll()  # reaps a role that ended, so none lingers <defunct>
                     if self._restartable(child):
                         self._restart(child)
+                self._spawn_newcomers()
                 if on_tick is not None:
                     on_tick()
                 time.sleep(tick_s)
@@ -196,6 +201,13 @@ class Launcher(NewRun):
         finally:
             self.stop_all()
         return self._result()
+
+    def _spawn_newcomers(self) -> None:
+        """Workers the coordinator added to the job (``psctl scale``) that are not started."""
+        started = {c.rank for c in self.children if c.role == "worker"}
+        for rank in ranks_to_spawn(self.logs):
+            if rank not in started and self._address is not None:
+                self._spawn("worker", rank, self._role_args("worker", rank, self._address))
 
     def _restartable(self, child: Child) -> bool:
         """A worker killed by a signal (kill -9, the OOM killer) while the run goes on; one

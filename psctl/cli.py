@@ -260,6 +260,29 @@ def resume(
                      else settings.EXIT_ERROR)
 
 
+@app.command()
+def scale(
+    run: RunArgument,
+    workers: Annotated[int, typer.Option(help="the number of workers the job should have",
+                                         min=1, max=256)],
+    db: DbOption = None,
+) -> None:
+    """Add workers to a running job, or let some leave (asp, ssp, dssp, bounded-delay)."""
+    from psctl.scale import scale_run
+
+    try:
+        answer = scale_run(settings.database_path(db), run, workers)
+    except PsctlError as exc:
+        raise _fail(exc) from None
+    if answer["kind"] == "scale_refused":
+        raise _fail(PsctlError(str(answer.get("reason"))))
+    joining, leaving = answer.get("joining") or [], answer.get("leaving") or []
+    what = (f"workers {', '.join(map(str, joining))} join" if joining else
+            f"workers {', '.join(map(str, leaving))} leave after their iteration" if leaving
+            else "nothing to change")
+    err.print(f"scaling to {workers} workers: {what}", highlight=False, markup=False)
+
+
 def _run_all(configs: list[Any], group: str | None, path: Path, *, live: bool) -> list[Any]:
     """Each run in turn (one, or a group of repeated seeds); Ctrl-C ends the group."""
     from psctl.launch import print_group

@@ -69,10 +69,22 @@ class ConsistencyController(Protocol):
         """Barrier decisions and completions since the last call (ElasticBSP), oldest first."""
         ...
 
-    def resume(self, clocks: list[int]) -> None:
+    def join(self, worker: int) -> list[int] | None:
+        """A worker joins the running job (``psctl scale``); per clock range, the clock it
+        starts at (None: at 0). Raises ConfigError if the model counts a fixed set of
+        workers."""
+        ...
+
+    def leave(self, worker: int, next_clocks: list[int]) -> None:
+        """A worker left after committing clocks below ``next_clocks`` (per clock range); no
+        one waits for its later clocks."""
+        ...
+
+    def resume(self, clocks: list[int], finished: list[bool]) -> None:
         """The shard was restored from a checkpoint (its commits replayed through
-        ``on_commit``); each worker has finished ``clocks[w]`` clocks on every range. The
-        timing-driven state starts again from there."""
+        ``on_commit``); each worker has finished ``clocks[w]`` clocks on every range, and
+        ``finished[w]`` says it made its last push. The timing-driven state starts again from
+        there."""
         ...
 
 
@@ -89,6 +101,15 @@ class RangeClocks:
     def check_rank(self, worker: int) -> None:
         if not 0 <= worker < self.workers:
             raise ProtocolError(f"worker rank {worker} is outside 0..{self.workers - 1}")
+
+    def add(self, worker: int, starts: list[int] | None) -> None:
+        """A worker joins: its row (and any unused one below it) is added; it next pushes
+        ``starts`` per range (default 0)."""
+        if worker >= self.workers:
+            grown = np.zeros((worker + 1, self.next.shape[1]), dtype=np.int64)
+            grown[: self.workers] = self.next
+            self.next, self.workers = grown, worker + 1
+        self.next[worker] = starts if starts is not None else 0
 
     def check(self, worker: int, clock: int, ranges: range) -> None:
         self.check_rank(worker)
@@ -129,8 +150,20 @@ class ImmediateController:
     def take_syncs(self) -> list[SyncRecord]:
         return []
 
-    def resume(self, clocks: list[int]) -> None:
+    def join(self, worker: int) -> list[int] | None:
+        return None  # nobody waits for anybody: it starts at clock 0
+
+    def leave(self, worker: int, next_clocks: list[int]) -> None:
         return None
+
+    def resume(self, clocks: list[int], finished: list[bool]) -> None:
+        return None
+
+
+def fixed_membership(model: str) -> ConfigError:
+    return ConfigError(f"{model} counts a fixed set of workers in every round, so workers "
+                       "cannot join or leave a running job; psctl scale works with asp, ssp, "
+                       "dssp and bounded-delay")
 
 
 class BSP:
@@ -174,7 +207,13 @@ class BSP:
     def take_syncs(self) -> list[SyncRecord]:
         return []
 
-    def resume(self, clocks: list[int]) -> None:
+    def join(self, worker: int) -> list[int] | None:
+        raise fixed_membership(self.name)
+
+    def leave(self, worker: int, next_clocks: list[int]) -> None:
+        raise fixed_membership(self.name)
+
+    def resume(self, clocks: list[int], finished: list[bool]) -> None:
         return None
 
 

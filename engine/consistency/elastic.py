@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.consistency.base import ImmediateController, PushTiming
+from engine.consistency.base import ImmediateController, PushTiming, fixed_membership
 from engine.consistency.timings import TimingHistory, predict_end_times
 from engine.consistency.zipline import search
 
@@ -80,14 +80,20 @@ class ElasticBSP(ImmediateController):
         reports, self._reports = self._reports, []
         return reports
 
-    def resume(self, clocks: list[int]) -> None:
+    def join(self, worker: int) -> list[int] | None:
+        raise fixed_membership(self.name)
+
+    def leave(self, worker: int, next_clocks: list[int]) -> None:
+        raise fixed_membership(self.name)
+
+    def resume(self, clocks: list[int], finished: list[bool]) -> None:
         """Monitor again from where each worker is: its barrier two pushes ahead, as at the
         start, since the timing history is gone. Decisions are numbered past any taken before
         (there were at most min(clocks) + 1), so none overwrites a recorded one."""
         self.timings = TimingHistory(self.workers)
-        self._finished = [False] * self.workers
+        self._finished = list(finished)  # those take no part in barriers, as before
         self._arrivals = [None] * self.workers
-        self._participants = list(range(self.workers))
+        self._participants = [w for w in range(self.workers) if not finished[w]]
         self._barrier = [clock + MONITOR_CLOCK for clock in clocks]
         self._current = self._record(max(clocks, default=0) + 2, 0.0, [c - 1 for c in clocks],
                                      [[] for _ in clocks], 0.0, "monitoring")

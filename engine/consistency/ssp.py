@@ -43,7 +43,23 @@ class SlidingWindow:
     def add(self, clock: int) -> None:
         self.check(clock)
         self._counts[clock % self.width] += 1
-        while self._counts[self.low % self.width] == self.workers:
+        self._advance()
+
+    def join(self) -> int:
+        """One more worker, starting at the low bound (nothing it pushes is behind it)."""
+        self.workers += 1
+        return self.low
+
+    def leave(self, next_clock: int) -> None:
+        """One worker fewer: it pushed the open clocks below ``next_clock``, and will push no
+        other; its pushes no longer count, nor does anyone wait for it."""
+        for clock in range(self.low, min(next_clock, self.low + self.width)):
+            self._counts[clock % self.width] -= 1
+        self.workers -= 1
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.workers and self._counts[self.low % self.width] >= self.workers:
             self._counts[self.low % self.width] = 0
             self.low += 1
 
@@ -69,6 +85,16 @@ class SSP(ImmediateController):
         for r in ranges:
             self.windows[r].add(clock)
         return []
+
+    def join(self, worker: int) -> list[int] | None:
+        return [window.join() for window in self.windows]
+
+    def leave(self, worker: int, next_clocks: list[int]) -> None:
+        for window, next_clock in zip(self.windows, next_clocks, strict=True):
+            window.leave(next_clock)
+
+
+LEFT = 2**62  # a departed worker's finished clocks in DSSP's comparison
 
 
 class DSSP(SSP):
@@ -97,8 +123,20 @@ class DSSP(SSP):
         self._finished[worker] = clock + 1
         self.timings.observe(worker, timing.pushed_at, timing.waited_s)
 
-    def resume(self, clocks: list[int]) -> None:
+    def resume(self, clocks: list[int], finished: list[bool]) -> None:
         self._finished = list(clocks)  # the timing history starts empty
+
+    def join(self, worker: int) -> list[int] | None:
+        starts = super().join(worker)
+        while len(self._finished) <= worker:
+            self._finished.append(0)
+            self.timings.grow()
+        self._finished[worker] = min(starts or [0])
+        return starts
+
+    def leave(self, worker: int, next_clocks: list[int]) -> None:
+        super().leave(worker, next_clocks)
+        self._finished[worker] = LEFT  # never the slowest again
 
     def _ends_before_slowest(self, worker: int) -> bool:
         slowest = self._finished.index(min(self._finished))  # lowest rank: deterministic

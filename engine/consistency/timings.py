@@ -67,6 +67,11 @@ class TimingHistory:
             self._intervals[worker].append(busy_interval(previous, pushed_at, waited_s))
         self._last_push[worker] = pushed_at
 
+    def grow(self) -> None:
+        """Room for one more worker (one that joined the running job)."""
+        self._last_push.append(None)
+        self._intervals.append(deque(maxlen=KEEP_INTERVALS))
+
     def seed(self, worker: int, intervals: Sequence[float]) -> None:
         self._intervals[worker].extend(intervals)
 

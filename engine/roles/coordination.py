@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -31,6 +32,13 @@ from engine.errors import (
 from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.roles.checkpoints import CheckpointKeeper
+from engine.roles.membership import (
+    SPAWN_FILE,
+    Membership,
+    check_scalable,
+    wanted_workers,
+    write_json,
+)
 from engine.roles.placement import Placement
 from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
 from engine.transport.base import Connection, Listener, Transport
@@ -46,6 +54,7 @@ from engine.wire.messages import (
     Fatal,
     Hello,
     Iterations,
+    Members,
     Message,
     Ready,
     Serving,
@@ -78,6 +87,7 @@ _Row = TypeVar("_Row")
 # not for free); 103 processes need about 290 s.
 JOIN_S_PER_PROCESS = 3.0
 _NAMES_SHOWN = 8
+SCALE_POLL_S = 0.5  # how often the run's folder is read for a psctl scale request
 
 
 @dataclass(frozen=True)
@@ -161,9 +171,10 @@ class _Progress:
     done: set[int] = field(default_factory=set)
 
     def epoch(self, workers: int) -> float:
-        """Training progress in epochs, averaged over workers."""
+        """Training progress in epochs, averaged over the job's first ``workers`` workers
+        (newcomers of a scaled job count epochs of their own)."""
         fractions = [self.iterations.get(w, 0) / ipe
-                     for w, ipe in self.iterations_per_epoch.items()]
+                     for w, ipe in self.iterations_per_epoch.items() if w < workers]
         return sum(fractions) / workers if fractions else 0.0
 
 
@@ -191,6 +202,11 @@ class Coordinator:
         self.placement = Placement(self.ranges, config.cluster.replicas)
         self.servers_ready = asyncio.Event()
         self._linked = 0
+        self.membership = Membership(config.cluster.workers)
+        self._members_acked: set[int] = set()
+        self._join_clocks: dict[int, int] = {}
+        self._newcomers: dict[int, dict[str, Any]] = {}  # rank -> what its welcome changes
+        self._members_changed = asyncio.Event()
         self._failed_over_at: dict[int, float] = {}  # range -> when its primary was lost
         self._killed_at: dict[tuple[str, int], float] = {}
         self.progress = _Progress()
@@ -213,7 +229,8 @@ class Coordinator:
         self._listener = await transport.listen(host, port, self._serve, token=self.token)
         self._tasks = [asyncio.create_task(coro) for coro in
                        (self._watch_registration(), self._evaluation_timer(), self._deadline(),
-                        self._sample_processes(), self._inject_kills(), self._checkpoints())]
+                        self._sample_processes(), self._inject_kills(), self._checkpoints(),
+                        self._watch_scale())]
         return self._listener.address
 
     async def run(self) -> tuple[RunStatus, str | None]:
@@ -306,18 +323,25 @@ class Coordinator:
                 raise ProtocolError(f"shard servers did not start listening within "
                                     f"{self.join_deadline_s:.0f} s") from None
             welcome = self._welcome(shards=self.placement.shard_map(), own=None)
-            await self._send(peer, welcome.model_copy(
-                update={"backups": self.placement.backups()}))
+            welcome = welcome.model_copy(update={"backups": self.placement.backups()})
+            if peer.role == "worker" and hello.rank in self.membership.joining:
+                await self._admit_newcomer(peer)
+            if peer.role == "worker" and hello.rank in self._newcomers:
+                welcome = welcome.model_copy(update=self._newcomers[hello.rank])
+            await self._send(peer, welcome)
         peer.welcomed = True
         if self._stop_reason is not None and peer.role in ("worker", "server"):
             # the stop went out before its welcome (a tiny stop.max_seconds): it must stop too
             await self._send(peer, Stop(reason=self._stop_reason))
+        elif peer.role == "worker" and peer.rank in self.membership.leaving:
+            await self._send(peer, Stop(reason="scaled down before it joined"))
         return peer
 
     def _register(self, hello: Hello, connection: Connection) -> Peer:
         limit = {"server": self.config.cluster.servers, "worker": self.config.cluster.workers,
                  "evaluator": 1}[hello.role]
-        if hello.rank >= limit:
+        newcomer = hello.role == "worker" and hello.rank in self.membership.started
+        if hello.rank >= limit and not newcomer:
             raise ProtocolError(f"{hello.role} rank {hello.rank} is outside 0..{limit - 1}")
         before = self.peers.get((hello.role, hello.rank))
         if before is not None and not before.lost:
@@ -425,11 +449,14 @@ class Coordinator:
             self._final.set_result(message.row)
 
     def _on_epoch_done(self, rank: int, epoch: int) -> None:
-        workers = self.config.cluster.workers
-        before = min(self.progress.epochs_done.get(w, -1) for w in range(workers))
+        # The run's epochs are its first workers' (still there): newcomers count their own.
+        workers = [w for w in range(self.config.cluster.workers) if w in self.membership.active]
+        if rank not in workers:
+            return
+        before = min((self.progress.epochs_done.get(w, -1) for w in workers), default=-1)
         self.progress.epochs_done[rank] = epoch
-        after = min(self.progress.epochs_done.values())
-        if len(self.progress.epochs_done) == self.config.cluster.workers and after > before:
+        after = min((self.progress.epochs_done.get(w, -1) for w in workers), default=-1)
+        if after > before:
             self._event("epoch_done", epoch=after)
             if after + 1 < self.config.train.epochs:
                 self._request_evaluation(float(after + 1), final=False)
@@ -439,7 +466,10 @@ class Coordinator:
         self.progress.done.add(peer.rank)
         self._event("worker_done", rank=peer.rank, iterations=message.iterations,
                     reason=message.reason)
-        if len(self.progress.done) == self.config.cluster.workers:
+        if self.membership.scaled:  # its last push is in: nobody waits for it any more
+            self.membership.leaving.discard(peer.rank)
+            self._spawn(self._update_members())
+        if self.membership.active <= self.progress.done:
             self._all_done.set()
 
     # -- ending ---------------------------------------------------------------------------------
@@ -490,6 +520,13 @@ class Coordinator:
             self._linked += 1
             if self._linked == self.placement.copies:
                 self.servers_ready.set()
+        elif row.kind == "members_updated" and isinstance(detail.get("rank"), int):
+            self._members_acked.add(detail["rank"])
+            for worker, clock in dict(detail.get("starts") or {}).items():
+                if isinstance(clock, int):  # a newcomer starts at the smallest, on any server
+                    rank = int(worker)
+                    self._join_clocks[rank] = min(clock, self._join_clocks.get(rank, clock))
+            self._members_changed.set()
         elif row.kind == "failover_served" and isinstance(detail.get("index"), int):
             lost_at = self._failed_over_at.get(detail["index"])
             served = detail.get("first_pull_at")
@@ -522,6 +559,70 @@ class Coordinator:
             self.fail(f"server {server} is gone; it cannot take {type(message).__name__}")
             return
         await self._send(peer, message)
+
+    # -- membership (psctl scale) ---------------------------------------------------------------
+
+    async def _watch_scale(self) -> None:
+        if self.folder is None:
+            return
+        await self.training.wait()
+        handled: tuple[int, float] | None = None
+        while True:
+            await asyncio.sleep(SCALE_POLL_S)
+            wanted = wanted_workers(self.folder)
+            if wanted is None or wanted == handled or self._stop_reason is not None:
+                continue
+            handled = wanted
+            self._scale(wanted[0])
+
+    def _scale(self, target: int) -> None:
+        try:
+            check_scalable(self.config.sync.model, self.config.learning.rule,
+                           self.config.train.push_every)
+        except PsctlError as exc:
+            self._event("scale_refused", workers=target, reason=str(exc))
+            return
+        joining, leaving = self.membership.scale_to(target)
+        self._event("membership", workers=target, joining=joining, leaving=leaving)
+        if joining and self.folder is not None:  # the launcher starts them
+            write_json(self.folder / SPAWN_FILE, {"ranks": sorted(self.membership.started)})
+        for rank in leaving:
+            peer = self.peers.get(("worker", rank))
+            if peer is not None and peer.welcomed:
+                self._spawn(self._send(peer, Stop(reason=f"scaled down to {target} workers")))
+
+    async def _admit_newcomer(self, peer: Peer) -> None:
+        """The servers count the newcomer before it can ask them anything; it trains on its
+        share of the data for the epochs left, from the clock the servers gave it (a restart
+        of it gets the same welcome)."""
+        await self._update_members()
+        self.membership.joining.discard(peer.rank)
+        workers = len(self.membership.active)
+        first = self.config.cluster.workers  # the run's epochs are its first workers'
+        left = max(1, math.ceil(self.config.train.epochs - self.progress.epoch(first)))
+        config = self.config.model_copy(update={
+            "cluster": self.config.cluster.model_copy(update={"workers": workers}),
+            "train": self.config.train.model_copy(update={"epochs": left})})
+        base = self._join_clocks.get(peer.rank, 0)
+        self._event("worker_joined", rank=peer.rank, workers=workers, epochs=left, clock=base)
+        self._newcomers[peer.rank] = {"config": _role_config(config), "clock_base": base}
+
+    async def _update_members(self) -> None:
+        """Tell every live server who the workers are; returns once all have applied it."""
+        workers = sorted((self.membership.active | self.membership.leaving)
+                         - self.progress.done)
+        servers = self._live_servers()
+        self._members_acked = set()
+        await asyncio.gather(*(self._order(s, Members(workers=workers)) for s in servers))
+        deadline = time.monotonic() + self.config.cluster.request_timeout_s
+        while not set(servers) <= self._members_acked:
+            self._members_changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.fail("the servers did not take the new set of workers in time")
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._members_changed.wait(), remaining)
 
     def _restartable(self, peer: Peer) -> bool:
         """A worker that dies mid-run is restarted by the launcher while it has restarts left."""

@@ -60,8 +60,9 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)
         # The pid lets `psctl runs rm --force` stop this run before deleting it.
-        recorder.record_event(EventRecord(at=time.time(), kind="coordinator_listening",
-                                          detail={"address": address, "pid": os.getpid()}))
+        recorder.record_event(EventRecord(at=time.time(), kind="coordinator_listening", detail={
+            "address": address, "pid": os.getpid(),
+            "folder": None if folder is None else str(folder)}))
         crowded = oversubscription(config.cluster.workers, config.cluster.servers,
                                    usable_cores())
         if crowded is not None:  # stored, so that the run's views can say so afterwards

@@ -30,6 +30,7 @@ from engine.wire.messages import (
     Event,
     Exit,
     Hello,
+    Members,
     Promote,
     Serving,
     ShardInfo,
@@ -169,12 +170,30 @@ async def _obey(channel: ControlChannel, copies: Copies,
                 await channel.send(Event(row=await _save(server, index, copies.rank, message)))
         elif isinstance(message, Chain | Promote):
             await channel.send(Event(row=await _rechain(copies, message)))
+        elif isinstance(message, Members):
+            await channel.send(Event(row=_members(copies, message)))
         elif isinstance(message, Exit):
             with contextlib.suppress(TimeoutError):  # the barriers reach the database first
                 await asyncio.wait_for(reports.join(), timeout=5.0)
             await channel.send(Event(row=_stats_event(copies.own)))
             await channel.close()
             return
+
+
+def _members(copies: Copies, order: Members) -> EventRecord:
+    """Workers join and leave every copy this server holds (a backup too, so that it agrees
+    with its primary should it take over)."""
+    wanted, starts = set(order.workers), dict[int, int]()
+    for server in copies.servers.values():
+        state = server.state
+        for worker in sorted(state.members - wanted):
+            state.leave(worker)
+        for worker in sorted(wanted - state.members):
+            clock = state.join(worker)
+            starts[worker] = min(clock, starts.get(worker, clock))
+        server.release_ready_pulls()  # a leaver may have held the others back
+    return EventRecord(at=time.time(), kind="members_updated", detail={
+        "rank": copies.rank, "workers": sorted(wanted), "starts": starts})
 
 
 async def _rechain(copies: Copies, order: Chain | Promote) -> EventRecord:

@@ -40,7 +40,8 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
     torch.set_num_threads(config.train.torch_threads)
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
-    shard = shard_for(dataset.train_x, dataset.train_y, rank=rank,
+    # A worker that joined a scaled job may have a rank past the count it was given.
+    shard = shard_for(dataset.train_x, dataset.train_y, rank=rank % config.cluster.workers,
                       workers=config.cluster.workers, seed=config.train.seed,
                       batch_size=config.train.batch_size)
     model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,

@@ -14,6 +14,7 @@ monitors two pushes before placing its next barrier, as at the start of a run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import zipfile
@@ -48,6 +49,7 @@ class Snapshot:
             "next": state.clocks.next.copy(),
             "versions": state.versions.copy(),
             "pushes": np.array([state.pushes], dtype=np.int64),
+            "finished": np.array(state.finished, dtype=np.bool_),
         }
         for i, slot in enumerate(state.optimizer.slots()):
             arrays[f"slot{i}"] = slot.copy()
@@ -65,7 +67,8 @@ class Snapshot:
             os.replace(partial, path)
             _fsync_folder(path.parent)
         except OSError as exc:
-            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the folder itself may be what failed
+                partial.unlink(missing_ok=True)
             raise StoreError(f"cannot write checkpoint {path}: {exc}") from None
         return path.stat().st_size
 
@@ -87,6 +90,7 @@ def restore(state: ShardState, path: Path) -> int:
         np.copyto(slot, arrays[f"slot{i}"])
     np.copyto(state.versions, arrays["versions"])
     state.pushes = int(arrays["pushes"][0])
+    state.finished = [bool(f) for f in arrays["finished"]]
     state.initialized = True
     clocks = arrays["next"].copy()
     if state.controller.accumulates:  # a partial round is not in the values: push it again
@@ -106,13 +110,17 @@ def replay(state: ShardState, clocks: np.ndarray) -> None:
                 if clocks[worker, r] > clock:
                     controller.on_commit(worker, clock, range(r, r + 1))
     np.copyto(state.clocks.next, clocks)
-    controller.resume([int(c) for c in clocks.min(axis=1)])
+    controller.resume([int(c) for c in clocks.min(axis=1)], list(state.finished))
     controller.take_syncs()
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise StoreError(f"cannot read checkpoint {path}: it holds one array, not the "
+                             "arrays of a psctl checkpoint")
+        with data:
             return {name: data[name] for name in data.files}
     except ValueError as exc:  # numpy's advice (load it with pickles allowed) is not ours
         if "allow_pickle" in str(exc):
@@ -128,12 +136,15 @@ def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None
     slots = state.optimizer.slots()
     expected = {"format": (1,), "seq": (1,), "keys": (2,), "params": state.params.shape,
                 "next": state.clocks.next.shape, "versions": state.versions.shape,
-                "pushes": (1,), **{f"slot{i}": s.shape for i, s in enumerate(slots)}}
+                "pushes": (1,), "finished": (state.clocks.next.shape[0],),
+                **{f"slot{i}": s.shape for i, s in enumerate(slots)}}
     for name, shape in expected.items():
         if name not in arrays or arrays[name].shape != shape:
             got = arrays[name].shape if name in arrays else "nothing"
             raise StoreError(f"checkpoint {path} does not fit this shard: {name} should have "
                              f"shape {shape}, has {got} (was the run's config changed?)")
+    if arrays["finished"].dtype != np.bool_:
+        raise StoreError(f"checkpoint {path} holds finished flags that are not booleans")
     if int(arrays["format"][0]) != FORMAT:
         raise StoreError(f"checkpoint {path} has format {int(arrays['format'][0])}, "
                          f"this psctl reads {FORMAT}")

@@ -336,6 +336,10 @@ class ShardServer:
         self.primary = True
         self.promoted_at = time.time()
 
+    def release_ready_pulls(self) -> None:
+        """Answer the waiting pulls that may be answered now (the job's workers changed)."""
+        self._release_ready_pulls()
+
     def _release_ready_pulls(self) -> None:
         now, still_waiting = time.perf_counter(), []
         for pull in self._pending:

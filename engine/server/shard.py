@@ -53,6 +53,8 @@ class ShardState:
         self.controller, self.optimizer = controller, optimizer
         self.aggregator = aggregator or make_aggregator("mean", keys, self.index.ranges, workers)
         self.clocks = RangeClocks(workers, len(self.index))
+        self.members = set(range(workers))  # the workers of the job now (psctl scale)
+        self.finished = [False] * workers  # made their last push (a FINAL one)
         self.versions = np.zeros(len(self.index), dtype=np.int64)
         self.initialized = False
         self.pushes = 0
@@ -111,6 +113,24 @@ class ShardState:
             return 0
         return int(self.clocks.next[:, ranges.start:ranges.stop].min())
 
+    def join(self, worker: int) -> int:
+        """A worker joins the running job at the clocks its consistency model gives it;
+        returns the smallest."""
+        if worker not in self.members:
+            if worker < self.clocks.workers:
+                raise ProtocolError(f"worker {worker} left this job; a rank is not used twice")
+            self.clocks.add(worker, self.controller.join(worker))
+            self.members.add(worker)
+            self.finished += [False] * (self.clocks.workers - len(self.finished))
+        return int(self.clocks.next[worker].min())
+
+    def leave(self, worker: int) -> None:
+        """A worker left after its last push: nobody waits for its later clocks."""
+        if worker not in self.members:
+            return
+        self.controller.leave(worker, [int(c) for c in self.clocks.next[worker]])
+        self.members.discard(worker)
+
     def worker_clock(self, worker: int, span: KeyRange) -> int:
         """The next clock ``worker`` may push on every clock range ``span`` touches (the
         smallest): the clocks it has committed there."""
@@ -154,6 +174,8 @@ class ShardState:
         self.pushes += 1
         if commit and len(ranges):
             self._commit(worker, clock, ranges, timing)
+            if timing.final:
+                self.finished[worker] = True
         return accepted_at
 
     def _gradient(self, grad: np.ndarray) -> np.ndarray:

@@ -67,6 +67,8 @@ class Welcome(Message):
     # addresses of its backups in chain order (where its keys are served after a failover).
     held: list[ShardInfo] = Field(default_factory=list)
     backups: dict[int, list[str]] = Field(default_factory=dict)
+    # A worker that joins a running job: the clock its first iteration has.
+    clock_base: int = Field(0, ge=0)
 
 
 class Iterations(Message):
@@ -163,6 +165,14 @@ class Chain(Message):
     successor: str | None = None
 
 
+class Members(Message):
+    """Coordinator -> server: the workers of the job from now on (``psctl scale``): those not
+    there before join, those missing have left. Answered by a ``members_updated`` event."""
+
+    type: Literal["members"] = "members"
+    workers: list[int] = Field(max_length=4096)
+
+
 class Promote(Message):
     """Coordinator -> server: its backup of key range ``index`` is the primary from now on."""
 
@@ -197,7 +207,8 @@ ControlMessage = Annotated[
     | Exit
     | Checkpoint
     | Chain
-    | Promote,
+    | Promote
+    | Members,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

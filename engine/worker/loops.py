@@ -79,6 +79,7 @@ class Worker:
         self.config = RunConfig.model_validate(welcome.config)
         self.rank, self.control, self.client = rank, control, client
         self.keys = KeyRange(0, welcome.num_keys)
+        self.clock_base = welcome.clock_base  # above 0 for a worker that joined a running job
         self.layout = layout_of(welcome)
         self._pending: list[IterationRecord] = []
         self._pending_layers: list[LayerRecord] = []
@@ -92,11 +93,12 @@ class Worker:
         if self.rank == 0:  # the servers keep the first INIT: a restarted worker 0's is ignored
             self.client.wait(self.client.init(model.params_np))
         loop = self._loop_class()(self, model)
-        first = loop.resume_iteration(self.client.clock())
+        base = self.clock_base
+        first = loop.resume_iteration(max(self.client.clock() - base, 0))
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
                                 train_samples=len(shard.targets), first_iteration=first))
         self._await_start()
-        done = loop.train(shard, first)
+        done = loop.train(shard, first, base)
         self._flush()
         self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
         return done
@@ -209,29 +211,30 @@ class PlainLoop:
         clock per iteration)."""
         return clock
 
-    def train(self, shard: Shard, start: int = 0) -> int:
-        """Run the epochs from iteration ``start``, one ``step`` per batch; returns the
-        iterations done (counting those before ``start``). A run that is stopping (the
-        coordinator said so, or a server is draining) ends after the step."""
-        cfg, clock = self.worker.config.train, start
+    def train(self, shard: Shard, start: int = 0, base: int = 0) -> int:
+        """Run the epochs from iteration ``start`` of this worker's own, one ``step`` per
+        batch, at clock ``base`` + iteration (a worker that joined a running job starts at the
+        job's clock); returns the iterations done (counting those before ``start``). A run that
+        is stopping (the coordinator said so, or a server is draining) ends after the step."""
+        cfg, done = self.worker.config.train, start
         per_epoch = shard.iterations_per_epoch
-        self.last_clock = cfg.epochs * per_epoch - 1
-        self.first_clock = start
+        self.last_clock = base + cfg.epochs * per_epoch - 1
+        self.first_clock = base + start
         try:
             self.begin()
             for epoch in range(start // per_epoch, cfg.epochs):
                 rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
                 # The same batches in the same order as before a restart, from where it was.
-                for batch in shard.batches(rng)[clock - epoch * per_epoch:]:
+                for batch in shard.batches(rng)[done - epoch * per_epoch:]:
                     if self.worker.should_stop():
-                        return clock
-                    self.step(shard, batch, epoch, clock)
-                    clock += 1
+                        return done
+                    self.step(shard, batch, epoch, base + done)
+                    done += 1
                 self.worker.epoch_done(epoch)
-            return clock
+            return done
         except ShuttingDown as exc:
             self.worker._stopping = self.worker._stopping or str(exc)
-            return clock
+            return done
         finally:
             self.end()
 

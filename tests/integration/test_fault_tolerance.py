@@ -146,3 +146,65 @@ def test_a_killed_primary_fails_over_to_its_backup_within_a_second(tmp_path: Pat
     complete = _events(hit, "failover_complete")
     assert len(complete) == 1 and 0 < float(str(complete[0]["seconds"])) <= 1.0
     assert abs(_final_accuracy(hit) - _final_accuracy(clean)) <= 0.005
+
+
+def _psctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "psctl", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("model", ["asp", "ssp"])
+def test_a_running_job_scales_from_two_to_four_workers_and_back_to_three(
+        tmp_path: Path, model: str) -> None:
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
+         "--servers", "2", "--epochs", "60", "--sync", model, "--no-live"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 40,
+                 120, "training")
+        run_id = query(db, "SELECT id FROM runs")[0][0]
+        grown = _psctl(env, "scale", run_id[:8], "--workers", "4")
+        assert grown.returncode == 0, grown.stderr
+        assert "scaling to 4 workers: workers 2, 3 join" in grown.stderr
+        wait_for(lambda: query(db, "SELECT count(DISTINCT worker) FROM iterations WHERE "
+                                   "worker >= 2")[0][0] == 2, 60, "the newcomers to train")
+        shrunk = _psctl(env, "scale", run_id[:8], "--workers", "3")
+        assert shrunk.returncode == 0, shrunk.stderr
+        assert "workers 3 leave after their iteration" in shrunk.stderr
+        _, errors = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 0, errors
+    assert query(db, "SELECT status FROM runs")[0][0] == "finished"
+    changes = [(e["workers"], e["joining"], e["leaving"]) for e in
+               (json.loads(d) for (d,) in query(db, "SELECT detail FROM events WHERE kind = "
+                                                    "'membership' ORDER BY at"))]
+    assert changes == [(4, [2, 3], []), (3, [], [3])]
+    done = {json.loads(d)["rank"]: json.loads(d)["reason"] for (d,) in
+            query(db, "SELECT detail FROM events WHERE kind = 'worker_done'")}
+    assert done[3] == "scaled down to 3 workers"
+    assert done[0] == done[1] == done[2] == "epochs done"
+    joined = [json.loads(d) for (d,) in query(db, "SELECT detail FROM events WHERE kind = "
+                                                  "'worker_joined' ORDER BY at")]
+    assert sorted(j["rank"] for j in joined) == [2, 3]
+    # A newcomer's iterations go on from the job's clock it joined at, with no gap.
+    for j in joined:
+        first, count, last = query(db, "SELECT min(iteration), count(*), max(iteration) FROM "
+                                       "iterations WHERE worker = ?", j["rank"])[0]
+        assert first == j["clock"] and last - first + 1 >= count > 0
+    assert not processes_with(run_id)
+
+
+def test_scale_refuses_a_bsp_job_and_a_run_that_is_not_running(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launcher = Launcher(config(**{**DIGITS, "train__epochs": 1}), db=db)
+    launcher.start()
+    assert launcher.wait().status is RunStatus.FINISHED
+    ended = _psctl(env, "scale", launcher.run_id, "--workers", "3")
+    assert ended.returncode != 0
+    assert "is not running; only a running job can change its workers" in ended.stderr

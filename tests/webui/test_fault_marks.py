@@ -32,6 +32,9 @@ EVENTS: list[tuple[float, str, dict[str, Any]]] = [
     (0.5, "training_started", {"total_iterations": 200}),
     (1.0, "fault_injected", {"spec": "drop:1%", "role": "worker", "rank": None, "pid": None}),
     (10.0, "checkpoint", {"seq": 1, "folder": "c/1", "bytes": 1000, "seconds": 0.1, "clocks": {}}),
+    (20.0, "membership", {"workers": 4, "joining": [2, 3], "leaving": []}),
+    (25.0, "server_lost", {"rank": 0, "pid": 4141}),
+    (25.05, "failover_complete", {"index": 0, "rank": 1, "seconds": 0.04}),
     (30.0, "checkpoint", {"seq": 2, "folder": "c/2", "bytes": 1000, "seconds": 0.1, "clocks": {}}),
     (40.0, "fault_injected", {"spec": "kill:worker:1@40s", "role": "worker", "rank": 1,
                               "pid": 4242}),
@@ -48,7 +51,8 @@ EVENTS: list[tuple[float, str, dict[str, Any]]] = [
     (96.0, "fault_skipped", {"spec": "kill:worker:0@96s", "reason": "the process has left"}),
 ]
 MARKED = [e for e in EVENTS if e[1] not in ("training_started", "fault_skipped")]
-LABELS = ["drop 1%", "kill worker 1", "worker 1 lost", "worker 1 rejoined",
+LABELS = ["drop 1%", "4 workers", "server 0 lost", "shard 0 failed over (0.04 s)",
+          "kill worker 1", "worker 1 lost", "worker 1 rejoined",
           "checkpoint 5 incomplete", "resumed from checkpoint 4", "resumed from checkpoint 5"]
 TIMELINE_FROM_S = 79.0  # the first iteration of the timeline's window starts here
 

@@ -403,6 +403,10 @@
     worker_rejoined: ["#2ca02c", (d) => `worker ${d.rank} rejoined`],
     resumed: ["#1f77b4", (d) => `resumed from checkpoint ${d.checkpoint}`],
     checkpoint_incomplete: ["#e0a100", (d) => `checkpoint ${d.seq} incomplete`],
+    server_lost: ["#ff7f0e", (d) => `server ${d.rank} lost`],
+    failover_complete: ["#2ca02c", (d) => `shard ${d.index} failed over (${d.seconds} s)`],
+    membership: ["#9467bd", (d) => `${d.workers} workers`],
+    scale_refused: ["#e0a100", (d) => `scale to ${d.workers} refused`],
     training_resumed: ["#9ecae1", null],
     checkpoint: ["#aaa", null],
   };
