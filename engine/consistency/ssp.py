@@ -128,8 +128,8 @@ class DSSP(SSP):
 
     def join(self, worker: int) -> list[int] | None:
         starts = super().join(worker)
-        while len(self._finished) <= worker:
-            self._finished.append(0)
+        while len(self._finished) <= worker:  # a rank skipped never holds anyone back
+            self._finished.append(LEFT)
             self.timings.grow()
         self._finished[worker] = min(starts or [0])
         return starts

@@ -44,4 +44,6 @@ def chains(servers: int, replicas: int, vnodes: int = VNODES) -> list[tuple[int,
 
 def held_by(server: int, all_chains: list[tuple[int, ...]]) -> list[int]:
     """The key ranges ``server`` holds a copy of (its own first)."""
-    return [i for i, chain in enumerate(all_chains) if server in chain]
+    others = [i for i, chain in enumerate(all_chains) if server in chain and i != server]
+    return ([server] if server < len(all_chains) and server in all_chains[server] else []) + \
+        others

@@ -79,7 +79,8 @@ def ranks_to_spawn(folder: Path) -> list[int]:
     ranks = read_count(folder / SPAWN_FILE, "ranks")
     if not isinstance(ranks, list):
         return []
-    return [r for r in ranks if isinstance(r, int) and 0 <= r < 2**20]
+    return [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)
+            and 0 <= r < 2**20]
 
 
 class Membership:

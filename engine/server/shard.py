@@ -54,6 +54,8 @@ class ShardState:
         self.aggregator = aggregator or make_aggregator("mean", keys, self.index.ranges, workers)
         self.clocks = RangeClocks(workers, len(self.index))
         self.members = set(range(workers))  # the workers of the job now (psctl scale)
+        self.departed: set[int] = set()
+        self._rows = np.arange(workers)  # the members' rows of the clocks, in order
         self.finished = [False] * workers  # made their last push (a FINAL one)
         self.versions = np.zeros(len(self.index), dtype=np.int64)
         self.initialized = False
@@ -111,17 +113,20 @@ class ShardState:
         ranges = self.index.touched(span)
         if not len(ranges):
             return 0
-        return int(self.clocks.next[:, ranges.start:ranges.stop].min())
+        if not len(self._rows):
+            return 0
+        return int(self.clocks.next[self._rows, ranges.start:ranges.stop].min())
 
     def join(self, worker: int) -> int:
         """A worker joins the running job at the clocks its consistency model gives it;
         returns the smallest."""
         if worker not in self.members:
-            if worker < self.clocks.workers:
+            if worker in self.departed:
                 raise ProtocolError(f"worker {worker} left this job; a rank is not used twice")
             self.clocks.add(worker, self.controller.join(worker))
             self.members.add(worker)
             self.finished += [False] * (self.clocks.workers - len(self.finished))
+            self._rows = np.array(sorted(self.members), dtype=np.int64)
         return int(self.clocks.next[worker].min())
 
     def leave(self, worker: int) -> None:
@@ -130,6 +135,8 @@ class ShardState:
             return
         self.controller.leave(worker, [int(c) for c in self.clocks.next[worker]])
         self.members.discard(worker)
+        self.departed.add(worker)
+        self._rows = np.array(sorted(self.members), dtype=np.int64)
 
     def worker_clock(self, worker: int, span: KeyRange) -> int:
         """The next clock ``worker`` may push on every clock range ``span`` touches (the
@@ -160,6 +167,8 @@ class ShardState:
             raise ProtocolError("push before the shard was initialised")
         self._check_owned(keys)
         ranges = self.index.touched(keys)
+        if worker in self.departed:  # no one counts it any more: its push would skew them
+            raise ProtocolError(f"worker {worker} has left this job")
         self.clocks.check(worker, clock, ranges)
         self.controller.check_push(worker, clock, ranges)
         if commit and self.index.covered(keys) != ranges:

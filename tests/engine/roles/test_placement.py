@@ -1,0 +1,302 @@
+"""Where every key range's copies live (engine.replication.ring.chains) and the coordinator's map
+of them (engine.roles.placement.Placement): what each server holds, who forwards to whom, and
+what changes when a server dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ConfigError
+from engine.keys import KeyRange
+from engine.replication.ring import chains, held_by
+from engine.roles.placement import Order, Placement
+from engine.wire.messages import Chain, Promote, ShardInfo
+
+pytestmark = pytest.mark.timeout(20)
+REPO = Path(__file__).resolve().parents[3]
+
+
+# -- chains ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("servers", "replicas"),
+                         [(1, 0), (2, 1), (3, 2), (4, 1), (4, 2), (8, 2), (8, 7), (16, 3)])
+def test_each_chain_is_its_primary_then_distinct_backups(servers: int, replicas: int) -> None:
+    result = chains(servers, replicas)
+    assert len(result) == servers
+    for index, chain in enumerate(result):
+        assert chain[0] == index  # range i's primary is server i
+        assert len(chain) == replicas + 1
+        assert len(set(chain)) == len(chain)
+        assert all(0 <= s < servers for s in chain)
+
+
+def test_without_replicas_every_chain_is_its_primary_alone() -> None:
+    assert chains(5, 0) == [(0,), (1,), (2,), (3,), (4,)]
+
+
+def test_every_server_backs_up_ranges_when_all_others_are_needed() -> None:
+    for index, chain in enumerate(chains(5, 4)):
+        assert sorted(chain) == [0, 1, 2, 3, 4] and chain[0] == index
+
+
+def test_chains_are_deterministic() -> None:
+    assert chains(8, 2) == chains(8, 2)
+    assert chains(8, 2, vnodes=16) == chains(8, 2, vnodes=16)
+
+
+def test_chains_are_the_same_in_another_process_with_another_hash_seed() -> None:
+    """Every process (coordinator, servers) must agree: the ring hashes with blake2b, not with
+    Python's per-process salted hash."""
+    code = ("import json; from engine.replication.ring import chains; "
+            "print(json.dumps([chains(8, 2), chains(5, 1)]))")
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=15, check=True)
+    theirs = json.loads(done.stdout)
+    assert theirs == [[list(c) for c in chains(8, 2)], [list(c) for c in chains(5, 1)]]
+
+
+def test_backups_are_spread_about_evenly_for_8_servers_and_2_replicas() -> None:
+    """16 backup copies over 8 servers: each server holds K = 2 on average; the bound checked
+    is that every server holds between K - 1 and K + 1 of them (none holds none, none holds
+    more than 3), and no server backs up its own range."""
+    servers, replicas = 8, 2
+    result = chains(servers, replicas)
+    held = Counter(s for chain in result for s in chain[1:])
+    assert sum(held.values()) == servers * replicas
+    for server in range(servers):
+        assert replicas - 1 <= held[server] <= replicas + 1, dict(held)
+        assert server not in result[server][1:]
+
+
+def test_the_backups_of_one_servers_ranges_are_not_all_on_one_neighbour() -> None:
+    """The ring spreads: over 8 servers the first backups are not all one server's successor
+    in rank order (as a plain ring of ranks would place them)."""
+    result = chains(8, 2)
+    assert any(chain[1] != (chain[0] + 1) % 8 for chain in result)
+    assert len({chain[1] for chain in result}) > 1
+
+
+@pytest.mark.parametrize(("servers", "replicas"), [(1, 1), (3, 3), (3, 4), (2, 2), (4, -1)])
+def test_too_many_replicas_for_the_servers_is_a_config_error(servers: int,
+                                                             replicas: int) -> None:
+    with pytest.raises(ConfigError, match=f"{replicas} replicas need at least"):
+        chains(servers, replicas)
+
+
+def test_held_by_lists_every_range_a_server_holds_a_copy_of() -> None:
+    result = chains(4, 2)
+    for server in range(4):
+        held = held_by(server, result)
+        assert server in held
+        assert sorted(held) == [i for i, chain in enumerate(result) if server in chain]
+
+
+def test_held_by_lists_a_servers_own_range_first() -> None:
+    result = chains(4, 2)
+    for server in range(4):
+        assert held_by(server, result)[0] == server
+
+
+# -- Placement ------------------------------------------------------------------------------------
+
+RANGES = [KeyRange(0, 10), KeyRange(10, 25), KeyRange(25, 40), KeyRange(40, 41)]
+
+
+def address(index: int, server: int) -> str:
+    return f"mem://server-{server}/range-{index}"
+
+
+def backed_up(placement: Placement, server: int) -> list[int]:
+    return [i for i, chain in enumerate(placement.chains) if server in chain[1:]]
+
+
+def serving(placement: Placement) -> Placement:
+    """Every server reports its listeners, as its Serving message does."""
+    for server in range(len(placement.ranges)):
+        placement.serving(server, address(server, server), [
+            ShardInfo(index=i, address=address(i, server), start=placement.ranges[i].start,
+                      end=placement.ranges[i].end) for i in backed_up(placement, server)])
+    return placement
+
+
+def test_placement_chains_follow_the_ring() -> None:
+    placement = Placement(RANGES, replicas=2)
+    assert placement.chains == chains(4, 2)
+    assert placement.copies == 12
+    assert placement.lost == set()
+
+
+def test_held_lists_the_ranges_a_server_backs_up_with_their_keys() -> None:
+    placement = Placement(RANGES, replicas=2)
+    for server in range(4):
+        held = placement.held(server)
+        assert [info.index for info in held] == backed_up(placement, server)
+        assert len(held) == 2
+        for info in held:
+            assert info.index != server
+            assert (info.start, info.end) == (RANGES[info.index].start, RANGES[info.index].end)
+            assert info.address == ""
+
+
+def test_without_replicas_a_server_holds_no_other_range() -> None:
+    placement = Placement(RANGES, replicas=0)
+    assert all(placement.held(server) == [] for server in range(4))
+    assert placement.copies == 4
+
+
+def test_all_serving_once_every_copy_listens() -> None:
+    placement = Placement(RANGES, replicas=1)
+    assert not placement.all_serving()
+    for server in range(4):
+        assert not placement.all_serving()
+        placement.serving(server, address(server, server), [
+            ShardInfo(index=i, address=address(i, server), start=RANGES[i].start,
+                      end=RANGES[i].end) for i in backed_up(placement, server)])
+    assert placement.all_serving()
+    assert len(placement.addresses) == placement.copies == 8
+    assert placement.addresses[(2, 2)] == address(2, 2)
+
+
+def test_links_name_each_copys_successor_and_none_for_the_tail() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    orders = placement.links()
+    assert len(orders) == placement.copies
+    expected = []
+    for index, chain in enumerate(placement.chains):
+        for position, server in enumerate(chain):
+            successor = (address(index, chain[position + 1]) if position + 1 < len(chain)
+                         else None)
+            expected.append(Order(server, Chain(index=index, successor=successor)))
+    assert orders == expected
+    tails = [o for o in orders if isinstance(o.message, Chain) and o.message.successor is None]
+    assert [(o.server, o.message.index) for o in tails] == [  # type: ignore[attr-defined]
+        (chain[-1], i) for i, chain in enumerate(placement.chains)]
+
+
+def test_without_replicas_every_copy_is_a_tail() -> None:
+    placement = serving(Placement(RANGES, replicas=0))
+    assert placement.links() == [Order(i, Chain(index=i, successor=None)) for i in range(4)]
+    assert placement.backups() == {}
+
+
+def test_shard_map_names_each_ranges_primary() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    assert placement.shard_map() == [
+        ShardInfo(index=i, address=address(i, i), start=keys.start, end=keys.end)
+        for i, keys in enumerate(RANGES)]
+
+
+def test_backups_are_listed_in_chain_order() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    assert placement.backups() == {
+        i: [address(i, s) for s in chain[1:]] for i, chain in enumerate(placement.chains)}
+    assert all(len(b) == 2 for b in placement.backups().values())
+
+
+# -- Placement.lose -------------------------------------------------------------------------------
+
+
+def test_losing_a_primary_promotes_the_next_copy() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    before = placement.chains[1]
+    orders, failed_over, gone = placement.lose(1)
+    assert placement.lost == {1}
+    assert failed_over == [1]
+    assert gone == []
+    assert Order(before[1], Promote(index=1)) in orders
+    assert placement.chains[1] == before[1:]
+    assert placement.shard_map()[1].address == address(1, before[1])
+    assert placement.backups()[1] == [address(1, before[2])]
+
+
+def test_losing_a_middle_copy_relinks_its_predecessor_to_its_successor() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    index, chain = next((i, c) for i, c in enumerate(placement.chains))
+    middle = chain[1]
+    orders, failed_over, gone = placement.lose(middle)
+    assert Order(chain[0], Chain(index=index, successor=address(index, chain[2]))) in orders
+    assert index not in failed_over and gone == []
+    assert placement.chains[index] == (chain[0], chain[2])
+
+
+def test_losing_the_tail_makes_its_predecessor_the_tail() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    index, chain = 0, placement.chains[0]
+    tail = chain[2]
+    orders, failed_over, _ = placement.lose(tail)
+    assert Order(chain[1], Chain(index=index, successor=None)) in orders
+    assert index not in failed_over
+    assert placement.chains[index] == chain[:2]
+
+
+def test_one_loss_repairs_every_chain_the_server_was_in() -> None:
+    """Losing a server yields exactly one order per chain it was in, of the kind its position
+    there calls for, and leaves the other chains alone."""
+    placement = serving(Placement(RANGES, replicas=2))
+    before = list(placement.chains)
+    lost = 0
+    orders, failed_over, gone = placement.lose(lost)
+    expected: list[Order] = []
+    for index, chain in enumerate(before):
+        if lost not in chain:
+            assert placement.chains[index] == chain
+            continue
+        position = chain.index(lost)
+        rest = tuple(s for s in chain if s != lost)
+        assert placement.chains[index] == rest
+        if position == 0:
+            expected.append(Order(rest[0], Promote(index=index)))
+        else:
+            successor = address(index, rest[position]) if position < len(rest) else None
+            expected.append(Order(rest[position - 1], Chain(index=index, successor=successor)))
+    assert orders == expected
+    assert failed_over == [0]
+    assert gone == []
+    assert placement.copies == 12 - sum(lost in chain for chain in before)
+
+
+def test_losing_every_copy_of_a_range_reports_it_gone() -> None:
+    placement = serving(Placement(RANGES[:2], replicas=1))
+    orders, failed_over, gone = placement.lose(0)
+    assert failed_over == [0] and gone == []
+    assert sorted(orders, key=lambda o: o.message.index) == [  # type: ignore[attr-defined]
+        Order(1, Promote(index=0)), Order(1, Chain(index=1, successor=None))]
+    orders, failed_over, gone = placement.lose(1)
+    assert orders == [] and failed_over == []
+    assert gone == [0, 1]
+    assert placement.chains == [(), ()]
+    assert placement.lost == {0, 1}
+    assert placement.copies == 0
+
+
+def test_without_replicas_a_lost_server_takes_its_range_with_it() -> None:
+    placement = serving(Placement(RANGES, replicas=0))
+    assert placement.lose(2) == ([], [], [2])
+    assert placement.chains[2] == ()
+
+
+def test_a_promoted_copy_forwards_to_the_rest_of_its_chain() -> None:
+    """After a primary is lost, links() starts the chain at the promoted copy."""
+    placement = serving(Placement(RANGES, replicas=2))
+    chain = placement.chains[3]
+    placement.lose(3)
+    links = [o for o in placement.links() if o.message.index == 3]  # type: ignore[attr-defined]
+    assert links == [Order(chain[1], Chain(index=3, successor=address(3, chain[2]))),
+                     Order(chain[2], Chain(index=3, successor=None))]
+
+
+def test_losing_a_server_in_no_chain_changes_nothing() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    before = list(placement.chains)
+    assert placement.lose(9) == ([], [], [])
+    assert placement.chains == before
+    assert placement.lost == {9}
