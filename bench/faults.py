@@ -119,7 +119,7 @@ def run_resume(args: argparse.Namespace, db: Path) -> dict[str, Any]:
     launch.send_signal(signal.SIGKILL)
     launch.wait(30)
     time.sleep(2.0)  # its processes die with it
-    killed_at = time.time()
+    killed_at = time.time()  # = when psctl resume starts
     at_kill = _query(db, "SELECT count(*) FROM iterations WHERE run_id = ?", run_id)[0][0]
     resumed = subprocess.run([sys.executable, "-m", "psctl", "resume", run_id, "--no-live"],
                              env=env, capture_output=True, text=True, timeout=3600)
@@ -173,6 +173,49 @@ def summarise(passes: list[dict[str, Any]]) -> dict[str, Any]:
     return {name: {k: C.median(v) for k, v in entry.items()} for name, entry in rows.items()}
 
 
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def docs_body(payload: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section: every run of every pass, the medians, the resume."""
+    lines = [C.paragraph(
+        f"MNIST MLP, 4 workers x 2 shard servers, {payload['epochs']} epochs, kills "
+        f"{payload['kill_after_s']:g} s after training started; every faulty run against the "
+        "clean run of its model in the same pass (training time ratio, final accuracy "
+        "difference). Reproduce: `python bench/faults.py --data-dir ../shared/data/mnist`."),
+        "", "| pass | scenario | training s | final accuracy | failover s | restart s | "
+        "frames dropped / resent |", "|---|---|---|---|---|---|---|"]
+    for number, one in enumerate(payload["passes"], start=1):
+        for run in one["runs"]:
+            failover = ", ".join(f"{s:.3f}" for s in run["failover_s"]) or "-"
+            restart = ", ".join(f"{s:.2f}" for s in run["restart_s"]) or "-"
+            lines.append(
+                f"| {number} | {run['scenario']} | {_cell(run['training_s'], '.1f')} | "
+                f"{_cell(run['final_accuracy'], '.2%')} | {failover} | {restart} | "
+                f"{run['dropped']} / {run['resent']} |")
+    lines += ["", "Medians over the passes:", "",
+              "| scenario | training time / clean | final accuracy - clean |", "|---|---|---|"]
+    for name, row in payload["summary"].items():
+        lines.append(f"| {name} | {C.fmt_ratio(row['time_ratio'])} | "
+                     f"{row['accuracy_delta'] * 100:+.2f} points |")
+    resume = payload["resume"]
+    saving = C.median(resume["checkpoint_s"]) if resume["checkpoint_s"] else None
+    lines += ["", C.paragraph(
+        f"Resume (ASP, checkpoints every 5 s, launcher killed with SIGKILL after "
+        f"{payload['kill_after_s']:g} s of training at {resume['iterations_at_kill']} recorded "
+        f"iterations): `psctl resume` exited {resume['resume_exit']}, the run "
+        f"{resume['status']} with {resume['iterations']} of {resume['planned_iterations']} "
+        f"planned iterations recorded, final accuracy {_cell(resume['final_accuracy'], '.2%')}; "
+        f"training went on {_cell(resume['resume_to_training_s'], '.1f')} s after `psctl "
+        f"resume` was started (processes, data and checkpoint loading included), the first new "
+        f"iteration {_cell(resume['resume_to_first_iteration_s'], '.1f')} s after it. A "
+        f"checkpoint of "
+        f"the whole model took {_cell(saving, '.3f')} s "
+        "(median) to save."), "", C.machine_note(payload["machine"])]
+    return "\n".join(lines)
+
+
 def main() -> None:
     C.reexec_with_malloc_env()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -183,7 +226,13 @@ def main() -> None:
                         help="seconds of training before a kill")
     parser.add_argument("--quick", action="store_true", help="digits, 1 pass; docs untouched")
     parser.add_argument("--db", type=Path, default=REPO / "bench" / "results" / "faults.db")
+    parser.add_argument("--docs-only", action="store_true",
+                        help="rewrite the docs section from bench/results/faults.json")
     args = parser.parse_args()
+    if args.docs_only:
+        payload = json.loads((C.RESULTS / "faults.json").read_text())
+        C.update_docs_section(TITLE, docs_body(payload))
+        return
     args.dataset = "digits" if args.quick else "mnist"
     if args.quick:
         args.passes, args.epochs, args.kill_after = 1, 60, 5.5
@@ -199,6 +248,8 @@ def main() -> None:
                "summary": summarise(passes)}
     path = C.write_result("faults" + ("-quick" if args.quick else ""), payload)
     print(f"wrote {path}")
+    if not args.quick:
+        C.update_docs_section(TITLE, docs_body(payload))
     print(json.dumps(payload["summary"], indent=2))
     os.environ.pop("PSCTL_DB", None)
 

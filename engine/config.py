@@ -81,6 +81,10 @@ class ClusterConfig(_Frozen):
         "push is acknowledged once every copy applied it, and a dead server's keys fail over "
         "to the next copy (needs servers > replicas)"))
 
+    heartbeat_timeout_s: float = Field(0.5, ge=0.05, le=_LONGEST_S, description=(
+        "with replicas: a server that does not answer the coordinator's heartbeat (sent every "
+        "fifth of this) for this long is killed and its keys fail over"))
+
     @model_validator(mode="after")
     def _room_for_replicas(self) -> ClusterConfig:
         if self.replicas >= self.servers:
@@ -407,7 +411,7 @@ class FaultConfig(_Frozen):
     inject: tuple[str, ...] = Field((), max_length=64, description=(
         "faults to inject: kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS (after training "
         "started), drop:PERCENT% and delay:MSms on the workers' data plane"))
-    resend_after_s: float = Field(0.25, gt=0, le=60, description=(
+    resend_after_s: float = Field(0.1, gt=0, le=60, description=(
         "with drop faults, a data-plane request unanswered this long is sent again (by "
         "request id; the servers discard duplicates)"))
 

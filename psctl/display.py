@@ -151,6 +151,9 @@ def detail_view(detail: RunDetail) -> Group:
         lines.append(Text(f"simulated in virtual time: {detail.simulated}", style="cyan"))
     if detail.notes:
         lines.append(Text(f"notes: {detail.notes}"))
+    if detail.faults:
+        lines.append(Text("faults and recovery:", style="bold"))
+        lines.extend(Text(f"  {at:8.2f} s  {kind}: {what}") for at, kind, what in detail.faults)
     lines.append(_workers_table(detail))
     if detail.syncs is not None:
         lines.append(Text(

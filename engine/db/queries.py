@@ -30,6 +30,7 @@ from sqlalchemy import (
     select,
 )
 
+from engine.db.faults import fault_timeline
 from engine.db.schema import (
     STORED_STATUSES,
     evaluations,
@@ -186,6 +187,8 @@ class RunDetail(Dictable):
     layers: tuple[LayerStats, ...] = ()  # the scheduled worker loop's, per layer
     # A run of the simulated cluster (its times are virtual): what its models were.
     simulated: str | None = None
+    # Its faults and recovery: (seconds since the start, event kind, what happened).
+    faults: tuple[tuple[float, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -475,6 +478,7 @@ def run_detail(
             notes=row.notes,
             layers=tuple(_layer_stats(conn, run_id)),
             simulated=simulation_note(conn, run_id),
+            faults=tuple(fault_timeline(conn, run_id, row.started_at)),
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -52,6 +53,7 @@ from engine.wire.messages import (
     Event,
     Exit,
     Fatal,
+    Heartbeat,
     Hello,
     Iterations,
     Members,
@@ -158,6 +160,7 @@ class Peer:
     welcomed: bool = False  # a role reads its welcome first: nothing else may reach it before
     pid: int = 0
     lost: bool = False  # a worker that died; its restart takes its place
+    fenced: bool = False  # a server killed for not answering heartbeats
 
     def __str__(self) -> str:
         return f"{self.role} {self.rank}"
@@ -209,6 +212,7 @@ class Coordinator:
         self._members_changed = asyncio.Event()
         self._failed_over_at: dict[int, float] = {}  # range -> when its primary was lost
         self._killed_at: dict[tuple[str, int], float] = {}
+        self._heard: dict[int, float] = {}  # server -> when it last answered a heartbeat
         self.progress = _Progress()
         self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
             asyncio.get_running_loop().create_future()
@@ -230,7 +234,7 @@ class Coordinator:
         self._tasks = [asyncio.create_task(coro) for coro in
                        (self._watch_registration(), self._evaluation_timer(), self._deadline(),
                         self._sample_processes(), self._inject_kills(), self._checkpoints(),
-                        self._watch_scale())]
+                        self._watch_scale(), self._heartbeats())]
         return self._listener.address
 
     async def run(self) -> tuple[RunStatus, str | None]:
@@ -391,6 +395,8 @@ class Coordinator:
                         self._spawn(self._order(order.server, order.message))
                 else:
                     self.servers_ready.set()
+        elif isinstance(message, Heartbeat) and peer.role == "server":
+            self._heard[peer.rank] = time.monotonic()
         elif isinstance(message, Ready):
             self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
             if message.first_iteration:
@@ -624,6 +630,40 @@ class Coordinator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._members_changed.wait(), remaining)
 
+    async def _heartbeats(self) -> None:
+        """With replicas, a server that stops answering (hung, not dead: its sockets stay
+        open) is killed, which closes its connection and fails its keys over. Killing it
+        first means it can never serve workers that have not moved yet (no split brain)."""
+        if not self.config.cluster.replicas:
+            return
+        await self.training.wait()
+        limit = self.config.cluster.heartbeat_timeout_s
+        for peer in self.peers.values():
+            if peer.role == "server":
+                self._heard[peer.rank] = time.monotonic()
+        for seq in itertools.count():
+            await asyncio.sleep(limit / 5)
+            now = time.monotonic()
+            for peer in [p for p in self.peers.values() if p.role == "server" and not p.lost]:
+                silent = now - self._heard.get(peer.rank, now)
+                if peer.fenced:
+                    continue
+                if silent > limit and not peer.leaving:
+                    self._fence(peer, silent)
+                else:
+                    self._spawn(self._send(peer, Heartbeat(seq=seq)))
+
+    def _fence(self, peer: Peer, silent: float) -> None:
+        peer.fenced = True
+        self._event("server_unresponsive", rank=peer.rank, pid=peer.pid,
+                    silent_s=round(silent, 3))
+        self._killed_at[("server", peer.rank)] = time.time() - silent
+        try:
+            self._kill(peer.pid)  # its connection closes: the failover follows
+        except OSError:  # not on this machine: fail over now, and stop listening to it
+            self._fail_over(peer)
+            self._spawn(peer.connection.close())
+
     def _restartable(self, peer: Peer) -> bool:
         """A worker that dies mid-run is restarted by the launcher while it has restarts left."""
         return (peer.role == "worker" and peer.welcomed
@@ -773,7 +813,10 @@ class Coordinator:
         try:
             await peer.connection.send(dump_control(message))
         except ConnectionClosed:
-            if not peer.leaving:
+            # A worker that can be restarted, or a replicated server: its reader sees the
+            # close too, and decides (restart, failover); anyone else's loss ends the run.
+            replicated = peer.role == "server" and self.config.cluster.replicas > 0
+            if not (peer.leaving or replicated or self._restartable(peer)):
                 self.fail(f"{peer} disconnected unexpectedly")
 
     def _spawn(self, coro: Any) -> None:

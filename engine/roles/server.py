@@ -29,6 +29,7 @@ from engine.wire.messages import (
     Checkpoint,
     Event,
     Exit,
+    Heartbeat,
     Hello,
     Members,
     Promote,
@@ -170,6 +171,8 @@ async def _obey(channel: ControlChannel, copies: Copies,
                 await channel.send(Event(row=await _save(server, index, copies.rank, message)))
         elif isinstance(message, Chain | Promote):
             await channel.send(Event(row=await _rechain(copies, message)))
+        elif isinstance(message, Heartbeat):
+            await channel.send(message)  # answered from the loop that serves the frames
         elif isinstance(message, Members):
             await channel.send(Event(row=_members(copies, message)))
         elif isinstance(message, Exit):

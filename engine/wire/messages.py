@@ -165,6 +165,14 @@ class Chain(Message):
     successor: str | None = None
 
 
+class Heartbeat(Message):
+    """Coordinator -> server and back, with replicas: a server that does not answer within
+    ``cluster.heartbeat_timeout_s`` is taken for dead (and killed, so it cannot serve on)."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    seq: int = Field(ge=0)
+
+
 class Members(Message):
     """Coordinator -> server: the workers of the job from now on (``psctl scale``): those not
     there before join, those missing have left. Answered by a ``members_updated`` event."""
@@ -208,7 +216,8 @@ ControlMessage = Annotated[
     | Checkpoint
     | Chain
     | Promote
-    | Members,
+    | Members
+    | Heartbeat,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

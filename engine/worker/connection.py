@@ -41,7 +41,7 @@ class LinkFaults:
 
     drop: float = 0.0
     delay_s: float = 0.0
-    resend_after_s: float = 0.25
+    resend_after_s: float = 0.1
     seed: int = 0
 
 

@@ -196,7 +196,7 @@ def config(**sections: dict[str, Any]) -> dict[str, Any]:
 def test_fault_config_defaults() -> None:
     fault = FaultConfig()
     assert (fault.checkpoint_every_s, fault.max_restarts, fault.inject,
-            fault.resend_after_s) == (None, 3, (), 0.25)
+            fault.resend_after_s) == (None, 3, (), 0.1)
 
 
 def test_fault_config_stores_the_specs_stripped_and_lower_case() -> None:

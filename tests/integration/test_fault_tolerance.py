@@ -208,3 +208,31 @@ def test_scale_refuses_a_bsp_job_and_a_run_that_is_not_running(tmp_path: Path) -
     ended = _psctl(env, "scale", launcher.run_id, "--workers", "3")
     assert ended.returncode != 0
     assert "is not running; only a running job can change its workers" in ended.stderr
+
+
+def test_a_hung_primary_is_fenced_off_by_the_heartbeat_and_its_keys_fail_over(
+        tmp_path: Path) -> None:
+    import threading
+
+    launcher = Launcher(config(**{**DIGITS, "sync__model": "bsp", "train__epochs": 25,
+                                  "cluster__replicas": 1}), db=tmp_path / "hung.db")
+    launcher.start()
+
+    def hang_server_0() -> None:
+        wait_for(lambda: query(launcher.db, "SELECT count(*) FROM iterations")[0][0] > 40,
+                 60, "training")
+        server = next(c for c in launcher.children if c.role == "server" and c.rank == 0)
+        os.kill(server.process.pid, signal.SIGSTOP)  # alive, sockets open, silent
+
+    hanger = threading.Thread(target=hang_server_0)
+    hanger.start()
+    result = launcher.wait()
+    hanger.join()
+    assert result.status is RunStatus.FINISHED, result.reason
+    silent = _events(launcher, "server_unresponsive")
+    assert [e["rank"] for e in silent] == [0]
+    assert 0.5 <= float(str(silent[0]["silent_s"])) < 1.0
+    assert [(e["index"], e["primary"]) for e in _events(launcher, "failover")] == [(0, 1)]
+    complete = _events(launcher, "failover_complete")
+    assert len(complete) == 1 and float(str(complete[0]["seconds"])) <= 1.5
+    assert processes_with(launcher.join_token) == []

@@ -1,0 +1,44 @@
+"""A run's faults and what the system did about them, in words (``psctl runs show``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from engine.db.schema import events
+
+MAX_SHOWN = 40  # the first ones; `psctl export` has them all
+
+# kind -> its one-line description from the event's detail
+DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "fault_injected": lambda d: f"injected {d.get('spec')}",
+    "fault_skipped": lambda d: f"skipped {d.get('spec')}: {d.get('reason')}",
+    "worker_lost": lambda d: (f"worker {d.get('rank')} lost (restart {d.get('restart')} of "
+                              f"{d.get('max_restarts')})"),
+    "worker_rejoined": lambda d: f"worker {d.get('rank')} rejoined",
+    "server_lost": lambda d: f"server {d.get('rank')} lost",
+    "failover": lambda d: (f"shard {d.get('index')} failed over from server {d.get('lost')} to "
+                           f"server {d.get('primary')}"),
+    "failover_complete": lambda d: (f"shard {d.get('index')}: first pull served by its new "
+                                    f"primary {d.get('seconds')} s after the loss"),
+    "checkpoint_incomplete": lambda d: f"checkpoint {d.get('seq')} incomplete: {d.get('reason')}",
+    "resumed": lambda d: f"resumed from checkpoint {d.get('checkpoint')}",
+    "membership": lambda d: (f"scaled to {d.get('workers')} workers (joining "
+                             f"{d.get('joining') or '-'}, leaving {d.get('leaving') or '-'})"),
+    "scale_refused": lambda d: f"scaling to {d.get('workers')} refused: {d.get('reason')}",
+}
+
+
+def fault_timeline(conn: Connection, run_id: str,
+                   started_at: float) -> list[tuple[float, str, str]]:
+    """(seconds since the run started, kind, description) of its fault-tolerance events."""
+    rows = conn.execute(
+        select(events.c.at, events.c.kind, events.c.detail)
+        .where(events.c.run_id == run_id, events.c.kind.in_(tuple(DESCRIPTIONS)))
+        .order_by(events.c.at, events.c.id).limit(MAX_SHOWN)).all()
+    from engine.db.queries import parse_json
+
+    return [(row.at - started_at, row.kind, DESCRIPTIONS[row.kind](parse_json(row.detail)))
+            for row in rows]

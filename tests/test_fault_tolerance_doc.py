@@ -1,0 +1,136 @@
+"""docs/fault-tolerance.md's commands run as written, in an empty folder, and do what the
+document says: the first block's four runs finish with the events it names; the second block's
+resume and scale lines run against a crashed run and a running job (RUN is their id)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+DOC = (REPO / "docs" / "fault-tolerance.md").read_text()
+BLOCKS = re.findall(r"```bash\n(.*?)```", DOC, flags=re.S)
+
+
+def _lines(block: str) -> list[list[str]]:
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def _psctl(words: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    assert words[0] == "psctl", words
+    extra = ["--no-live"] if words[1] in ("launch", "resume") else []
+    return subprocess.run([sys.executable, "-m", "psctl", *words[1:], *extra], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def _query(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def _kinds(db: Path, name: str) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for kind, detail in _query(db, "SELECT kind, detail FROM events WHERE run_id = (SELECT id "
+                                   "FROM runs WHERE name = ?) ORDER BY at", name):
+        found.setdefault(kind, []).append(json.loads(detail))
+    return found
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PSCTL_DB": str(tmp_path / "experiments.db"), "NO_COLOR": "1",
+            "COLUMNS": "200"}
+
+
+def test_the_four_documented_runs_finish_with_the_events_the_document_names(
+        tmp_path: Path) -> None:
+    env, db = _env(tmp_path), tmp_path / "experiments.db"
+    for words in _lines(BLOCKS[0]):
+        done = _psctl(words, env, tmp_path)
+        assert done.returncode == 0, f"{words}\n{done.stderr}"
+    statuses = dict(_query(db, "SELECT name, status FROM runs"))
+    assert statuses == {name: "finished" for name in ("restarted", "failover", "lossy", "saved")}
+    restarted = _kinds(db, "restarted")
+    assert [e["rank"] for e in restarted["worker_lost"]] == [1]
+    assert [e["rank"] for e in restarted["worker_rejoined"]] == [1]
+    failover = _kinds(db, "failover")
+    assert [e["lost"] for e in failover["failover"]] == [0]
+    assert 0 < failover["failover_complete"][0]["seconds"] <= 1.0
+    assert "server_lost" in failover
+    lossy = _kinds(db, "lossy")
+    assert sum(e["dropped"] for e in lossy["link_faults"]) > 0
+    assert len(_kinds(db, "saved")["checkpoint"]) >= 1
+    shown = _psctl(["psctl", "runs", "show", "failover"], env, tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    for kind in ("server_lost", "failover", "failover_complete"):
+        assert kind in shown.stdout
+
+
+def _start(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "psctl", "launch", "--dataset", "digits",
+                             "--workers", "2", "--no-live", *args], env=env, cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _await(predicate: Any, what: str, timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except sqlite3.Error:
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
+        tmp_path: Path) -> None:
+    env, db = _env(tmp_path), tmp_path / "experiments.db"
+    resume, grow, shrink = _lines(BLOCKS[1])
+    crashing = _start(env, tmp_path, "--epochs", "40", "--sync", "asp", "--checkpoint-every",
+                      "1", "--name", "crashed")
+    try:
+        _await(lambda: db.exists() and _query(db, "SELECT count(*) FROM events WHERE kind = "
+                                                  "'checkpoint'")[0][0] >= 1, "a checkpoint")
+        crashing.send_signal(signal.SIGKILL)
+        crashing.wait(10)
+    finally:
+        if crashing.poll() is None:
+            crashing.kill()
+    run_id = _query(db, "SELECT id FROM runs WHERE name = 'crashed'")[0][0]
+    time.sleep(1.0)  # its roles die with the launcher
+    done = _psctl([word.replace("RUN", run_id[:8]) for word in resume], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert _query(db, "SELECT status FROM runs WHERE id = ?", run_id)[0][0] == "finished"
+
+    job = _start(env, tmp_path, "--epochs", "60", "--sync", "asp", "--name", "scaled")
+    try:
+        _await(lambda: _query(db, "SELECT iteration_count FROM runs WHERE name = 'scaled'")[0][0]
+               > 20, "the job to train")
+        job_id = _query(db, "SELECT id FROM runs WHERE name = 'scaled'")[0][0]
+        for line, says in ((grow, "workers 2, 3 join"), (shrink, "workers 3 leave")):
+            done = _psctl([word.replace("RUN", job_id[:8]) for word in line], env, tmp_path)
+            assert done.returncode == 0 and says in done.stderr, done.stderr
+            time.sleep(2.0)
+        _, errors = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, errors
+    changes = [json.loads(d)["workers"] for (d,) in _query(
+        db, "SELECT detail FROM events WHERE kind = 'membership' ORDER BY at")]
+    assert changes == [4, 3]
