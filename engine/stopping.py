@@ -62,15 +62,17 @@ def run_processes(db: Path, run_id: str) -> list[RunProcess]:
     started_at, recorded = _launch_events(db, run_id)
     found: list[RunProcess] = []
     address: str | None = None
-    for kind, detail in recorded:
-        if kind == "coordinator_listening" and isinstance(detail.get("pid"), int):
+    # In order: a resumed run has a coordinator of each start, each with the roles that joined
+    # it; the coordinator started (shortly) before it recorded that it listens.
+    for at, kind, detail in recorded:
+        pid, role, rank = detail.get("pid"), detail.get("role", "worker"), detail.get("rank")
+        if not isinstance(pid, int):
+            continue
+        if kind == "coordinator_listening":
             address = str(detail.get("address"))
-            found.append(RunProcess(detail["pid"], "coordinator", "coordinator",
-                                    (("--run-id", run_id),),
-                                    (0.0, started_at + _START_SLACK_S)))
-    for kind, detail in recorded:
-        pid, role, rank = detail.get("pid"), detail.get("role"), detail.get("rank")
-        if kind == "process_joined" and address is not None and isinstance(pid, int):
+            found.append(RunProcess(pid, "coordinator", "coordinator", (("--run-id", run_id),),
+                                    (0.0, max(at, started_at) + _START_SLACK_S)))
+        elif kind in ("process_joined", "worker_rejoined") and address is not None:
             found.append(RunProcess(pid, str(role), f"{role} {rank}",
                                     (("--coordinator", address), ("--rank", str(rank))),
                                     (started_at - _START_SLACK_S, float("inf"))))
@@ -98,12 +100,13 @@ def stop_run(db: Path, run_id: str, *, grace_s: float = STOP_GRACE_S) -> list[Ru
     return found
 
 
-def _launch_events(db: Path, run_id: str) -> tuple[float, list[tuple[str, dict[str, Any]]]]:
-    """The run's start and its events that name pids, oldest first."""
+def _launch_events(db: Path,
+                   run_id: str) -> tuple[float, list[tuple[float, str, dict[str, Any]]]]:
+    """The run's start and its events that name pids, oldest first, with their times."""
     start = sa.select(runs.c.started_at).where(runs.c.id == run_id)
-    query = sa.select(events.c.kind, events.c.detail).where(
+    query = sa.select(events.c.at, events.c.kind, events.c.detail).where(
         events.c.run_id == run_id,
-        events.c.kind.in_(("coordinator_listening", "process_joined")),
+        events.c.kind.in_(("coordinator_listening", "process_joined", "worker_rejoined")),
     ).order_by(events.c.id)
     engine = open_engine(db, readonly=True)
     try:
@@ -116,11 +119,11 @@ def _launch_events(db: Path, run_id: str) -> tuple[float, list[tuple[str, dict[s
     if started_at is None:
         raise RunNotFound(f"no run {run_id} in {db}")
     found = []
-    for kind, detail in rows:
+    for at, kind, detail in rows:
         with contextlib.suppress(ValueError):
             parsed = json.loads(detail)
             if isinstance(parsed, dict):
-                found.append((str(kind), parsed))
+                found.append((float(at), str(kind), parsed))
     return float(started_at), found
 
 

@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from engine.config import RunConfig, parse_config
-from engine.db import open_engine
-from engine.db.queries import CRASH_AFTER_S, effective_status, resolve_run
-from engine.db.schema import events, runs, translate_errors
+from engine.db.queries import CRASH_AFTER_S, effective_status
 from engine.errors import LaunchError
 from engine.launcher import Launcher, ResumePoint
 from engine.server.checkpoint import shard_file
 from engine.stopping import run_processes
+from psctl.runstate import run_and_event
 
 RESUMABLE = ("failed", "interrupted", "crashed")
 
@@ -23,27 +20,16 @@ RESUMABLE = ("failed", "interrupted", "crashed")
 def plan_resume(db: Path, selector: str) -> tuple[RunConfig, ResumePoint]:
     """The run's stored config and where it continues from, or a LaunchError saying why it
     cannot be resumed."""
-    engine = open_engine(db, readonly=True)
-    try:
-        run_id = resolve_run(engine, selector)
-        with translate_errors(f"reading run {run_id}"), engine.connect() as conn:
-            row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).one()
-            saved = conn.execute(
-                sa.select(events.c.detail).where(events.c.run_id == run_id,
-                                                 events.c.kind == "checkpoint")
-                .order_by(events.c.at.desc()).limit(1)).scalar()
-    finally:
-        engine.dispose()
+    run_id, row, detail = run_and_event(db, selector, "checkpoint")
     status = effective_status(row.status, row.heartbeat_at, _now(), CRASH_AFTER_S)
     if status == "running" and not run_processes(db, run_id):
         status = "crashed"  # its processes are gone; the heartbeat has not gone stale yet
     if status not in RESUMABLE:
         raise LaunchError(f"run {run_id[:8]} ({row.name}) is {status}; only a "
                           f"{', '.join(RESUMABLE[:-1])} or {RESUMABLE[-1]} run can be resumed")
-    if saved is None:
+    if detail is None:
         raise LaunchError(f"run {run_id[:8]} ({row.name}) has no complete checkpoint to resume "
                           "from; launch runs with --checkpoint-every SECONDS to have them")
-    detail = json.loads(saved)
     folder = Path(str(detail["folder"]))
     config = parse_config(json.loads(row.config_json))
     missing = [str(shard_file(folder, r)) for r in range(config.cluster.servers)

@@ -11,11 +11,11 @@ import sqlalchemy as sa
 
 from engine.config import parse_config
 from engine.db import open_engine
-from engine.db.queries import resolve_run
-from engine.db.schema import events, runs, translate_errors
+from engine.db.schema import events, translate_errors
 from engine.errors import LaunchError
 from engine.roles.membership import check_scalable, request_scale
 from engine.stopping import run_processes
+from psctl.runstate import latest_event_id, run_and_event
 
 ANSWER_WAIT_S = 15.0
 _POLL_S = 0.2
@@ -24,12 +24,9 @@ _POLL_S = 0.2
 def scale_run(db: Path, selector: str, workers: int) -> dict[str, Any]:
     """Ask the running job for ``workers`` workers; returns the coordinator's answer (its
     ``membership`` or ``scale_refused`` event), or raises LaunchError."""
-    engine = open_engine(db, readonly=True)
-    try:
-        run_id = resolve_run(engine, selector)
-        row, folder, since = _run_and_folder(engine, run_id)
-    finally:
-        engine.dispose()
+    run_id, row, listening = run_and_event(db, selector, "coordinator_listening")
+    folder = None if listening is None else listening.get("folder")
+    since = latest_event_id(db, run_id)
     config = parse_config(json.loads(row.config_json))
     if row.status != "running" or not run_processes(db, run_id):
         raise LaunchError(f"run {run_id[:8]} ({row.name}) is not running; only a running job "
@@ -42,20 +39,7 @@ def scale_run(db: Path, selector: str, workers: int) -> dict[str, Any]:
     return _answer(db, run_id, since)
 
 
-def _run_and_folder(engine: sa.Engine, run_id: str) -> tuple[Any, str | None, float]:
-    with translate_errors(f"reading run {run_id}"), engine.connect() as conn:
-        row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).one()
-        listening = conn.execute(
-            sa.select(events.c.detail).where(events.c.run_id == run_id,
-                                             events.c.kind == "coordinator_listening")
-            .order_by(events.c.at.desc()).limit(1)).scalar()
-        latest = conn.execute(sa.select(sa.func.max(events.c.id)).where(
-            events.c.run_id == run_id)).scalar()
-    folder = json.loads(listening).get("folder") if listening else None
-    return row, folder, float(latest or 0)
-
-
-def _answer(db: Path, run_id: str, after_id: float) -> dict[str, Any]:
+def _answer(db: Path, run_id: str, after_id: int) -> dict[str, Any]:
     deadline = time.monotonic() + ANSWER_WAIT_S
     query = sa.select(events.c.kind, events.c.detail).where(
         events.c.run_id == run_id, events.c.id > after_id,

@@ -116,27 +116,20 @@ class Recorder:
             "servers": servers,
             "dataset": dataset,
         }
-        with self._lock:
-            self._check_usable()
-            if self._run_id is not None:
-                raise StoreError(f"run {self._run_id} is still open; finish it before starting")
-            self._queue.put(StartRunRequest(values))
-            self._run_id = run_id
-        try:
-            self.flush()
-        except StoreError:
-            with self._lock:
-                self._run_id = None
-            raise
+        self._open(run_id, StartRunRequest(values), "starting")
 
     def resume_run(self, run_id: str) -> None:
         """Reopen an ended run (``psctl resume``): running again, its rows going on; waits
         until committed."""
+        self._open(run_id, ResumeRunRequest(run_id, time.time()), "resuming")
+
+    def _open(self, run_id: str, request: StartRunRequest | ResumeRunRequest,
+              action: str) -> None:
         with self._lock:
             self._check_usable()
             if self._run_id is not None:
-                raise StoreError(f"run {self._run_id} is still open; finish it before resuming")
-            self._queue.put(ResumeRunRequest(run_id, time.time()))
+                raise StoreError(f"run {self._run_id} is still open; finish it before {action}")
+            self._queue.put(request)
             self._run_id = run_id
         try:
             self.flush()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.launcher import Launcher
+from engine.stopping import run_processes
 from engine.wire.records import RunStatus
 from tests.integration.support import config, processes_with, query, wait_for
 
@@ -83,10 +84,21 @@ def test_a_run_whose_launcher_was_killed_is_resumed_from_its_checkpoint(tmp_path
     before = query(db, "SELECT status, iteration_count FROM runs")[0]
     assert before[0] == "running" and 0 < before[1] < planned  # killed mid-run
     per_second = before[1] / _training_seconds(db)
-    resumed = subprocess.run([sys.executable, "-m", "psctl", "resume", run_id[:8], "--no-live"],
-                             env=env, capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming run" in resumed.stderr
+    resuming = subprocess.Popen([sys.executable, "-m", "psctl", "resume", run_id[:8],
+                                 "--no-live"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: query(db, "SELECT count(*) FROM events WHERE kind = "
+                                   "'training_resumed'")[0][0], 120, "the resumed training")
+        # The resumed run's processes are found (psctl runs rm --force, psctl scale rely on it)
+        roles = {process.role for process in run_processes(db, run_id)}
+        assert {"coordinator", "server", "worker"} <= roles
+        _, errors = resuming.communicate(timeout=240)
+    finally:
+        if resuming.poll() is None:
+            resuming.kill()
+    assert resuming.returncode == 0, errors
+    assert "resuming run" in errors
     status, total = query(db, "SELECT status, iteration_count FROM runs")[0]
     assert status == "finished"
     # Each iteration recorded once (one redone keeps its first row); rows a worker had not
