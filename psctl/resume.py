@@ -4,7 +4,10 @@ checkpoint, under the same run id, its iterations and series going on."""
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
+
+import numpy as np
 
 from engine.config import RunConfig, parse_config
 from engine.db.queries import CRASH_AFTER_S, effective_status
@@ -37,8 +40,24 @@ def plan_resume(db: Path, selector: str) -> tuple[RunConfig, ResumePoint]:
     if missing:
         raise LaunchError(f"checkpoint {detail['seq']} of run {run_id[:8]} is incomplete on "
                           f"disk: {', '.join(missing)} missing (deleted?)")
+    _check_workers(folder, config.cluster.workers, config.cluster.servers, run_id)
     return config, ResumePoint(run_id, row.name, folder.parent.parent, folder,
                                int(detail["seq"]))
+
+
+def _check_workers(folder: Path, workers: int, shards: int, run_id: str) -> None:
+    """The shards were saved with the run's workers (a job scaled with psctl scale was not)."""
+    for index in range(shards):
+        path = shard_file(folder, index)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                rows = data["next"].shape[0]
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise LaunchError(f"cannot read checkpoint {path}: {exc}") from None
+        if rows != workers:
+            raise LaunchError(f"run {run_id[:8]} had {rows} worker slots when checkpoint "
+                              f"{folder.name} was saved, not the {workers} of its config (its "
+                              "workers changed with psctl scale): it cannot be resumed")
 
 
 def resumed_launcher(config: RunConfig, db: Path, point: ResumePoint) -> Launcher:
