@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import math
 import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -34,17 +32,15 @@ from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.roles.checkpoints import CheckpointKeeper
 from engine.roles.membership import (
-    SPAWN_FILE,
     Membership,
-    check_scalable,
-    wanted_workers,
-    write_json,
 )
+from engine.roles.peer import Peer, Progress
 from engine.roles.placement import Placement
+from engine.roles.recovery import Recovery
 from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
+from engine.roles.scaling import Scaling
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
-    Checkpoint,
     ControlMessage,
     Done,
     EpochDone,
@@ -56,7 +52,6 @@ from engine.wire.messages import (
     Heartbeat,
     Hello,
     Iterations,
-    Members,
     Message,
     Ready,
     Serving,
@@ -89,7 +84,6 @@ _Row = TypeVar("_Row")
 # not for free); 103 processes need about 290 s.
 JOIN_S_PER_PROCESS = 3.0
 _NAMES_SHOWN = 8
-SCALE_POLL_S = 0.5  # how often the run's folder is read for a psctl scale request
 
 
 @dataclass(frozen=True)
@@ -151,37 +145,7 @@ class RecorderSink(Protocol):
     def record_layers(self, rows: list[LayerRecord]) -> None: ...
 
 
-@dataclass
-class Peer:
-    role: str
-    rank: int
-    connection: Connection
-    leaving: bool = False
-    welcomed: bool = False  # a role reads its welcome first: nothing else may reach it before
-    pid: int = 0
-    lost: bool = False  # a worker that died; its restart takes its place
-    fenced: bool = False  # a server killed for not answering heartbeats
-
-    def __str__(self) -> str:
-        return f"{self.role} {self.rank}"
-
-
-@dataclass
-class _Progress:
-    iterations_per_epoch: dict[int, int] = field(default_factory=dict)
-    iterations: dict[int, int] = field(default_factory=dict)
-    epochs_done: dict[int, int] = field(default_factory=dict)
-    done: set[int] = field(default_factory=set)
-
-    def epoch(self, workers: int) -> float:
-        """Training progress in epochs, averaged over the job's first ``workers`` workers
-        (newcomers of a scaled job count epochs of their own)."""
-        fractions = [self.iterations.get(w, 0) / ipe
-                     for w, ipe in self.iterations_per_epoch.items() if w < workers]
-        return sum(fractions) / workers if fractions else 0.0
-
-
-class Coordinator:
+class Coordinator(Recovery, Scaling):
     def __init__(self, config: RunConfig, *, run_id: str, token: str, layout: KeyLayout,
                  recorder: RecorderSink, partitioner: Partitioner | None = None,
                  sampler: ProcessSampler | None = None, folder: Path | None = None,
@@ -213,7 +177,7 @@ class Coordinator:
         self._failed_over_at: dict[int, float] = {}  # range -> when its primary was lost
         self._killed_at: dict[tuple[str, int], float] = {}
         self._heard: dict[int, float] = {}  # server -> when it last answered a heartbeat
-        self.progress = _Progress()
+        self.progress = Progress()
         self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
             asyncio.get_running_loop().create_future()
         self.started_at = time.time()
@@ -360,6 +324,9 @@ class Coordinator:
         if self.sampler is not None:
             self.sampler.watch(hello.role, hello.rank, hello.pid)
         return peer
+
+    def _role_config_of(self, config: RunConfig) -> dict[str, Any]:
+        return _role_config(config)
 
     def _welcome(self, *, shards: list[ShardInfo], own: ShardInfo | None) -> Welcome:
         return Welcome(run_id=self.run_id, config=self._role_config,
@@ -515,245 +482,6 @@ class Coordinator:
         await asyncio.sleep(0.2)
         await asyncio.gather(*(peer.connection.close() for peer in self.peers.values()),
                              return_exceptions=True)
-
-    # -- failures, restarts, faults and checkpoints ---------------------------------------------
-
-    def _on_server_event(self, row: EventRecord) -> None:
-        detail = row.detail
-        if row.kind in ("checkpoint_saved", "checkpoint_failed") and self.checkpoints:
-            self.checkpoints.on_saved(row.kind, detail)
-        elif row.kind == "chain_linked" and not self.servers_ready.is_set():
-            self._linked += 1
-            if self._linked == self.placement.copies:
-                self.servers_ready.set()
-        elif row.kind == "members_updated" and isinstance(detail.get("rank"), int):
-            self._members_acked.add(detail["rank"])
-            for worker, clock in dict(detail.get("starts") or {}).items():
-                if isinstance(clock, int):  # a newcomer starts at the smallest, on any server
-                    rank = int(worker)
-                    self._join_clocks[rank] = min(clock, self._join_clocks.get(rank, clock))
-            self._members_changed.set()
-        elif row.kind == "failover_served" and isinstance(detail.get("index"), int):
-            lost_at = self._failed_over_at.get(detail["index"])
-            served = detail.get("first_pull_at")
-            if lost_at is not None and isinstance(served, float):
-                self._event("failover_complete", index=detail["index"], rank=detail.get("rank"),
-                            seconds=round(served - lost_at, 4))
-
-    def _fail_over(self, dead: Peer) -> None:
-        """A server died: its backups take over its keys; every chain it was in is repaired."""
-        dead.lost = True
-        lost_at = self._killed_at.get(("server", dead.rank), time.time())
-        orders, failed_over, gone = self.placement.lose(dead.rank)
-        self._event("server_lost", rank=dead.rank, pid=dead.pid)
-        if gone:
-            self.fail(f"server {dead.rank} died holding the last copy of shards "
-                      f"{', '.join(map(str, gone))}; resume the run from its last checkpoint "
-                      f"with psctl resume {self.run_id[:8]}")
-            return
-        for index in failed_over:
-            self._failed_over_at[index] = lost_at
-            self._event("failover", index=index, lost=dead.rank,
-                        primary=self.placement.chains[index][0],
-                        chain=list(self.placement.chains[index]))
-        for order in orders:
-            self._spawn(self._order(order.server, order.message))
-
-    async def _order(self, server: int, message: Message) -> None:
-        peer = self.peers.get(("server", server))
-        if peer is None or peer.lost:
-            self.fail(f"server {server} is gone; it cannot take {type(message).__name__}")
-            return
-        await self._send(peer, message)
-
-    # -- membership (psctl scale) ---------------------------------------------------------------
-
-    async def _watch_scale(self) -> None:
-        if self.folder is None:
-            return
-        await self.training.wait()
-        handled: tuple[int, float] | None = None
-        while True:
-            await asyncio.sleep(SCALE_POLL_S)
-            wanted = wanted_workers(self.folder)
-            if wanted is None or wanted == handled or self._stop_reason is not None:
-                continue
-            handled = wanted
-            self._scale(wanted[0])
-
-    def _scale(self, target: int) -> None:
-        try:
-            check_scalable(self.config.sync.model, self.config.learning.rule,
-                           self.config.train.push_every)
-        except PsctlError as exc:
-            self._event("scale_refused", workers=target, reason=str(exc))
-            return
-        joining, leaving = self.membership.scale_to(target)
-        self._event("membership", workers=target, joining=joining, leaving=leaving)
-        if joining and self.folder is not None:  # the launcher starts them
-            write_json(self.folder / SPAWN_FILE, {"ranks": sorted(self.membership.started)})
-        for rank in leaving:
-            peer = self.peers.get(("worker", rank))
-            if peer is not None and peer.welcomed:
-                self._spawn(self._send(peer, Stop(reason=f"scaled down to {target} workers")))
-
-    async def _admit_newcomer(self, peer: Peer) -> None:
-        """The servers count the newcomer before it can ask them anything; it trains on its
-        share of the data for the epochs left, from the clock the servers gave it (a restart
-        of it gets the same welcome)."""
-        await self._update_members()
-        self.membership.joining.discard(peer.rank)
-        workers = len(self.membership.active)
-        first = self.config.cluster.workers  # the run's epochs are its first workers'
-        left = max(1, math.ceil(self.config.train.epochs - self.progress.epoch(first)))
-        config = self.config.model_copy(update={
-            "cluster": self.config.cluster.model_copy(update={"workers": workers}),
-            "train": self.config.train.model_copy(update={"epochs": left})})
-        base = self._join_clocks.get(peer.rank, 0)
-        self._event("worker_joined", rank=peer.rank, workers=workers, epochs=left, clock=base)
-        self._newcomers[peer.rank] = {"config": _role_config(config), "clock_base": base}
-
-    async def _update_members(self) -> None:
-        """Tell every live server who the workers are; returns once all have applied it."""
-        workers = sorted((self.membership.active | self.membership.leaving)
-                         - self.progress.done)
-        servers = self._live_servers()
-        self._members_acked = set()
-        await asyncio.gather(*(self._order(s, Members(workers=workers)) for s in servers))
-        deadline = time.monotonic() + self.config.cluster.request_timeout_s
-        while not set(servers) <= self._members_acked:
-            self._members_changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.fail("the servers did not take the new set of workers in time")
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._members_changed.wait(), remaining)
-
-    async def _heartbeats(self) -> None:
-        """With replicas, a server that stops answering (hung, not dead: its sockets stay
-        open) is killed, which closes its connection and fails its keys over. Killing it
-        first means it can never serve workers that have not moved yet (no split brain)."""
-        if not self.config.cluster.replicas:
-            return
-        await self.training.wait()
-        limit = self.config.cluster.heartbeat_timeout_s
-        for peer in self.peers.values():
-            if peer.role == "server":
-                self._heard[peer.rank] = time.monotonic()
-        for seq in itertools.count():
-            await asyncio.sleep(limit / 5)
-            now = time.monotonic()
-            for peer in [p for p in self.peers.values() if p.role == "server" and not p.lost]:
-                silent = now - self._heard.get(peer.rank, now)
-                if peer.fenced:
-                    continue
-                if silent > limit and not peer.leaving:
-                    self._fence(peer, silent)
-                else:
-                    self._spawn(self._send(peer, Heartbeat(seq=seq)))
-
-    def _fence(self, peer: Peer, silent: float) -> None:
-        peer.fenced = True
-        self._event("server_unresponsive", rank=peer.rank, pid=peer.pid,
-                    silent_s=round(silent, 3))
-        self._killed_at[("server", peer.rank)] = time.time() - silent
-        try:
-            self._kill(peer.pid)  # its connection closes: the failover follows
-        except OSError:  # not on this machine: fail over now, and stop listening to it
-            self._fail_over(peer)
-            self._spawn(peer.connection.close())
-
-    def _restartable(self, peer: Peer) -> bool:
-        """A worker that dies mid-run is restarted by the launcher while it has restarts left."""
-        return (peer.role == "worker" and peer.welcomed
-                and self.restarts.get(peer.rank, 0) < self.config.fault.max_restarts)
-
-    def _lose(self, peer: Peer) -> None:
-        peer.lost = True
-        count = self.restarts[peer.rank] = self.restarts.get(peer.rank, 0) + 1
-        self._event("worker_lost", rank=peer.rank, pid=peer.pid, restart=count,
-                    max_restarts=self.config.fault.max_restarts)
-        self._spawn(self._await_rejoin(peer))
-
-    async def _await_rejoin(self, lost: Peer) -> None:
-        limit = self.config.cluster.connect_timeout_s
-        await asyncio.sleep(limit)
-        if self.peers.get((lost.role, lost.rank)) is lost:
-            self.fail(f"{lost} died and was not restarted within {limit:g} s "
-                      "(cluster.connect_timeout_s); see its log")
-
-    def _loss_hint(self, peer: Peer) -> str:
-        if peer.role == "worker" and peer.welcomed:
-            used = self.restarts.get(peer.rank, 0)
-            return (f"it was restarted {used} times already (fault.max_restarts = "
-                    f"{self.config.fault.max_restarts}); see its log")
-        if peer.role == "server":
-            return ("a shard's values live on its server alone, so the run ends; continue it "
-                    f"from its last checkpoint with psctl resume {self.run_id[:8]}")
-        return "see its log"
-
-    async def _inject_kills(self) -> None:
-        """The ``kill:ROLE:RANK@S`` faults, timed from the start of training."""
-        await self.training.wait()
-        for spec in (f"drop:{self.faults.drop * 100:g}%" if self.faults.drop else None,
-                     f"delay:{self.faults.delay_s * 1000:g}ms" if self.faults.delay_s else None):
-            if spec is not None:  # the workers apply these from the start of training
-                self._event("fault_injected", spec=spec, role="worker", rank=None, pid=None)
-        for kill in self.faults.kills:
-            await asyncio.sleep(max(0.0, self._training_at + kill.at_s - time.monotonic()))
-            peer = self.peers.get((kill.role, kill.rank))
-            if peer is None or peer.leaving or not peer.pid:
-                self._event("fault_skipped", spec=kill.spec, reason="the process has left")
-                continue
-            try:
-                self._killed_at[(kill.role, kill.rank)] = time.time()
-                self._kill(peer.pid)
-            except OSError as exc:
-                self._event("fault_skipped", spec=kill.spec, reason=str(exc))
-                continue
-            self._event("fault_injected", spec=kill.spec, role=kill.role, rank=kill.rank,
-                        pid=peer.pid)
-
-    async def _checkpoints(self) -> None:
-        every = self.config.fault.checkpoint_every_s
-        if every is None or self.checkpoints is None:
-            return
-        await self.training.wait()
-        while True:
-            await asyncio.sleep(every)
-            if self._stop_reason is None:
-                await self.checkpoints.save(self._live_servers())
-
-    def _live_servers(self) -> list[int]:
-        return [p.rank for p in self.peers.values() if p.role == "server" and not p.lost]
-
-    def _wants_final_checkpoint(self, status: RunStatus) -> bool:
-        """At the end: with periodic checkpoints, or for a run that could be resumed, while
-        a server is still there to save each shard."""
-        if self.checkpoints is None or not self.training.is_set():
-            return False
-        servers = [p for p in self.peers.values() if p.role == "server"]
-        if len(servers) < self.config.cluster.servers:
-            return False
-        if any(p.lost for p in servers) and not self.config.cluster.replicas:
-            return False
-        return (self.config.fault.checkpoint_every_s is not None
-                or status is not RunStatus.FINISHED)
-
-    async def _checkpoint(self) -> None:
-        if self.checkpoints is not None:
-            await self.checkpoints.save(self._live_servers())
-
-    async def _order_server(self, rank: int, message: Checkpoint) -> bool:
-        peer = self.peers.get(("server", rank))
-        if peer is None or peer.leaving:
-            return False
-        try:
-            await peer.connection.send(dump_control(message))
-        except ConnectionClosed:
-            return False
-        return True
 
     # -- timers ---------------------------------------------------------------------------------
 

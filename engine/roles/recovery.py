@@ -1,0 +1,194 @@
+"""The coordinator's part for failures: restarting workers, failing a dead or silent server's
+keys over to their backups, injected kills, and checkpoints (``docs/fault-tolerance.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+
+from engine.errors import ConnectionClosed
+from engine.roles.peer import CoordinatorBase, Peer
+from engine.wire.messages import Checkpoint, Heartbeat, Message, dump_control
+from engine.wire.records import EventRecord, RunStatus
+
+
+class Recovery(CoordinatorBase):
+    """Fed every server event (``_on_server_event``) and started as tasks by the coordinator
+    (``_heartbeats``, ``_inject_kills``, ``_checkpoints``)."""
+
+    _kill: Callable[[int], None]
+    _linked: int
+    _failed_over_at: dict[int, float]  # range -> when its primary was lost
+    _killed_at: dict[tuple[str, int], float]
+    _heard: dict[int, float]  # server -> when it last answered a heartbeat
+    _training_at: float
+
+    def _on_server_event(self, row: EventRecord) -> None:
+        detail = row.detail
+        if row.kind in ("checkpoint_saved", "checkpoint_failed") and self.checkpoints:
+            self.checkpoints.on_saved(row.kind, detail)
+        elif row.kind == "chain_linked" and not self.servers_ready.is_set():
+            self._linked += 1
+            if self._linked == self.placement.copies:
+                self.servers_ready.set()
+        elif row.kind == "members_updated" and isinstance(detail.get("rank"), int):
+            self._on_members_updated(detail)
+        elif row.kind == "failover_served" and isinstance(detail.get("index"), int):
+            lost_at = self._failed_over_at.get(detail["index"])
+            served = detail.get("first_pull_at")
+            if lost_at is not None and isinstance(served, float):
+                self._event("failover_complete", index=detail["index"], rank=detail.get("rank"),
+                            seconds=round(served - lost_at, 4))
+
+    def _fail_over(self, dead: Peer) -> None:
+        """A server died: its backups take over its keys; every chain it was in is repaired."""
+        dead.lost = True
+        lost_at = self._killed_at.get(("server", dead.rank), time.time())
+        orders, failed_over, gone = self.placement.lose(dead.rank)
+        self._event("server_lost", rank=dead.rank, pid=dead.pid)
+        if gone:
+            self.fail(f"server {dead.rank} died holding the last copy of shards "
+                      f"{', '.join(map(str, gone))}; resume the run from its last checkpoint "
+                      f"with psctl resume {self.run_id[:8]}")
+            return
+        for index in failed_over:
+            self._failed_over_at[index] = lost_at
+            self._event("failover", index=index, lost=dead.rank,
+                        primary=self.placement.chains[index][0],
+                        chain=list(self.placement.chains[index]))
+        for order in orders:
+            self._spawn(self._order(order.server, order.message))
+
+    async def _order(self, server: int, message: Message) -> None:
+        peer = self.peers.get(("server", server))
+        if peer is None or peer.lost:
+            self.fail(f"server {server} is gone; it cannot take {type(message).__name__}")
+            return
+        await self._send(peer, message)
+
+    async def _heartbeats(self) -> None:
+        """With replicas, a server that stops answering (hung, not dead: its sockets stay
+        open) is killed, which closes its connection and fails its keys over. Killing it
+        first means it can never serve workers that have not moved yet (no split brain)."""
+        if not self.config.cluster.replicas:
+            return
+        await self.training.wait()
+        limit = self.config.cluster.heartbeat_timeout_s
+        for peer in self.peers.values():
+            if peer.role == "server":
+                self._heard[peer.rank] = time.monotonic()
+        for seq in itertools.count():
+            await asyncio.sleep(limit / 5)
+            now = time.monotonic()
+            for peer in [p for p in self.peers.values() if p.role == "server" and not p.lost]:
+                silent = now - self._heard.get(peer.rank, now)
+                if peer.fenced:
+                    continue
+                if silent > limit and not peer.leaving:
+                    self._fence(peer, silent)
+                else:
+                    self._spawn(self._send(peer, Heartbeat(seq=seq)))
+
+    def _fence(self, peer: Peer, silent: float) -> None:
+        peer.fenced = True
+        self._event("server_unresponsive", rank=peer.rank, pid=peer.pid,
+                    silent_s=round(silent, 3))
+        self._killed_at[("server", peer.rank)] = time.time() - silent
+        try:
+            self._kill(peer.pid)  # its connection closes: the failover follows
+        except OSError:  # not on this machine: fail over now, and stop listening to it
+            self._fail_over(peer)
+            self._spawn(peer.connection.close())
+
+    def _restartable(self, peer: Peer) -> bool:
+        """A worker that dies mid-run is restarted by the launcher while it has restarts left."""
+        return (peer.role == "worker" and peer.welcomed
+                and self.restarts.get(peer.rank, 0) < self.config.fault.max_restarts)
+
+    def _lose(self, peer: Peer) -> None:
+        peer.lost = True
+        count = self.restarts[peer.rank] = self.restarts.get(peer.rank, 0) + 1
+        self._event("worker_lost", rank=peer.rank, pid=peer.pid, restart=count,
+                    max_restarts=self.config.fault.max_restarts)
+        self._spawn(self._await_rejoin(peer))
+
+    async def _await_rejoin(self, lost: Peer) -> None:
+        limit = self.config.cluster.connect_timeout_s
+        await asyncio.sleep(limit)
+        if self.peers.get((lost.role, lost.rank)) is lost:
+            self.fail(f"{lost} died and was not restarted within {limit:g} s "
+                      "(cluster.connect_timeout_s); see its log")
+
+    def _loss_hint(self, peer: Peer) -> str:
+        if peer.role == "worker" and peer.welcomed:
+            used = self.restarts.get(peer.rank, 0)
+            return (f"it was restarted {used} times already (fault.max_restarts = "
+                    f"{self.config.fault.max_restarts}); see its log")
+        if peer.role == "server":
+            return ("a shard's values live on its server alone, so the run ends; continue it "
+                    f"from its last checkpoint with psctl resume {self.run_id[:8]}")
+        return "see its log"
+
+    async def _inject_kills(self) -> None:
+        """The ``kill:ROLE:RANK@S`` faults, timed from the start of training."""
+        await self.training.wait()
+        for spec in (f"drop:{self.faults.drop * 100:g}%" if self.faults.drop else None,
+                     f"delay:{self.faults.delay_s * 1000:g}ms" if self.faults.delay_s else None):
+            if spec is not None:  # the workers apply these from the start of training
+                self._event("fault_injected", spec=spec, role="worker", rank=None, pid=None)
+        for kill in self.faults.kills:
+            await asyncio.sleep(max(0.0, self._training_at + kill.at_s - time.monotonic()))
+            peer = self.peers.get((kill.role, kill.rank))
+            if peer is None or peer.leaving or not peer.pid:
+                self._event("fault_skipped", spec=kill.spec, reason="the process has left")
+                continue
+            try:
+                self._killed_at[(kill.role, kill.rank)] = time.time()
+                self._kill(peer.pid)
+            except OSError as exc:
+                self._event("fault_skipped", spec=kill.spec, reason=str(exc))
+                continue
+            self._event("fault_injected", spec=kill.spec, role=kill.role, rank=kill.rank,
+                        pid=peer.pid)
+
+    async def _checkpoints(self) -> None:
+        every = self.config.fault.checkpoint_every_s
+        if every is None or self.checkpoints is None:
+            return
+        await self.training.wait()
+        while True:
+            await asyncio.sleep(every)
+            if self._stop_reason is None:
+                await self.checkpoints.save(self._live_servers())
+
+    def _live_servers(self) -> list[int]:
+        return [p.rank for p in self.peers.values() if p.role == "server" and not p.lost]
+
+    def _wants_final_checkpoint(self, status: RunStatus) -> bool:
+        """At the end: with periodic checkpoints, or for a run that could be resumed, while
+        a server is still there to save each shard."""
+        if self.checkpoints is None or not self.training.is_set():
+            return False
+        servers = [p for p in self.peers.values() if p.role == "server"]
+        if len(servers) < self.config.cluster.servers:
+            return False
+        if any(p.lost for p in servers) and not self.config.cluster.replicas:
+            return False
+        return (self.config.fault.checkpoint_every_s is not None
+                or status is not RunStatus.FINISHED)
+
+    async def _checkpoint(self) -> None:
+        if self.checkpoints is not None:
+            await self.checkpoints.save(self._live_servers())
+
+    async def _order_server(self, rank: int, message: Checkpoint) -> bool:
+        peer = self.peers.get(("server", rank))
+        if peer is None or peer.leaving:
+            return False
+        try:
+            await peer.connection.send(dump_control(message))
+        except ConnectionClosed:
+            return False
+        return True
