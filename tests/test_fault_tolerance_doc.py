@@ -119,8 +119,8 @@ def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
 
     job = _start(env, tmp_path, "--epochs", "60", "--sync", "asp", "--name", "scaled")
     try:
-        _await(lambda: _query(db, "SELECT iteration_count FROM runs WHERE name = 'scaled'")[0][0]
-               > 20, "the job to train")
+        _await(lambda: _query(db, "SELECT count(*) FROM runs WHERE name = 'scaled' AND "
+                                  "iteration_count > 20")[0][0], "the job to train")
         job_id = _query(db, "SELECT id FROM runs WHERE name = 'scaled'")[0][0]
         for line, says in ((grow, "workers 2, 3 join"), (shrink, "workers 3 leave")):
             done = _psctl([word.replace("RUN", job_id[:8]) for word in line], env, tmp_path)
