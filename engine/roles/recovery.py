@@ -44,6 +44,8 @@ class Recovery(CoordinatorBase):
 
     def _fail_over(self, dead: Peer) -> None:
         """A server died: its backups take over its keys; every chain it was in is repaired."""
+        if dead.lost:  # fenced, and now its connection closed too
+            return
         dead.lost = True
         lost_at = self._killed_at.get(("server", dead.rank), time.time())
         orders, failed_over, gone = self.placement.lose(dead.rank)
@@ -96,11 +98,15 @@ class Recovery(CoordinatorBase):
         self._event("server_unresponsive", rank=peer.rank, pid=peer.pid,
                     silent_s=round(silent, 3))
         self._killed_at[("server", peer.rank)] = time.time() - silent
-        try:
-            self._kill(peer.pid)  # its connection closes: the failover follows
-        except OSError:  # not on this machine: fail over now, and stop listening to it
-            self._fail_over(peer)
-            self._spawn(peer.connection.close())
+        if self.config.cluster.backend == "local":  # its pid is a process of this machine
+            try:
+                self._kill(peer.pid)  # its connection closes: the failover follows
+                return
+            except OSError:
+                pass
+        # Elsewhere (or gone): fail over now and stop listening to it.
+        self._fail_over(peer)
+        self._spawn(peer.connection.close())
 
     def _restartable(self, peer: Peer) -> bool:
         """A worker that dies mid-run is restarted by the launcher while it has restarts left."""
