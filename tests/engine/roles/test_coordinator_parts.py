@@ -4,7 +4,9 @@ left to the base's placeholder."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+from typing import Any
 
 from engine.roles.coordination import Coordinator
 from engine.roles.peer import CoordinatorBase
@@ -17,3 +19,62 @@ def test_every_declared_helper_is_defined_by_a_part_of_the_coordinator() -> None
     for name in declared:
         owner = next(cls for cls in Coordinator.__mro__ if name in vars(cls))
         assert owner is not CoordinatorBase, f"{name} is only the base's placeholder"
+
+
+class _Connection:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.closed = False
+
+    async def send(self, message: str) -> None:
+        self.sent.append(message)
+
+    async def close(self, *args: object) -> None:
+        self.closed = True
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    def record_event(self, row: Any) -> None:
+        self.kinds.append(row.kind)
+
+    def __getattr__(self, name: str) -> Any:  # the other record_* calls: kept nowhere
+        return lambda *args: None
+
+
+def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once() -> None:
+    from engine.config import build_config
+    from engine.roles.coordinator import model_spec
+    from engine.roles.peer import Peer
+    from engine.wire.messages import Chain, Promote, parse_control
+
+    killed: list[int] = []
+
+    def kill(pid: int) -> None:
+        killed.append(pid)
+        raise ProcessLookupError("no such process")
+
+    async def main() -> None:
+        config = build_config({}, {"data.dataset": "digits", "cluster.workers": 1,
+                                   "cluster.servers": 2, "cluster.replicas": 1})
+        events = _Events()
+        coordinator = Coordinator(config, run_id="f" * 32, token="t",
+                                  layout=model_spec(config).layout(), recorder=events,
+                                  kill=kill)
+        silent, backup = _Connection(), _Connection()
+        peers = [Peer("server", 0, silent, welcomed=True, pid=4242),  # type: ignore[arg-type]
+                 Peer("server", 1, backup, welcomed=True, pid=4343)]  # type: ignore[arg-type]
+        coordinator.peers = {("server", p.rank): p for p in peers}
+        coordinator._fence(peers[0], 0.7)
+        coordinator._fail_over(peers[0])  # its connection closing later changes nothing
+        await asyncio.sleep(0.05)
+        assert killed == [4242] and peers[0].lost and silent.closed
+        assert events.kinds.count("server_lost") == 1
+        assert "server_unresponsive" in events.kinds and "failover" in events.kinds
+        # Server 1 takes range 0 over, and is the tail of its own range's chain now.
+        assert sorted(map(str, (parse_control(m) for m in backup.sent))) == sorted(
+            map(str, [Promote(index=0), Chain(index=1, successor=None)]))
+
+    asyncio.run(main())
