@@ -54,9 +54,10 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
     try:
         return Worker(welcome, rank, control, client).run(shard, model)
     finally:
-        if client.link_stats["dropped"] or client.link_stats["resent"]:
+        stats = client.link_stats
+        if stats["dropped"] or stats["resent"]:
             control.send(Event(row=EventRecord(at=time.time(), kind="link_faults",
-                                               detail={"rank": rank, **client.link_stats})))
+                                               detail={"rank": rank, **stats})))
         client.close()
         control.close()
         io.stop()

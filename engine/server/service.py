@@ -271,7 +271,7 @@ class ShardServer:
             else:
                 self._send(peer, ack)
             if applied:
-                self._release_ready_pulls()
+                self.release_ready_pulls()
         else:
             raise ProtocolError(f"a server does not accept {frame.type.name} frames")
 
@@ -324,7 +324,7 @@ class ShardServer:
         syncs = self.state.controller.take_syncs()
         if syncs and self._on_syncs is not None:
             self._on_syncs(syncs)
-        self._release_ready_pulls()
+        self.release_ready_pulls()
 
     def _acknowledge(self, peer: _Peer, request_id: int, ack: Frame) -> None:
         if request_id in peer.acked:
@@ -337,10 +337,8 @@ class ShardServer:
         self.promoted_at = time.time()
 
     def release_ready_pulls(self) -> None:
-        """Answer the waiting pulls that may be answered now (the job's workers changed)."""
-        self._release_ready_pulls()
-
-    def _release_ready_pulls(self) -> None:
+        """Answer the waiting pulls that may be answered now (after an update, or when the
+        job's workers changed)."""
         now, still_waiting = time.perf_counter(), []
         for pull in self._pending:
             if self.state.pull_ready(pull.frame.rank, pull.frame.clock, pull.frame.keys):
