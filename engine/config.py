@@ -59,6 +59,10 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+# A server's ranges start at its own positions on the replica ring (one per virtual node).
+MAX_RANGES_PER_SERVER = 64
+
+
 class ClusterConfig(_Frozen):
     backend: str = Field("local", description=(
         "where the roles run: local (processes on this machine) or sim (one process, virtual "
@@ -84,6 +88,10 @@ class ClusterConfig(_Frozen):
     heartbeat_timeout_s: float = Field(0.5, ge=0.05, le=_LONGEST_S, description=(
         "with replicas: a server that does not answer the coordinator's heartbeat (sent every "
         "fifth of this) for this long is killed and its keys fail over"))
+    key_ranges: int | None = Field(None, ge=1, le=4096, description=(
+        "key ranges the parameters are cut into, spread over the servers (at least one per "
+        "server, at most 64 per server); a server joining a running job (psctl scale "
+        "--servers) takes whole ranges from the others; unset: one per server"))
 
     @model_validator(mode="after")
     def _room_for_replicas(self) -> ClusterConfig:
@@ -91,8 +99,17 @@ class ClusterConfig(_Frozen):
             raise ValueError(f"cluster.replicas {self.replicas} needs at least "
                              f"{self.replicas + 1} servers, one per copy; there are "
                              f"{self.servers}")
+        if self.key_ranges is not None and not (
+                self.servers <= self.key_ranges <= MAX_RANGES_PER_SERVER * self.servers):
+            raise ValueError(f"cluster.key_ranges {self.key_ranges} must be between the "
+                             f"{self.servers} servers and {MAX_RANGES_PER_SERVER} per server "
+                             f"({MAX_RANGES_PER_SERVER * self.servers})")
         return self
 
+    @property
+    def ranges(self) -> int:
+        """How many key ranges the keys are cut into."""
+        return self.key_ranges if self.key_ranges is not None else self.servers
 
     @field_validator("backend")
     @classmethod
@@ -406,8 +423,9 @@ class FaultConfig(_Frozen):
         "every this many seconds (and at the end) each shard saves its values, optimizer "
         "state and clocks to the run's folder, for psctl resume; unset: only at the end"))
     max_restarts: int = Field(3, ge=0, le=1000, description=(
-        "times a worker killed by a signal (kill -9, the OOM killer) is restarted; it rejoins "
-        "at the clock the servers hold for it"))
+        "times a worker, or a server of a run with replicas, killed by a signal (kill -9, the "
+        "OOM killer) is restarted; a worker rejoins at the clock the servers hold for it, a "
+        "server takes copies of its key ranges back from their chains"))
     inject: tuple[str, ...] = Field((), max_length=64, description=(
         "faults to inject: kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS (after training "
         "started), drop:PERCENT% and delay:MSms on the workers' data plane"))
@@ -508,6 +526,7 @@ def _simulable(config: RunConfig) -> None:
         ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
         ("fault.inject", bool(config.fault.inject)),
         ("cluster.replicas", config.cluster.replicas > 0),
+        ("cluster.key_ranges", config.cluster.ranges != config.cluster.servers),
         ("fault.checkpoint_every_s", config.fault.checkpoint_every_s is not None),
     ) if used]
     if unmodelled:

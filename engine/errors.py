@@ -74,7 +74,12 @@ class ConnectFailed(TransportError):
 
 
 class ConnectionClosed(TransportError):
-    """The peer closed the connection (the reason, when known, is in the message)."""
+    """The peer closed the connection (the reason, when known, is in the message; the
+    websocket close code, when one came, in ``code``)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class AuthenticationError(TransportError):

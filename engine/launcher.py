@@ -203,17 +203,22 @@ class Launcher(NewRun):
         return self._result()
 
     def _spawn_newcomers(self) -> None:
-        """Workers the coordinator added to the job (``psctl scale``) that are not started."""
-        started = {c.rank for c in self.children if c.role == "worker"}
-        for rank in ranks_to_spawn(self.logs):
-            if rank not in started and self._address is not None:
-                self._spawn("worker", rank, self._role_args("worker", rank, self._address))
+        """Workers and servers the coordinator added to the job (``psctl scale``) that are not
+        started."""
+        for role in ("worker", "server"):
+            started = {c.rank for c in self.children if c.role == role}
+            for rank in ranks_to_spawn(self.logs, role):
+                if rank not in started and self._address is not None:
+                    self._spawn(role, rank, self._role_args(role, rank, self._address))
 
     def _restartable(self, child: Child) -> bool:
-        """A worker killed by a signal (kill -9, the OOM killer) while the run goes on; one
-        that exits with an error failed for a reason a restart would meet again."""
+        """A worker, or a server of a run with replicas (its keys failed over; started again,
+        it takes copies back), killed by a signal (kill -9, the OOM killer) while the run goes
+        on; one that exits with an error failed for a reason a restart would meet again."""
         code = child.process.returncode
-        return (child.role == "worker" and code is not None and code < 0
+        role_restarts = child.role == "worker" or (child.role == "server"
+                                                   and self.config.cluster.replicas > 0)
+        return (role_restarts and code is not None and code < 0
                 and child.restarts < self.config.fault.max_restarts
                 and self.children[0].process.poll() is None)
 

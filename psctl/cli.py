@@ -146,6 +146,10 @@ def launch(
     server_ms: Annotated[float | None, typer.Option(
         help="sim: milliseconds a server takes to apply a dense update of the whole model "
         "[measured]")] = None,
+    key_ranges: Annotated[int | None, typer.Option(
+        help="cut the keys into this many ranges, spread over the servers (one per server by "
+        "default); a server joining the running job (psctl scale --servers) takes whole ranges"
+    )] = None,
     replicas: Annotated[int | None, typer.Option(
         help="backup copies of every key range on other servers (chain replication): a dead "
         "server's keys fail over to the next copy [0]")] = None,
@@ -153,8 +157,8 @@ def launch(
         help="every S seconds (and at the end) each shard saves its values, optimizer state "
         "and clocks to the run's folder, for psctl resume")] = None,
     max_restarts: Annotated[int | None, typer.Option(
-        help="times a worker killed by a signal is restarted, rejoining at its clock [3]")] =
-        None,
+        help="times a worker (or, with replicas, a server) killed by a signal is restarted: a "
+        "worker rejoins at its clock, a server takes its copies back [3]")] = None,
     fault: Annotated[list[str] | None, typer.Option(
         help="inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS "
         "(after training started), drop:PERCENT% or delay:MSms on the workers' data plane")] =
@@ -199,7 +203,8 @@ def launch(
         "cluster.backend": backend, "sim.compute": "given" if compute_ms is not None else compute,
         "sim.compute_ms": compute_ms, "sim.network": network, "sim.server_ms": server_ms,
         "sim.server_network": server_network,
-        "cluster.replicas": replicas, "fault.checkpoint_every_s": checkpoint_every,
+        "cluster.replicas": replicas, "cluster.key_ranges": key_ranges,
+        "fault.checkpoint_every_s": checkpoint_every,
         "fault.max_restarts": max_restarts,
         "fault.inject": tuple(fault) if fault else None,
     }
@@ -263,24 +268,42 @@ def resume(
 @app.command()
 def scale(
     run: RunArgument,
-    workers: Annotated[int, typer.Option(help="the number of workers the job should have",
-                                         min=1, max=256)],
+    workers: Annotated[int | None, typer.Option(
+        help="the number of workers the job should have (asp, ssp, dssp, bounded-delay)",
+        min=1, max=256)] = None,
+    servers: Annotated[int | None, typer.Option(
+        help="the number of shard servers the job should have: newcomers take whole key "
+        "ranges from the busiest servers, leavers hand theirs over first", min=1,
+        max=64)] = None,
     db: DbOption = None,
 ) -> None:
-    """Add workers to a running job, or let some leave (asp, ssp, dssp, bounded-delay)."""
+    """Add workers or servers to a running job, or let some leave."""
     from psctl.scale import scale_run
 
-    try:
-        answer = scale_run(settings.database_path(db), run, workers)
-    except PsctlError as exc:
-        raise _fail(exc) from None
-    if answer["kind"] == "scale_refused":
-        raise _fail(PsctlError(str(answer.get("reason"))))
+    if workers is None and servers is None:
+        raise _fail(UsageError("say how many --workers or --servers the job should have"))
+    for role, count in (("workers", workers), ("servers", servers)):
+        if count is None:
+            continue
+        try:
+            answer = scale_run(settings.database_path(db), run, count, role=role)
+        except PsctlError as exc:
+            raise _fail(exc) from None
+        if answer["kind"] == "scale_refused":
+            raise _fail(PsctlError(str(answer.get("reason"))))
+        err.print(f"scaling to {count} {role}: {_scale_change(role, answer)}",
+                  highlight=False, markup=False)
+
+
+def _scale_change(role: str, answer: dict[str, Any]) -> str:
     joining, leaving = answer.get("joining") or [], answer.get("leaving") or []
-    what = (f"workers {', '.join(map(str, joining))} join" if joining else
-            f"workers {', '.join(map(str, leaving))} leave after their iteration" if leaving
-            else "nothing to change")
-    err.print(f"scaling to {workers} workers: {what}", highlight=False, markup=False)
+    names = "workers" if role == "workers" else "servers"
+    if joining:
+        return f"{names} {', '.join(map(str, joining))} join"
+    if leaving:
+        how = "after their iteration" if role == "workers" else "once their ranges moved"
+        return f"{names} {', '.join(map(str, leaving))} leave {how}"
+    return "nothing to change"
 
 
 def _run_all(configs: list[Any], group: str | None, path: Path, *, live: bool) -> list[Any]:

@@ -35,12 +35,12 @@ def plan_resume(db: Path, selector: str) -> tuple[RunConfig, ResumePoint]:
                           "from; launch runs with --checkpoint-every SECONDS to have them")
     folder = Path(str(detail["folder"]))
     config = parse_config(json.loads(row.config_json))
-    missing = [str(shard_file(folder, r)) for r in range(config.cluster.servers)
+    missing = [str(shard_file(folder, r)) for r in range(config.cluster.ranges)
                if not shard_file(folder, r).is_file()]
     if missing:
         raise LaunchError(f"checkpoint {detail['seq']} of run {run_id[:8]} is incomplete on "
                           f"disk: {', '.join(missing)} missing (deleted?)")
-    _check_workers(folder, config.cluster.workers, config.cluster.servers, run_id)
+    _check_workers(folder, config.cluster.workers, config.cluster.ranges, run_id)
     return config, ResumePoint(run_id, row.name, folder.parent.parent, folder,
                                int(detail["seq"]))
 

@@ -1,6 +1,7 @@
 """docs/fault-tolerance.md's commands run as written, in an empty folder, and do what the
-document says: the first block's four runs finish with the events it names; the second block's
-resume and scale lines run against a crashed run and a running job (RUN is their id)."""
+document says: the first block's five runs finish with the events it names; the second block's
+resume and scale lines run against a crashed run and a running job, the third's against a job
+with 4 key ranges (RUN is their id)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def test_the_four_documented_runs_finish_with_the_events_the_document_names(
         done = _psctl(words, env, tmp_path)
         assert done.returncode == 0, f"{words}\n{done.stderr}"
     statuses = dict(_query(db, "SELECT name, status FROM runs"))
-    assert statuses == {name: "finished" for name in ("restarted", "failover", "lossy", "saved")}
+    assert statuses == {name: "finished" for name in ("restarted", "failover", "rereplicated",
+                                                       "lossy", "saved")}
     restarted = _kinds(db, "restarted")
     assert [e["rank"] for e in restarted["worker_lost"]] == [1]
     assert [e["rank"] for e in restarted["worker_rejoined"]] == [1]
@@ -75,6 +77,14 @@ def test_the_four_documented_runs_finish_with_the_events_the_document_names(
     shown = _psctl(["psctl", "runs", "show", "failover"], env, tmp_path)
     assert shown.returncode == 0, shown.stderr
     for kind in ("server_lost", "failover", "failover_complete"):
+        assert kind in shown.stdout
+    rereplicated = _kinds(db, "rereplicated")
+    assert [e["rank"] for e in rereplicated["server_lost"]] == [0, 1]
+    assert [e["lost"] for e in rereplicated["failover"]] == [0, 1]
+    assert sorted((e["rank"], e["index"]) for e in rereplicated["rereplicated"]) == [
+        (0, 0), (0, 1), (1, 0), (1, 1)]
+    shown = _psctl(["psctl", "runs", "show", "rereplicated"], env, tmp_path)
+    for kind in ("server_rejoined", "rereplicated", "primary_moved"):
         assert kind in shown.stdout
 
 
@@ -133,4 +143,31 @@ def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
     assert job.returncode == 0, errors
     changes = [json.loads(d)["workers"] for (d,) in _query(
         db, "SELECT detail FROM events WHERE kind = 'membership' ORDER BY at")]
+    assert changes == [4, 3]
+
+
+def test_the_server_scale_lines_run_against_a_job_with_four_key_ranges(tmp_path: Path) -> None:
+    env, db = _env(tmp_path), tmp_path / "experiments.db"
+    grow, shrink = _lines(BLOCKS[2])
+    job = _start(env, tmp_path, "--epochs", "60", "--sync", "asp", "--key-ranges", "4",
+                 "--name", "spread")
+    try:
+        _await(lambda: _query(db, "SELECT count(*) FROM runs WHERE name = 'spread' AND "
+                                  "iteration_count > 20")[0][0], "the job to train")
+        job_id = _query(db, "SELECT id FROM runs WHERE name = 'spread'")[0][0]
+        for line, says, done_when in (
+                (grow, "servers 2, 3 join", "SELECT count(*) >= 2 FROM events WHERE kind = "
+                                            "'primary_moved'"),
+                (shrink, "servers 3 leave", "SELECT count(*) FROM events WHERE kind = "
+                                            "'server_left'")):
+            done = _psctl([word.replace("RUN", job_id[:8]) for word in line], env, tmp_path)
+            assert done.returncode == 0 and says in done.stderr, done.stderr
+            _await(lambda sql=done_when: _query(db, sql)[0][0], says)
+        _, errors = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, errors
+    changes = [json.loads(d)["servers"] for (d,) in _query(
+        db, "SELECT detail FROM events WHERE kind = 'server_membership' ORDER BY at")]
     assert changes == [4, 3]

@@ -27,7 +27,25 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "resumed": lambda d: f"resumed from checkpoint {d.get('checkpoint')}",
     "membership": lambda d: (f"scaled to {d.get('workers')} workers (joining "
                              f"{d.get('joining') or '-'}, leaving {d.get('leaving') or '-'})"),
-    "scale_refused": lambda d: f"scaling to {d.get('workers')} refused: {d.get('reason')}",
+    "scale_refused": lambda d: (f"scaling to {d.get('workers') or d.get('servers')} "
+                                f"{'workers' if d.get('workers') else 'servers'} refused: "
+                                f"{d.get('reason')}"),
+    "server_rejoined": lambda d: f"server {d.get('rank')} started again",
+    "rereplicated": lambda d: (f"shard {d.get('index')}: copy handed to server {d.get('rank')} "
+                               f"in {d.get('seconds')} s (acks held {d.get('held_s')} s), "
+                               f"chain {d.get('chain')}"),
+    "primary_moved": lambda d: (f"shard {d.get('index')}: served by server {d.get('rank')} "
+                                f"instead of {d.get('previous')} ({d.get('seconds')} s)"),
+    "copy_dropped_from": lambda d: f"shard {d.get('index')}: server {d.get('rank')} dropped it",
+    "rereplication_refused": lambda d: (f"server {d.get('rank')} cannot take copies back: "
+                                        f"{d.get('reason')}"),
+    "rereplication_failed": lambda d: (f"shard {d.get('index')}: handing a copy back failed "
+                                       f"(try {d.get('attempt')}): {d.get('reason')}"),
+    "move_failed": lambda d: f"shard {d.get('index')}: a move failed: {d.get('reason')}",
+    "server_membership": lambda d: (f"scaled to {d.get('servers')} servers (joining "
+                                    f"{d.get('joining') or '-'}, leaving "
+                                    f"{d.get('leaving') or '-'})"),
+    "server_left": lambda d: f"server {d.get('rank')} left",
 }
 
 

@@ -9,6 +9,10 @@ workers' request ids may coincide.
 
 When the successor dies, the unacknowledged frames wait; ``relink`` (the coordinator names the
 dead one's successor, or None when this copy became the tail) sends them again, in order.
+
+A server joining the chain is appended after the tail: the tail snapshots its copy and ``hold``s
+from that very update on (no await between the two), so each update it applies later waits in
+order for the newcomer; ``relink`` to the newcomer, once it restored the snapshot, sends them.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections import OrderedDict
 
-from engine.errors import ConnectionClosed, PsctlError
+from engine.errors import ConnectionClosed, ProtocolError, PsctlError
 from engine.transport.base import Connection, Transport
 from engine.wire.protocol import MsgType, decode, with_request_id
 
@@ -41,6 +46,7 @@ class ChainLink:
         self._outbox: asyncio.Queue[bytearray] = asyncio.Queue()
         self._tail = False
         self.successor: str | None = None
+        self.held_since: float | None = None  # monotonic: when a hold began, until relinked
         self.forwarded = 0
         self.refused = 0  # frames the successor refused for another reason than a duplicate
 
@@ -63,11 +69,25 @@ class ChainLink:
             self._outbox.put_nowait(data)
         return future
 
+    def hold(self) -> None:
+        """This tail gets a successor soon: keep every update from now on until ``relink``
+        names it (its acknowledgement waits until the successor applied it)."""
+        if not self._tail and self.successor is not None:
+            raise ProtocolError(f"{self.label} forwards to {self.successor}; only a chain's "
+                                "tail hands its copy to a joining server")
+        self._tail = False
+        self.held_since = time.monotonic()
+
+    @property
+    def tail(self) -> bool:
+        return self._tail
+
     async def relink(self, successor: str | None) -> None:
         """Forward to ``successor`` from now on (None: this copy is the tail), sending again
         every update it may not have."""
         await self._disconnect()
         self.successor, self._tail = successor, successor is None
+        self.held_since = None
         if successor is None:
             self._settle_all()
             return

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+from collections.abc import Callable
+from typing import Any
 
 from engine.aio import LoopThread
 from engine.errors import ConnectionClosed, LaunchError, ProtocolError, PsctlError
@@ -71,6 +73,7 @@ class SyncControl:
     def __init__(self, io: LoopThread, channel: ControlChannel) -> None:
         self._io, self._channel = io, channel
         self.inbox: queue.Queue[ControlMessage | Lost] = queue.Queue()
+        self._handlers: dict[type[Message], Callable[[Any], None]] = {}
         self._reader = io.submit(self._read())
 
     @classmethod
@@ -115,9 +118,20 @@ class SyncControl:
         except ConnectionClosed as exc:
             self.inbox.put(Lost(str(exc)))
 
+    def on(self, kind: type[Message], handler: Callable[[Any], None]) -> None:
+        """Messages of ``kind`` go to ``handler``, called on the I/O loop as they arrive,
+        instead of the inbox: for what must act while the role's thread waits on a request
+        (where a lost shard's copies are)."""
+        self._handlers[kind] = handler
+
     async def _read(self) -> None:
         try:
             while True:
-                self.inbox.put(await self._channel.recv())
+                message = await self._channel.recv()
+                handler = self._handlers.get(type(message))
+                if handler is None:
+                    self.inbox.put(message)
+                else:
+                    handler(message)
         except PsctlError as exc:
             self.inbox.put(Lost(f"lost the coordinator: {exc}"))

@@ -31,9 +31,8 @@ from engine.errors import (
 from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.roles.checkpoints import CheckpointKeeper
-from engine.roles.membership import (
-    Membership,
-)
+from engine.roles.membership import Membership
+from engine.roles.moves import Moves
 from engine.roles.peer import Peer, Progress
 from engine.roles.placement import Placement
 from engine.roles.recovery import Recovery
@@ -145,7 +144,7 @@ class RecorderSink(Protocol):
     def record_layers(self, rows: list[LayerRecord]) -> None: ...
 
 
-class Coordinator(Recovery, Scaling):
+class Coordinator(Recovery, Scaling, Moves):
     def __init__(self, config: RunConfig, *, run_id: str, token: str, layout: KeyLayout,
                  recorder: RecorderSink, partitioner: Partitioner | None = None,
                  sampler: ProcessSampler | None = None, folder: Path | None = None,
@@ -161,12 +160,14 @@ class Coordinator(Recovery, Scaling):
         self.sampler = sampler
         self.layout = layout
         num_keys = self.num_keys = layout.num_keys
-        self.ranges = (partitioner or RangePartitioner()).ranges(num_keys, config.cluster.servers)
+        self.ranges = (partitioner or RangePartitioner()).ranges(num_keys, config.cluster.ranges)
         self.checkpoints = None if folder is None else CheckpointKeeper(
             folder, len(self.ranges), first_seq=resume.seq if resume else 0,
             send=self._order_server, event=self._event)
         self.peers: dict[tuple[str, int], Peer] = {}
-        self.placement = Placement(self.ranges, config.cluster.replicas)
+        self.placement = Placement(self.ranges, config.cluster.replicas, config.cluster.servers)
+        self.server_members = Membership(config.cluster.servers)
+        self._moving = asyncio.Lock()
         self.servers_ready = asyncio.Event()
         self._linked = 0
         self.membership = Membership(config.cluster.workers)
@@ -177,6 +178,8 @@ class Coordinator(Recovery, Scaling):
         self._failed_over_at: dict[int, float] = {}  # range -> when its primary was lost
         self._killed_at: dict[tuple[str, int], float] = {}
         self._heard: dict[int, float] = {}  # server -> when it last answered a heartbeat
+        self._move_waiters: dict[tuple[int, int], asyncio.Future[EventRecord]] = {}
+        self._clocks_per_epoch: float | None = None  # the servers' Start: a rejoined one's too
         self.progress = Progress()
         self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
             asyncio.get_running_loop().create_future()
@@ -278,19 +281,22 @@ class Coordinator(Recovery, Scaling):
                                       f"{hello.role} {hello.rank}")
         peer = self._register(hello, connection)
         if hello.role == "server":
-            shard = self.ranges[hello.rank]
-            own = ShardInfo(index=hello.rank, address="", start=shard.start, end=shard.end)
-            welcome = self._welcome(shards=[], own=own).model_copy(update={
-                "held": self.placement.held(hello.rank),
-                "checkpoint": None if self.resume is None else str(self.resume.folder)})
+            empty = peer.rejoined or peer.newcomer  # it takes copies by handoffs
+            welcome = self._welcome(shards=[]).model_copy(update={
+                "held": [] if empty else self.placement.held(hello.rank),
+                "primaries": [] if empty else self.placement.primaries(hello.rank),
+                "checkpoint": None if self.resume is None or empty
+                else str(self.resume.folder)})
             await self._send(peer, welcome)
+            if empty and self._clocks_per_epoch is not None:
+                await self._send(peer, Start(clocks_per_epoch=self._clocks_per_epoch))
         else:
             try:
                 await asyncio.wait_for(self.servers_ready.wait(), self.join_deadline_s)
             except TimeoutError:
                 raise ProtocolError(f"shard servers did not start listening within "
                                     f"{self.join_deadline_s:.0f} s") from None
-            welcome = self._welcome(shards=self.placement.shard_map(), own=None)
+            welcome = self._welcome(shards=self.placement.shard_map())
             welcome = welcome.model_copy(update={"backups": self.placement.backups()})
             if peer.role == "worker" and hello.rank in self.membership.joining:
                 await self._admit_newcomer(peer)
@@ -308,15 +314,26 @@ class Coordinator(Recovery, Scaling):
     def _register(self, hello: Hello, connection: Connection) -> Peer:
         limit = {"server": self.config.cluster.servers, "worker": self.config.cluster.workers,
                  "evaluator": 1}[hello.role]
-        newcomer = hello.role == "worker" and hello.rank in self.membership.started
+        started = {"worker": self.membership.started, "server": self.server_members.started}
+        newcomer = hello.rank >= limit and hello.rank in started.get(hello.role, set())
         if hello.rank >= limit and not newcomer:
             raise ProtocolError(f"{hello.role} rank {hello.rank} is outside 0..{limit - 1}")
         before = self.peers.get((hello.role, hello.rank))
         if before is not None and not before.lost:
             raise ProtocolError(f"{hello.role} {hello.rank} joined twice")
-        peer = Peer(hello.role, hello.rank, connection, pid=hello.pid)
+        if before is not None and hello.role == "server" and not self.config.cluster.replicas:
+            raise ProtocolError(f"server {hello.rank} joined again, but without replicas a "
+                                "server's keys cannot be handed back to it")
+        server = hello.role == "server"
+        peer = Peer(hello.role, hello.rank, connection, pid=hello.pid,
+                    rejoined=server and before is not None,
+                    newcomer=server and before is None and newcomer)
         self.peers[(hello.role, hello.rank)] = peer
-        if before is not None:  # a restarted worker takes the dead one's place
+        if peer.rejoined:  # a server started again: it is heard from now on
+            self._heard[hello.rank] = time.monotonic()
+            self._event("server_rejoined", rank=hello.rank, pid=hello.pid,
+                        ranges=self.placement.rejoining(hello.rank))
+        elif before is not None:  # a restarted worker takes the dead one's place
             self._event("worker_rejoined", rank=hello.rank, pid=hello.pid,
                         restarts=self.restarts.get(hello.rank, 0))
         else:
@@ -328,11 +345,10 @@ class Coordinator(Recovery, Scaling):
     def _role_config_of(self, config: RunConfig) -> dict[str, Any]:
         return _role_config(config)
 
-    def _welcome(self, *, shards: list[ShardInfo], own: ShardInfo | None) -> Welcome:
+    def _welcome(self, *, shards: list[ShardInfo]) -> Welcome:
         return Welcome(run_id=self.run_id, config=self._role_config,
                        num_keys=self.num_keys, segments=layout_info(self.layout),
-                       shards=shards, own_range=own,
-                       started_at=self.started_at)
+                       shards=shards, started_at=self.started_at)
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -353,10 +369,16 @@ class Coordinator(Recovery, Scaling):
             for row in message.rows:
                 self._record(self.recorder.record_sync, row)
         elif isinstance(message, Serving):
-            self.placement.serving(peer.rank, message.address, message.backups)
-            self._event("server_listening", rank=peer.rank, address=message.address,
-                        backups={b.index: b.address for b in message.backups})
-            if self.placement.all_serving():
+            copies = {c.index: c.address for c in message.copies}
+            self.placement.serving(peer.rank, copies)
+            served = self.placement.primaries(peer.rank)
+            self._event("server_listening", rank=peer.rank, copies=copies,
+                        address=copies.get(served[0]) if served else None)
+            if peer.rejoined and peer.rank < self.config.cluster.servers:
+                self._spawn(self._rereplicate(peer.rank))
+            elif peer.rejoined or peer.newcomer:
+                self._spawn(self._take_ranges(peer.rank))
+            elif self.placement.all_serving():
                 if self.config.cluster.replicas:  # the chains are linked before any push
                     for order in self.placement.links():
                         self._spawn(self._order(order.server, order.message))
@@ -529,6 +551,7 @@ class Coordinator(Recovery, Scaling):
         """Tell the servers an epoch's clocks (for schedules by epoch), then start the workers:
         the servers' Start is on their sockets before any worker can push."""
         clocks = iterations_per_epoch / self.config.train.push_every  # Downpour: one per push
+        self._clocks_per_epoch = clocks
         by_role = {role: [p for p in self.peers.values() if p.role == role]
                    for role in ("server", "worker")}
         await asyncio.gather(*(self._send(server, Start(clocks_per_epoch=clocks))

@@ -76,7 +76,8 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str) -> None
     model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
                               dataset.spec.num_classes), seed=config.train.seed)
     try:
-        client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io)
+        client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io,
+                                control=control)
     except ConnectFailed:
         # A run that ends while the evaluator is still loading its data has already closed its
         # servers: nothing is left to evaluate, and that is no failure of the evaluator's.

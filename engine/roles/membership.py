@@ -18,12 +18,26 @@ from pathlib import Path
 from engine.errors import ConfigError, StoreError
 
 SCALE_FILE = "scale.json"
+SERVERS_FILE = "scale-servers.json"  # psctl scale --servers: its own request
 SPAWN_FILE = "spawn.json"
 MAX_WORKERS = 256
+MAX_SERVERS = 64
 # The consistency models whose servers can count a changing set of workers.
 SCALABLE_MODELS = ("asp", "ssp", "dssp", "bounded-delay")
 # Learning rules that keep per-worker state sized when the job starts.
 FIXED_RULES = ("adaptive", "split")
+
+
+def check_servers_scalable(servers: int, target: int, ranges: int, replicas: int) -> None:
+    """Whether a job with ``ranges`` key ranges and ``replicas`` can run on ``target``
+    servers (the moves themselves have their own refusals: ``Moves.move_refusal``)."""
+    if target < replicas + 1:
+        raise ConfigError(f"{target} servers cannot hold the {replicas + 1} copies of each key "
+                          f"range (cluster.replicas = {replicas})")
+    if target > ranges:
+        raise ConfigError(f"the job's keys are cut into {ranges} ranges, so at most {ranges} "
+                          "servers can each serve one; start the job with more "
+                          "(--key-ranges, at most 64 per server) to add servers")
 
 
 def check_scalable(model: str, rule: str, push_every: int = 1) -> None:
@@ -67,16 +81,32 @@ def read_count(path: Path, key: str) -> object | None:
 
 def wanted_workers(folder: Path) -> tuple[int, float] | None:
     """The latest request: (workers, when it was made), if there is a valid one."""
-    count = read_count(folder / SCALE_FILE, "workers")
-    at = read_count(folder / SCALE_FILE, "requested_at")
-    if (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= MAX_WORKERS
+    return _wanted(folder / SCALE_FILE, "workers", MAX_WORKERS)
+
+
+def request_servers(folder: Path, servers: int) -> None:
+    if not 1 <= servers <= MAX_SERVERS:
+        raise ConfigError(f"--servers {servers}: a job has 1 to {MAX_SERVERS} servers")
+    write_json(folder / SERVERS_FILE, {"servers": servers, "requested_at": time.time()})
+
+
+def wanted_servers(folder: Path) -> tuple[int, float] | None:
+    """The latest ``psctl scale --servers`` request: (servers, when it was made)."""
+    return _wanted(folder / SERVERS_FILE, "servers", MAX_SERVERS)
+
+
+def _wanted(path: Path, key: str, most: int) -> tuple[int, float] | None:
+    count, at = read_count(path, key), read_count(path, "requested_at")
+    if (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= most
             and isinstance(at, float)):
         return count, at
     return None
 
 
-def ranks_to_spawn(folder: Path) -> list[int]:
-    ranks = read_count(folder / SPAWN_FILE, "ranks")
+def ranks_to_spawn(folder: Path, role: str = "worker") -> list[int]:
+    """The ranks of ``role`` the coordinator wants to exist (the launcher starts those it has
+    not started)."""
+    ranks = read_count(folder / SPAWN_FILE, "ranks" if role == "worker" else "servers")
     if not isinstance(ranks, list):
         return []
     return [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)

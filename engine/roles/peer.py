@@ -16,6 +16,7 @@ from engine.roles.membership import Membership
 from engine.roles.placement import Placement
 from engine.transport.base import Connection
 from engine.wire.messages import Message
+from engine.wire.records import EventRecord
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Peer:
     pid: int = 0
     lost: bool = False  # a worker that died; its restart takes its place
     fenced: bool = False  # a server killed for not answering heartbeats
+    rejoined: bool = False  # a server started again after it died: it starts empty
+    newcomer: bool = False  # a server that joined a running job (psctl scale): it starts empty
 
     def __str__(self) -> str:
         return f"{self.role} {self.rank}"
@@ -89,4 +92,22 @@ class CoordinatorBase:
         raise NotImplementedError
 
     def _on_members_updated(self, detail: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _on_move_event(self, row: EventRecord) -> None:
+        raise NotImplementedError
+
+    def _abandon_moves(self, rank: int) -> None:
+        raise NotImplementedError
+
+    async def _rereplicate(self, rank: int) -> None:
+        raise NotImplementedError
+
+    async def _take_ranges(self, rank: int) -> None:
+        raise NotImplementedError
+
+    async def _retire(self, rank: int) -> None:
+        raise NotImplementedError
+
+    def move_refusal(self) -> str | None:
         raise NotImplementedError

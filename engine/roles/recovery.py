@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from engine.errors import ConnectionClosed
+from engine.roles.moves import MOVE_KINDS
 from engine.roles.peer import CoordinatorBase, Peer
 from engine.wire.messages import Checkpoint, Heartbeat, Message, dump_control
 from engine.wire.records import EventRecord, RunStatus
@@ -27,6 +28,8 @@ class Recovery(CoordinatorBase):
 
     def _on_server_event(self, row: EventRecord) -> None:
         detail = row.detail
+        if row.kind in MOVE_KINDS:
+            self._on_move_event(row)
         if row.kind in ("checkpoint_saved", "checkpoint_failed") and self.checkpoints:
             self.checkpoints.on_saved(row.kind, detail)
         elif row.kind == "chain_linked" and not self.servers_ready.is_set():
@@ -49,6 +52,7 @@ class Recovery(CoordinatorBase):
         dead.lost = True
         lost_at = self._killed_at.get(("server", dead.rank), time.time())
         orders, failed_over, gone = self.placement.lose(dead.rank)
+        self._abandon_moves(dead.rank)
         self._event("server_lost", rank=dead.rank, pid=dead.pid)
         if gone:
             self.fail(f"server {dead.rank} died holding the last copy of shards "

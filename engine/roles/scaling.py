@@ -9,8 +9,16 @@ import math
 import time
 from typing import Any
 
-from engine.errors import PsctlError
-from engine.roles.membership import SPAWN_FILE, check_scalable, wanted_workers, write_json
+from engine.errors import ConfigError, PsctlError
+from engine.roles.membership import (
+    SPAWN_FILE,
+    Membership,
+    check_scalable,
+    check_servers_scalable,
+    wanted_servers,
+    wanted_workers,
+    write_json,
+)
 from engine.roles.peer import CoordinatorBase, Peer
 from engine.wire.messages import Members, Stop
 
@@ -18,6 +26,8 @@ SCALE_POLL_S = 0.5  # how often the run's folder is read for a psctl scale reque
 
 
 class Scaling(CoordinatorBase):
+    server_members: Membership
+    _moving: asyncio.Lock
     _members_acked: set[int]
     _members_changed: asyncio.Event
     _join_clocks: dict[int, int]
@@ -37,30 +47,60 @@ class Scaling(CoordinatorBase):
         if self.folder is None:
             return
         await self.training.wait()
-        handled: tuple[int, float] | None = None
+        handled: dict[str, tuple[int, float] | None] = {"workers": None, "servers": None}
         while True:
             await asyncio.sleep(SCALE_POLL_S)
-            wanted = wanted_workers(self.folder)
-            if wanted is None or wanted == handled or self._stop_reason is not None:
-                continue
-            handled = wanted
-            self._scale(wanted[0])
+            for role, read, scale in (("workers", wanted_workers, self._scale),
+                                      ("servers", wanted_servers, self._scale_servers)):
+                wanted = read(self.folder)
+                if wanted is None or wanted == handled[role] or self._stop_reason is not None:
+                    continue
+                handled[role] = wanted
+                scale(wanted[0])
 
     def _scale(self, target: int) -> None:
         try:
             check_scalable(self.config.sync.model, self.config.learning.rule,
                            self.config.train.push_every)
+            if self._moving.locked():  # a handoff carries no membership change
+                raise ConfigError("servers are moving key ranges right now; ask again once "
+                                  "they are done (the run's events say when)")
         except PsctlError as exc:
             self._event("scale_refused", workers=target, reason=str(exc))
             return
         joining, leaving = self.membership.scale_to(target)
         self._event("membership", workers=target, joining=joining, leaving=leaving)
-        if joining and self.folder is not None:  # the launcher starts them
-            write_json(self.folder / SPAWN_FILE, {"ranks": sorted(self.membership.started)})
+        if joining:  # the launcher starts them
+            self._write_spawn()
         for rank in leaving:
             peer = self.peers.get(("worker", rank))
             if peer is not None and peer.welcomed:
                 self._spawn(self._send(peer, Stop(reason=f"scaled down to {target} workers")))
+
+    def _scale_servers(self, target: int) -> None:
+        """Servers join (new ranks: the launcher starts them, each takes ranges from the
+        busiest) or leave (the highest ranks: each hands its copies over, then exits)."""
+        current = len(self.server_members.active)
+        try:
+            check_servers_scalable(current, target, len(self.placement.ranges),
+                                   self.config.cluster.replicas)
+            refusal = self.move_refusal()
+            if refusal is not None:
+                raise ConfigError(refusal)
+        except PsctlError as exc:
+            self._event("scale_refused", servers=target, reason=str(exc))
+            return
+        joining, leaving = self.server_members.scale_to(target)
+        self._event("server_membership", servers=target, joining=joining, leaving=leaving)
+        if joining:
+            self._write_spawn()
+        for rank in leaving:
+            self._spawn(self._retire(rank))
+
+    def _write_spawn(self) -> None:
+        if self.folder is not None:
+            write_json(self.folder / SPAWN_FILE, {"ranks": sorted(self.membership.started),
+                                                  "servers": sorted(self.server_members.started)})
 
     async def _admit_newcomer(self, peer: Peer) -> None:
         """The servers count the newcomer before it can ask them anything; it trains on its

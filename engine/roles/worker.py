@@ -17,7 +17,7 @@ from engine.models.flat import FlatModel
 from engine.models.spec import MLPSpec
 from engine.roles.control import SyncControl
 from engine.transport.base import Transport
-from engine.wire.messages import Event, Hello, Welcome
+from engine.wire.messages import Event, Hello, Replicas, Welcome
 from engine.wire.protocol import Role
 from engine.wire.records import EventRecord
 from engine.worker.client import (
@@ -50,7 +50,8 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str)
                             wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress,
                                                keeps_copy=config.comm.pull_filter != "none",
                                                range_size=config.comm.range_size),
-                            faults=link_faults(config), duplicates_ok=True)
+                            faults=link_faults(config), duplicates_ok=True,
+                            control=control)
     try:
         return Worker(welcome, rank, control, client).run(shard, model)
     finally:
@@ -74,9 +75,11 @@ def link_faults(config: RunConfig) -> LinkFaults | None:
 def connect_client(transport: Transport, welcome: Welcome, config: RunConfig, role: Role,
                    rank: int, token: str, io: LoopThread,
                    wire: WireFormat = PLAIN_WIRE, faults: LinkFaults | None = None,
-                   duplicates_ok: bool = False) -> ParameterClient:
+                   duplicates_ok: bool = False,
+                   control: SyncControl | None = None) -> ParameterClient:
     """A connected client; ``wire`` says how its values travel (the evaluator's stay
-    float32, so it measures the model the servers hold exactly)."""
+    float32, so it measures the model the servers hold exactly). With ``control``, the
+    coordinator's word on where the shards' copies are reaches the client at once."""
     shards = [ShardAddress(s.index, s.address, KeyRange(s.start, s.end),
                            tuple(welcome.backups.get(s.index, ()))) for s in welcome.shards]
     client = ParameterClient(
@@ -86,4 +89,6 @@ def connect_client(transport: Transport, welcome: Welcome, config: RunConfig, ro
         max_frame_bytes=config.cluster.max_frame_bytes, io=io, wire=wire, faults=faults,
         duplicates_ok=duplicates_ok)
     client.connect()
+    if control is not None:
+        control.on(Replicas, lambda message: client.set_copies(message.copies))
     return client

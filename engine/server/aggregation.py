@@ -36,6 +36,11 @@ class Aggregator(Protocol):
         """The rounds of these (complete) ranges as updates; their sums restart from zero."""
         ...
 
+    def round_state(self) -> list[np.ndarray]:
+        """The arrays that hold the open rounds (the live ones: a copy of a shard handed to
+        another server carries them, so a partly pushed round is not lost)."""
+        ...
+
 
 class RoundSum:
     """Sums per clock range, and per key whether anybody contributed this round."""
@@ -78,6 +83,9 @@ class RoundSum:
                 for r in run:
                     updates.extend(self._release_one(r))
         return updates
+
+    def round_state(self) -> list[np.ndarray]:
+        return [self._sum, self._touched, self._dense]
 
     def _release_one(self, r: int) -> list[Update]:
         span = self._local[r]

@@ -10,6 +10,11 @@ pushed is dropped: its contributors' clocks go back to the round, so they push i
 consistency controller is rebuilt by replaying the commits the clocks imply, in clock order;
 its timing history (which only ElasticBSP and DSSP keep) starts empty again, and ElasticBSP
 monitors two pushes before placing its next barrier, as at the start of a run.
+
+A *live* snapshot (``live=True``) is what a chain's tail hands a server that joins the chain
+(``engine.roles.handoff``): it also holds the open rounds' sums and whether the shard was
+initialised, so that nothing is dropped; the copy restored from it equals the tail's, and the
+updates the tail applies after it follow down the chain.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ class Snapshot:
     arrays: dict[str, np.ndarray]
 
     @classmethod
-    def of(cls, state: ShardState, seq: int) -> Snapshot:
+    def of(cls, state: ShardState, seq: int, *, live: bool = False) -> Snapshot:
         arrays: dict[str, np.ndarray] = {
             "format": np.array([FORMAT], dtype=np.int64),
             "seq": np.array([seq], dtype=np.int64),
@@ -53,6 +58,10 @@ class Snapshot:
         }
         for i, slot in enumerate(state.optimizer.slots()):
             arrays[f"slot{i}"] = slot.copy()
+        if live:
+            arrays["initialized"] = np.array([state.initialized], dtype=np.bool_)
+            for i, part in enumerate(state.aggregator.round_state()):
+                arrays[f"round{i}"] = part.copy()
         return cls(arrays)
 
     def write(self, path: Path) -> int:
@@ -81,19 +90,25 @@ def save(state: ShardState, folder: Path, rank: int, seq: int) -> tuple[Path, in
     return path, size, time.perf_counter() - started
 
 
-def restore(state: ShardState, path: Path) -> int:
-    """Load ``path`` into a fresh ``state``; returns the checkpoint's sequence number."""
+def restore(state: ShardState, path: Path, *, live: bool = False) -> int:
+    """Load ``path`` into a fresh ``state``; returns the checkpoint's sequence number. A live
+    snapshot keeps its open rounds (nothing is pushed again)."""
     arrays = _load(path)
     _check(state, arrays, path)
+    if live:
+        _check_live(state, arrays, path)
     np.copyto(state.params, arrays["params"])
     for i, slot in enumerate(state.optimizer.slots()):
         np.copyto(slot, arrays[f"slot{i}"])
     np.copyto(state.versions, arrays["versions"])
     state.pushes = int(arrays["pushes"][0])
     state.finished = [bool(f) for f in arrays["finished"]]
-    state.initialized = True
+    state.initialized = bool(arrays["initialized"][0]) if live else True
     clocks = arrays["next"].copy()
-    if state.controller.accumulates:  # a partial round is not in the values: push it again
+    if live:
+        for i, part in enumerate(state.aggregator.round_state()):
+            np.copyto(part, arrays[f"round{i}"])
+    elif state.controller.accumulates:  # a partial round is not in the values: push it again
         clocks[:] = clocks.min(axis=0)
     replay(state, clocks)
     return int(arrays["seq"][0])
@@ -158,6 +173,18 @@ def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None
     for name in ("next", "versions", "pushes", "seq"):
         if arrays[name].dtype.kind != "i" or (arrays[name] < 0).any():
             raise StoreError(f"checkpoint {path} holds negative or non-integer {name}")
+
+
+def _check_live(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None:
+    parts = state.aggregator.round_state()
+    expected = {"initialized": ((1,), np.dtype(np.bool_)),
+                **{f"round{i}": (p.shape, p.dtype) for i, p in enumerate(parts)}}
+    for name, (shape, dtype) in expected.items():
+        if name not in arrays or arrays[name].shape != shape or arrays[name].dtype != dtype:
+            raise StoreError(f"{path} is not a live copy of this shard: {name} should be "
+                             f"{dtype} of shape {shape}")
+    if not np.isfinite(arrays["round0"]).all():
+        raise StoreError(f"{path} holds round sums that are not finite")
 
 
 def _fsync_folder(folder: Path) -> None:

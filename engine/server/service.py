@@ -32,6 +32,7 @@ from engine.server.shard import ShardState
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.codecs import Codec, narrow
 from engine.wire.protocol import (
+    CLOSE_MOVED,
     FLAG_COMMIT,
     FLAG_FINAL,
     FLOAT_DTYPES,
@@ -247,7 +248,7 @@ class ShardServer:
         admission = peer.connection.admission
         sender = frame.role.name.lower()
         # The chain's predecessor (a server) forwards the updates of every worker.
-        chained = admission is not None and admission.role == "server"
+        chained = _chained(peer.connection)
         if chained and frame.type not in (MsgType.PUSH, MsgType.INIT):
             raise ProtocolError(f"a chain predecessor forwards pushes only, not {frame.type.name}")
         if admission is not None and not chained and not admission.permits(sender, frame.rank):
@@ -260,7 +261,7 @@ class ShardServer:
         if frame.type is MsgType.PULL:
             self._pull(peer, frame)
         elif frame.type is MsgType.PUSH:
-            self._push(peer, frame, message)
+            self._push(peer, frame, message, chained=chained)
         elif frame.type is MsgType.CLOCKS:
             self._send(peer, self._clocks(frame))
         elif frame.type is MsgType.INIT:
@@ -294,7 +295,7 @@ class ShardServer:
             peer.pending += 1
             self._pending.append(_PendingPull(peer, frame, time.perf_counter()))
 
-    def _push(self, peer: _Peer, frame: Frame, message: bytes) -> None:
+    def _push(self, peer: _Peer, frame: Frame, message: bytes, *, chained: bool = False) -> None:
         if frame.request_id in peer.acked:  # sent again: the first one was applied
             self.stats.resent_pushes += 1
             repeated = peer.acked[frame.request_id]
@@ -310,7 +311,7 @@ class ShardServer:
                             bool(frame.flags & FLAG_FINAL))
         accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing,
                                       index=frame.index, commit=bool(frame.flags & FLAG_COMMIT),
-                                      base_version=frame.version)
+                                      base_version=frame.version, trusted=chained)
         ack = self._ack(frame, accepted_at, self.state.last_scale)
         if len(peer.acked) >= REMEMBERED_ACKS:
             peer.acked.popitem(last=False)
@@ -330,6 +331,21 @@ class ShardServer:
         if request_id in peer.acked:
             peer.acked[request_id] = ack
         self._send(peer, ack)
+
+    def demote(self) -> None:
+        """This copy stops serving workers (they are answered ``not_primary``); its chain
+        keeps forwarding what it applied."""
+        self.primary = False
+
+    async def release_clients(self, reason: str) -> int:
+        """Close every connection but the chain predecessor's: workers move to the primary
+        they were told of. Returns how many were closed."""
+        clients = [peer for peer in self._peers if not _chained(peer.connection)]
+        for peer in clients:
+            self._abandon(peer, reason)
+        await asyncio.gather(*(peer.connection.close(CLOSE_MOVED, reason)
+                               for peer in clients), return_exceptions=True)
+        return len(clients)
 
     def promote(self) -> None:
         """This backup becomes its keys' primary: it serves workers from now on."""
@@ -477,3 +493,9 @@ class ShardServer:
         if peer.sender is not None:
             peer.sender.cancel()
         return True
+
+
+def _chained(connection: Connection) -> bool:
+    """Admitted as a server: a chain predecessor, which forwards every worker's updates."""
+    admission = connection.admission
+    return admission is not None and admission.role == "server"

@@ -25,6 +25,7 @@ class MemoryConnection:
         self._inbox: asyncio.Queue[object] = asyncio.Queue()
         self._peer: MemoryConnection | None = None
         self._closed_reason: str | None = None
+        self._close_code: int | None = None
 
     @property
     def remote(self) -> str:
@@ -39,27 +40,30 @@ class MemoryConnection:
 
     async def send(self, message: Sendable) -> None:
         if self._closed_reason is not None or self._peer is None:
-            raise ConnectionClosed(self._closed_reason or f"connection to {self._remote} closed")
+            raise ConnectionClosed(self._closed_reason or f"connection to {self._remote} closed",
+                                   self._close_code)
         self._peer._deliver(message if isinstance(message, str) else bytes(message))
 
     async def recv(self) -> Message:
         if self._closed_reason is not None and self._inbox.empty():
-            raise ConnectionClosed(self._closed_reason)
+            raise ConnectionClosed(self._closed_reason, self._close_code)
         item = await self._inbox.get()
         if item is _CLOSED:
             self._closed_reason = self._closed_reason or f"connection to {self._remote} closed"
-            raise ConnectionClosed(self._closed_reason)
+            raise ConnectionClosed(self._closed_reason, self._close_code)
         assert isinstance(item, bytes | str)
         return item
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         if self._closed_reason is None:
             self._closed_reason = f"connection to {self._remote} closed (code {code}: {reason})"
+            self._close_code = code
             self._deliver(_CLOSED)
             if self._peer is not None:
                 self._peer._closed_reason = (
                     f"connection to {self._peer.remote} closed (code {code}: {reason})"
                 )
+                self._peer._close_code = code
                 self._peer._deliver(_CLOSED)
 
 

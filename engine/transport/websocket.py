@@ -49,13 +49,13 @@ class WebSocketConnection:
         try:
             await self._socket.send(message)
         except websockets.ConnectionClosed as exc:
-            raise ConnectionClosed(_closed_reason(self._remote, exc)) from None
+            raise ConnectionClosed(_closed_reason(self._remote, exc), _close_code(exc)) from None
 
     async def recv(self) -> Message:
         try:
             return await self._socket.recv()
         except websockets.ConnectionClosed as exc:
-            raise ConnectionClosed(_closed_reason(self._remote, exc)) from None
+            raise ConnectionClosed(_closed_reason(self._remote, exc), _close_code(exc)) from None
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         # websockets waits for the close frame to be written, which never happens while a peer
@@ -147,3 +147,8 @@ def _closed_reason(remote: str, exc: websockets.ConnectionClosed) -> str:
         return f"connection to {remote} was lost"
     reason = f": {close.reason}" if close.reason else ""
     return f"connection to {remote} closed (code {close.code}{reason})"
+
+
+def _close_code(exc: websockets.ConnectionClosed) -> int | None:
+    close = exc.rcvd or exc.sent
+    return None if close is None else int(close.code)

@@ -58,14 +58,15 @@ class Welcome(Message):
     config: dict[str, Any]
     num_keys: int = Field(ge=1)
     segments: list[SegmentInfo] = Field(min_length=1)  # the key layout, in key order
-    shards: list[ShardInfo]  # empty for servers: they learn only their own range
-    own_range: ShardInfo | None = None
+    shards: list[ShardInfo]  # empty for servers: they learn only the ranges they hold
     started_at: float
     # A server of a resumed run: the checkpoint folder its copies start from.
     checkpoint: str | None = Field(None, max_length=4096)
-    # With replicas, a server: the key ranges it holds a backup of; a worker: per shard, the
-    # addresses of its backups in chain order (where its keys are served after a failover).
-    held: list[ShardInfo] = Field(default_factory=list)
+    # A server: every key range it holds a copy of, and those it serves (the primary of); a
+    # worker: per shard, the addresses of its backups in chain order (where its keys are served
+    # after a failover).
+    held: list[ShardInfo] = Field(default_factory=list, max_length=4096)
+    primaries: list[int] = Field(default_factory=list, max_length=4096)
     backups: dict[int, list[str]] = Field(default_factory=dict)
     # A worker that joins a running job: the clock its first iteration has.
     clock_base: int = Field(0, ge=0)
@@ -96,11 +97,10 @@ class Syncs(Message):
 
 
 class Serving(Message):
-    """A shard server listens for workers at ``address``."""
+    """A shard server listens: where each copy it holds takes connections."""
 
     type: Literal["serving"] = "serving"
-    address: str
-    backups: list[ShardInfo] = Field(default_factory=list)  # where its backup copies listen
+    copies: list[ShardInfo] = Field(default_factory=list, max_length=4096)
 
 
 class Ready(Message):
@@ -197,6 +197,68 @@ class Checkpoint(Message):
     folder: str = Field(min_length=1, max_length=4096)
 
 
+class Handoff(Message):
+    """Coordinator -> the tail of key range ``index``'s chain: a server joins the chain after
+    you; write your copy to ``path`` now and keep every later update for it. Answered by a
+    ``handoff_saved`` (or ``handoff_failed``) event."""
+
+    type: Literal["handoff"] = "handoff"
+    index: int = Field(ge=0)
+    path: str = Field(min_length=1, max_length=4096)
+
+
+class Restore(Message):
+    """Coordinator -> a joining server: load your copy of key range ``index`` from ``path``
+    (a tail's handoff). Answered by a ``handoff_restored`` (or ``handoff_failed``) event."""
+
+    type: Literal["restore"] = "restore"
+    index: int = Field(ge=0)
+    path: str = Field(min_length=1, max_length=4096)
+
+
+class Adopt(Message):
+    """Coordinator -> server: hold an empty copy of key range ``index`` ([start, end)), as a
+    backup, to be filled by a handoff. Answered by a ``copy_listening`` event."""
+
+    type: Literal["adopt"] = "adopt"
+    index: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: int = Field(ge=1)
+
+
+class Demote(Message):
+    """Coordinator -> the primary of key range ``index``: stop serving workers (they are
+    answered ``not_primary``) and wait until every update you applied reached the chain's
+    tail. Answered by a ``demoted`` event."""
+
+    type: Literal["demote"] = "demote"
+    index: int = Field(ge=0)
+
+
+class Release(Message):
+    """Coordinator -> a demoted copy of key range ``index``: close your workers' connections;
+    they move to the primary they were told of. Answered by a ``released`` event."""
+
+    type: Literal["release"] = "release"
+    index: int = Field(ge=0)
+
+
+class Drop(Message):
+    """Coordinator -> server: you no longer hold key range ``index``; close its copy.
+    Answered by a ``copy_dropped`` event."""
+
+    type: Literal["drop"] = "drop"
+    index: int = Field(ge=0)
+
+
+class Replicas(Message):
+    """Coordinator -> workers and the evaluator: per key range, where its copies listen, in
+    chain order (the primary first); where a client goes when its server is lost."""
+
+    type: Literal["replicas"] = "replicas"
+    copies: dict[int, list[str]] = Field(max_length=4096)
+
+
 ControlMessage = Annotated[
     Hello
     | Welcome
@@ -217,7 +279,14 @@ ControlMessage = Annotated[
     | Chain
     | Promote
     | Members
-    | Heartbeat,
+    | Heartbeat
+    | Handoff
+    | Restore
+    | Adopt
+    | Demote
+    | Release
+    | Drop
+    | Replicas,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

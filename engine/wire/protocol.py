@@ -113,6 +113,9 @@ ANY_CLOCK = -1  # a PULL with this clock is served at once, whatever the consist
 FLAG_FINAL = 1  # on a PUSH: the worker's last iteration; it pushes nothing after this one
 FLAG_COMMIT = 2  # on a PUSH: the worker is done with this clock on every clock range of the span
 _KNOWN_FLAGS = FLAG_FINAL | FLAG_COMMIT
+# The websocket close code of a copy that no longer serves a key range (it moved to another
+# server, which the coordinator names to every client): the client goes there.
+CLOSE_MOVED = 4001
 
 
 def to_ns(seconds: float) -> int:

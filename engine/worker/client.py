@@ -388,6 +388,12 @@ class ParameterClient:
             )
         )
 
+    def set_copies(self, copies: dict[int, list[str]]) -> None:
+        """Per shard, where its copies listen now (``Replicas``); on the client's loop."""
+        for index, addresses in copies.items():
+            if 0 <= index < len(self._connections):
+                self._connections[index].set_copies(addresses)
+
     async def _close_all(self) -> None:
         await asyncio.gather(*(connection.close() for connection in self._connections))
 

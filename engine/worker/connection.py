@@ -5,7 +5,9 @@ Failover (``engine.replication``): when the connection to a primary breaks and t
 backups, the requests still waiting go to the first backup that accepts a connection, under
 their own request ids. Until the coordinator has promoted it, a backup answers ``not_primary``;
 the request is sent again every ``NOT_PRIMARY_RETRY_S``. A push the dead primary had forwarded
-before it died comes back as a duplicate, which counts as acknowledged.
+before it died comes back as a duplicate, which counts as acknowledged. When a server that died
+comes back and takes copies again, the coordinator sends every client the chains' addresses
+(``set_copies``), so a later loss moves to the copies that exist then.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError, RemoteError, ShuttingDown
 from engine.keys import KeyRange
 from engine.transport.base import Connection, Transport
-from engine.wire.protocol import Frame, MsgType, decode
+from engine.wire.protocol import CLOSE_MOVED, Frame, MsgType, decode
 
 NOT_PRIMARY_RETRY_S = 0.02
 FAILOVER_TIMEOUT_S = 10.0  # to reach some backup once the primary is gone
@@ -78,6 +80,9 @@ class ShardConnection:
         self._closed: PsctlError | None = None
         self._broken: PsctlError | None = None  # the primary is gone; backups are left
         self._backups = list(shard.backups)
+        # A replicated shard: when its server is lost the coordinator says where the copies
+        # are (``set_copies``), so a client that has tried every address waits for more.
+        self._replicated = bool(shard.backups)
         self._switching: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.failovers = 0
@@ -147,7 +152,9 @@ class ShardConnection:
                 return
             error = ConnectionClosed(f"shard server {self._shard.index} at "
                                      f"{self._shard.address}: {exc}")
-            if not self._backups:
+            # A copy that closes as moved handed its range to another server (its clients are
+            # told where); without replicas any other loss is final.
+            if not (self._replicated or exc.code == CLOSE_MOVED):
                 self._fail_all(error)
                 return
             self._broken = error
@@ -164,7 +171,10 @@ class ShardConnection:
         """Connect to the next backup that answers and send every waiting request to it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + FAILOVER_TIMEOUT_S
-        while self._backups and loop.time() < deadline:
+        while loop.time() < deadline:
+            if not self._backups:  # a server handed a copy back is announced any moment
+                await asyncio.sleep(NOT_PRIMARY_RETRY_S)
+                continue
             address = self._backups.pop(0)
             try:
                 connection = await self._transport.connect(
@@ -180,6 +190,12 @@ class ShardConnection:
             return
         self._fail_all(self._broken or ConnectionClosed(
             f"shard server {self._shard.index}: no backup could be reached"))
+
+    def set_copies(self, addresses: list[str]) -> None:
+        """Where this shard's copies listen now, in chain order (the primary first); the
+        addresses it goes to, in that order, should its server be lost."""
+        self._backups = [a for a in addresses if a != self._shard.address]
+        self._replicated = self._replicated or bool(self._backups)
 
     def _resolve(self, frame: Frame, nbytes: int) -> None:
         future = self._waiting.pop(frame.request_id, None)

@@ -4,11 +4,14 @@ The coordinator and two shard servers (one backup of each key range) run as real
 this test is worker 0. It pushes a known sequence of gradients, kills shard 0's primary with
 SIGKILL while a push is in flight, goes on pushing, and checks that the new primary holds
 exactly the values the acknowledged pushes imply: bit for bit, so that no update was lost and
-none was applied twice.
+none was applied twice. The second test then starts the killed server again (as the launcher
+does), lets it take its copies back (and serve its range again) while pushes go on, kills the
+other server too, and checks the same: only the handed-back copies are left by then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,55 +62,132 @@ def _announced(coordinator: subprocess.Popen[bytes], timeout: float = 60.0) -> s
     return line.split()[1].decode()
 
 
-def test_every_acknowledged_push_survives_the_death_of_its_primary(tmp_path: Path) -> None:
-    run_config = config(data__dataset="digits", model__hidden=(16,), cluster__workers=1,
-                        cluster__servers=2, cluster__replicas=1, sync__model="asp",
-                        optimizer__momentum=0.0, optimizer__lr=LR,
-                        cluster__connect_timeout_s=150.0)
-    (tmp_path / "config.json").write_text(json.dumps(run_config.to_json_dict()))
-    token, db = secrets.token_urlsafe(32), tmp_path / "experiments.db"
-    env = dict(os.environ, PSCTL_TOKEN=token, PYTHONUNBUFFERED="1")
-    coordinator = _spawn(["coordinator", "--config", str(tmp_path / "config.json"), "--run-id",
-                          uuid.uuid4().hex, "--name", "failover", "--db", str(db)], env,
-                         tmp_path / "coordinator.log", stdout=subprocess.PIPE)
-    started = [coordinator]
-    io = LoopThread("failover-test-io")
-    try:
-        address = _announced(coordinator)
-        started += [_spawn(["server", "--coordinator", address, "--rank", str(rank)], env,
-                           tmp_path / f"server-{rank}.log") for rank in (0, 1)]
+class Cluster:
+    """A coordinator and two servers with one backup of each range, as real processes, and
+    this test as worker 0 (its client hears where the copies are, as a worker does)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        run_config = config(data__dataset="digits", model__hidden=(16,), cluster__workers=1,
+                            cluster__servers=2, cluster__replicas=1, sync__model="asp",
+                            optimizer__momentum=0.0, optimizer__lr=LR,
+                            cluster__connect_timeout_s=150.0)
+        (tmp_path / "config.json").write_text(json.dumps(run_config.to_json_dict()))
+        self.tmp, self.db = tmp_path, tmp_path / "experiments.db"
+        token = secrets.token_urlsafe(32)
+        self.env = dict(os.environ, PSCTL_TOKEN=token, PYTHONUNBUFFERED="1")
+        coordinator = _spawn(["coordinator", "--config", str(tmp_path / "config.json"),
+                              "--run-id", uuid.uuid4().hex, "--name", "failover", "--db",
+                              str(self.db)], self.env, tmp_path / "coordinator.log",
+                             stdout=subprocess.PIPE)
+        self.processes = [coordinator]
+        self.io = LoopThread("failover-test-io")
+        self.address = _announced(coordinator)
+        self.servers = {rank: self.start_server(rank) for rank in (0, 1)}
         me = credential(token, "worker", 0)
-        control, welcome = SyncControl.open(io, WebSocketTransport(), address,
-                                            Hello(role="worker", rank=0, pid=os.getpid()),
-                                            token=me, timeout=60.0)
+        self.control, welcome = SyncControl.open(
+            self.io, WebSocketTransport(), self.address,
+            Hello(role="worker", rank=0, pid=os.getpid()), token=me, timeout=60.0)
         assert welcome.backups and all(len(b) == 1 for b in welcome.backups.values())
-        client = connect_client(WebSocketTransport(), welcome,
-                                RunConfig.model_validate(welcome.config), Role.WORKER, 0, me, io,
-                                duplicates_ok=True)
-        keys = KeyRange(0, welcome.num_keys)
-        expected = np.linspace(-1, 1, len(keys), dtype=np.float32)
-        client.wait(client.init(expected.copy()))
-        rng = np.random.default_rng(7)
-        for clock in range(PUSHES):
-            grad = rng.standard_normal(len(keys)).astype(np.float32)
-            handle = client.push(keys, grad, clock=clock, base_versions={})
-            if clock == KILL_AT:  # in flight: applied, forwarded, or neither
-                os.kill(started[1].pid, signal.SIGKILL)
-            client.wait(handle, timeout=30.0)  # acknowledged: the chain's tail applied it
-            expected -= np.multiply(grad, np.float32(LR))
-        held = np.empty(len(keys), dtype=np.float32)
-        client.wait(client.pull(keys, held, clock=ANY_CLOCK), timeout=30.0)
-        np.testing.assert_array_equal(held, expected)
-        complete = wait_for(lambda: query(db, "SELECT detail FROM events WHERE kind = "
-                                              "'failover_complete'"), 10, "the failover")
-        seconds = json.loads(complete[0][0])["seconds"]
-        assert 0 < seconds <= 1.0
-        assert query(db, "SELECT count(*) FROM events WHERE kind = 'server_lost'")[0][0] == 1
-        client.close()
-        control.close()
-    finally:
-        io.stop()
-        for process in started:
+        self.client = connect_client(WebSocketTransport(), welcome,
+                                     RunConfig.model_validate(welcome.config), Role.WORKER, 0,
+                                     me, self.io, duplicates_ok=True, control=self.control)
+        self.keys = KeyRange(0, welcome.num_keys)
+
+    def start_server(self, rank: int) -> subprocess.Popen[bytes]:
+        process = _spawn(["server", "--coordinator", self.address, "--rank", str(rank)],
+                         self.env, self.tmp / f"server-{rank}-{len(self.processes)}.log")
+        self.processes.append(process)
+        return process
+
+    def held(self) -> np.ndarray:
+        values = np.empty(len(self.keys), dtype=np.float32)
+        self.client.wait(self.client.pull(self.keys, values, clock=ANY_CLOCK), timeout=30.0)
+        return values
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
+            self.control.close()
+        self.io.stop()
+        for process in self.processes:
             if process.poll() is None:
                 process.kill()
             process.wait(10)
+
+
+class Pusher:
+    """Known gradients pushed one clock after another; ``expected`` is what they imply."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster, self.clock = cluster, 0
+        self.expected = np.linspace(-1, 1, len(cluster.keys), dtype=np.float32)
+        self.rng = np.random.default_rng(7)
+        cluster.client.wait(cluster.client.init(self.expected.copy()))
+
+    def push(self, during: Callable[[], None] | None = None) -> None:
+        client = self.cluster.client
+        grad = self.rng.standard_normal(len(self.cluster.keys)).astype(np.float32)
+        handle = client.push(self.cluster.keys, grad, clock=self.clock, base_versions={})
+        if during is not None:  # in flight: applied, forwarded, or neither
+            during()
+        client.wait(handle, timeout=30.0)  # acknowledged: the chain's tail applied it
+        self.expected -= np.multiply(grad, np.float32(LR))
+        self.clock += 1
+
+
+def _events(db: Path, kind: str) -> list[dict[str, object]]:
+    rows = query(db, "SELECT detail FROM events WHERE kind = ? ORDER BY id", kind)
+    return [json.loads(row[0]) for row in rows]
+
+
+def test_every_acknowledged_push_survives_the_death_of_its_primary(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        pusher = Pusher(cluster)
+        for clock in range(PUSHES):
+            pusher.push((lambda: os.kill(cluster.servers[0].pid, signal.SIGKILL))
+                        if clock == KILL_AT else None)
+        np.testing.assert_array_equal(cluster.held(), pusher.expected)
+        complete = wait_for(lambda: _events(cluster.db, "failover_complete"), 10,
+                            "the failover")
+        assert 0 < float(complete[0]["seconds"]) <= 1.0  # type: ignore[arg-type]
+        assert len(_events(cluster.db, "server_lost")) == 1
+    finally:
+        cluster.close()
+
+
+def test_a_server_started_again_takes_its_copies_back_and_outlives_the_other(
+        tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    try:
+        pusher = Pusher(cluster)
+        for clock in range(PUSHES):
+            pusher.push((lambda: os.kill(cluster.servers[0].pid, signal.SIGKILL))
+                        if clock == KILL_AT else None)
+        wait_for(lambda: _events(cluster.db, "server_lost"), 10, "server 0's loss")
+        cluster.servers[0] = cluster.start_server(0)
+        # Pushes go on while the copies are handed over (each handoff holds the tail's acks).
+        deadline = time.monotonic() + 60
+        while len(_events(cluster.db, "rereplicated")) < 2 and time.monotonic() < deadline:
+            pusher.push()
+        handed = _events(cluster.db, "rereplicated")
+        assert sorted(int(e["index"]) for e in handed) == [0, 1]  # type: ignore[call-overload]
+        assert all(e["chain"] == [1, 0] and e["rank"] == 0 for e in handed)
+        for _ in range(10):
+            pusher.push()
+        # Server 1 dies too: only the copies server 0 took back are left.
+        pusher.push(lambda: os.kill(cluster.servers[1].pid, signal.SIGKILL))
+        for _ in range(PUSHES):
+            pusher.push()
+        np.testing.assert_array_equal(cluster.held(), pusher.expected)
+        # Server 0 served range 0 again (moved back once its copy was whole), so the second
+        # loss fails range 1 over only.
+        moved = _events(cluster.db, "primary_moved")
+        assert [(e["index"], e["rank"], e["previous"]) for e in moved] == [(0, 0, 1)]
+        wait_for(lambda: len(_events(cluster.db, "failover")) == 2, 10, "both failovers")
+        assert [(e["index"], e["lost"], e["primary"])
+                for e in _events(cluster.db, "failover")] == [(0, 0, 1), (1, 1, 0)]
+        assert [e["rank"] for e in _events(cluster.db, "server_lost")] == [0, 1]
+        assert not _events(cluster.db, "run_failed")
+    finally:
+        cluster.close()

@@ -248,3 +248,94 @@ def test_a_hung_primary_is_fenced_off_by_the_heartbeat_and_its_keys_fail_over(
     complete = _events(launcher, "failover_complete")
     assert len(complete) == 1 and float(str(complete[0]["seconds"])) <= 1.5
     assert processes_with(launcher.join_token) == []
+
+
+def test_a_killed_server_comes_back_with_its_copies_and_the_run_outlives_the_other(
+        tmp_path: Path) -> None:
+    """Both servers die in turn; only a run that hands the first its copies back survives."""
+    clean = _run(tmp_path, "clean", sync__model="bsp", train__epochs=40, cluster__replicas=1)
+    hit = _run(tmp_path, "hit", sync__model="bsp", train__epochs=40, cluster__replicas=1,
+               fault__inject=("kill:server:0@2s", "kill:server:1@10s"))
+    assert [e["rank"] for e in _events(hit, "server_lost")] == [0, 1]
+    assert [e["rank"] for e in _events(hit, "server_rejoined")] == [0, 1]
+    handed = [(e["index"], e["rank"]) for e in _events(hit, "rereplicated")]
+    assert sorted(handed[:2]) == [(0, 0), (1, 0)]  # server 0 took both ranges back ...
+    assert sorted(handed[2:]) == [(0, 1), (1, 1)]  # ... and so did server 1 after its death
+    moved = [(e["index"], e["rank"]) for e in _events(hit, "primary_moved")]
+    assert moved == [(0, 0), (1, 1)]  # each serves its own range again
+    assert [(e["index"], e["lost"], e["primary"]) for e in _events(hit, "failover")] == [
+        (0, 0, 1), (1, 1, 0)]
+    assert all(float(str(e["held_s"])) < 2.0 for e in _events(hit, "rereplicated"))
+    assert abs(_final_accuracy(hit) - _final_accuracy(clean)) <= 0.005
+
+
+def _scale_servers(env: dict[str, str], db: Path, run_id: str, servers: int) -> str:
+    done = _psctl(env, "scale", run_id[:8], "--servers", str(servers))
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+@pytest.mark.parametrize(("model", "replicas"), [("asp", 0), ("ssp", 0), ("bsp", 0),
+                                                 ("bsp", 1)])
+def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
+        tmp_path: Path, model: str, replicas: int) -> None:
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
+         "--servers", "2", "--key-ranges", "4", "--replicas", str(replicas), "--epochs", "60",
+         "--sync", model, "--no-live"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 40,
+                 120, "training")
+        run_id = query(db, "SELECT id FROM runs")[0][0]
+        assert "servers 2, 3 join" in _scale_servers(env, db, run_id, 4)
+        wait_for(lambda: len(_events_of(db, "primary_moved")) == 2, 60, "two ranges to move")
+        assert "servers 3 leave once their ranges moved" in _scale_servers(env, db, run_id, 3)
+        wait_for(lambda: _events_of(db, "server_left"), 60, "server 3 to leave")
+        _, errors = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 0, errors
+    assert query(db, "SELECT status FROM runs")[0][0] == "finished"
+    # Each newcomer took the last range of the server serving most; the leaver handed its
+    # range to the least busy server; every chain kept its 1 + replicas copies.
+    # With a replica, server 0 backs up more ranges than server 2, so server 2 is the heir.
+    heir = 0 if replicas == 0 else 2
+    moved = [(e["index"], e["previous"], e["rank"]) for e in _events_of(db, "primary_moved")]
+    assert moved == [(3, 1, 2), (2, 0, 3), (2, 3, heir)]
+    assert all(len(e["chain"]) == 1 + replicas for e in _events_of(db, "copy_dropped_from"))
+    serves = {e["rank"]: e["serves"] for e in _events_of(db, "server_stats")}
+    assert serves == ({0: [0, 2], 1: [1], 2: [3], 3: []} if replicas == 0 else
+                      {0: [0], 1: [1], 2: [2, 3], 3: []})
+    assert not _events_of(db, "move_failed")
+    assert not processes_with(run_id)
+
+
+def test_scale_servers_refuses_more_servers_than_ranges(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
+         "--servers", "2", "--epochs", "40", "--sync", "asp", "--no-live"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 20,
+                 120, "training")
+        run_id = query(db, "SELECT id FROM runs")[0][0]
+        refused = _psctl(env, "scale", run_id[:8], "--servers", "3")
+        assert refused.returncode == 1
+        assert "cut into 2 ranges, so at most 2 servers" in refused.stderr
+        assert "--key-ranges" in refused.stderr
+        _, errors = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 0, errors
+
+
+def _events_of(db: Path, kind: str) -> list[dict[str, object]]:
+    return [json.loads(d) for (d,) in query(db, "SELECT detail FROM events WHERE kind = ? "
+                                                "ORDER BY id", kind)]

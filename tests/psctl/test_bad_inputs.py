@@ -297,3 +297,26 @@ def test_ui_on_a_port_in_use_is_refused(db: Path) -> None:
         port = taken.getsockname()[1]
         message = refused("ui", "--port", str(port), db=db, code=1)
     assert message.startswith(f"cannot serve the dashboard on 127.0.0.1:{port}: ")
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (("--servers", "2", "--key-ranges", "1"), "cluster.key_ranges 1 must be between the 2 servers"),
+    (("--servers", "1", "--key-ranges", "65"), "and 64 per server (64)"),
+    (("--servers", "1", "--key-ranges", "2", "--backend", "sim"),
+     "does not model cluster.key_ranges"),
+])
+def test_key_ranges_out_of_bounds_are_refused_before_anything_starts(
+        flags: tuple[str, ...], says: str, fresh_db: Path) -> None:
+    message = refused("launch", *SMALL, *flags, db=fresh_db, code=1)  # the last --servers wins
+    assert message.startswith("invalid configuration: cluster") and says in message, message
+    assert not fresh_db.parent.exists()
+
+
+def test_scale_without_a_count_says_what_to_give(db: Path) -> None:
+    message = refused("scale", "small", db=db, code=2)
+    assert message == "say how many --workers or --servers the job should have"
+
+
+def test_scale_servers_of_a_run_that_is_not_running_is_refused(db: Path) -> None:
+    message = refused("scale", "small", "--servers", "3", db=db, code=1)
+    assert "is not running; only a running job can change its servers" in message

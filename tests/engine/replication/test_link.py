@@ -21,7 +21,7 @@ import pytest
 
 from engine.aio import LoopThread
 from engine.consistency.registry import make_controller
-from engine.errors import ConnectionClosed, PsctlError
+from engine.errors import ConnectionClosed, ProtocolError, PsctlError
 from engine.keys import KeyRange
 from engine.replication.link import ChainLink
 from engine.server.optimizers import SGD
@@ -31,6 +31,7 @@ from engine.transport import MemoryTransport, WebSocketTransport
 from engine.transport.admission import credential
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.protocol import (
+    CLOSE_MOVED,
     FLAG_COMMIT,
     Frame,
     MsgType,
@@ -540,3 +541,97 @@ def test_a_worker_resending_a_push_gets_one_ack_and_one_forward(rig: Rig) -> Non
     worker.send(frame)  # once acknowledged, a resend gets the same ack again
     assert worker.reply() == ack
     assert rig.on_server(lambda: (primary.state.pushes, link.forwarded)) == (1, 1)
+
+
+# -- a tail handing its copy to a joining server ------------------------------------------------
+
+
+def test_a_holding_tail_keeps_acks_until_it_links_to_the_newcomer(rig: Rig) -> None:
+    """After ``hold`` the tail applies pushes but acknowledges none; once relinked to the
+    newcomer (which restored the tail's snapshot), it sends what it kept, in order, and the
+    acks go out as the newcomer applies them."""
+    tail = rig.server(0, linked=True)
+    rig.relink(tail, None)
+    worker = rig.worker(tail.address)
+    worker.send(init_frame(1))
+    assert worker.reply().request_id == 1
+    worker.send(push_frame(2, 0, grad(0)))
+    assert worker.reply().request_id == 2
+    snapshot_of = rig.on_server(lambda: snapshot(tail))
+    link = link_of(tail)
+    rig.on_server(link.hold)
+    worker.send(push_frame(3, 1, grad(1)))
+    worker.send(push_frame(4, 2, grad(2)))
+    assert worker.silent()
+    assert rig.on_server(lambda: (link.pending, tail.state.pushes)) == (2, 3)
+    newcomer = rig.server(1, primary=False, linked=True)
+    rig.relink(newcomer, None)
+
+    def restore() -> None:  # what a Restore order does: the tail's copy as it was snapshotted
+        state = newcomer.state
+        state.params[:] = snapshot_of[0]
+        state.versions[:] = snapshot_of[1]
+        state.pushes = snapshot_of[2]
+        state.clocks.next[:] = snapshot_of[3]
+        state.initialized = True
+
+    rig.on_server(restore)
+    rig.relink(tail, newcomer.address)
+    assert [worker.reply().request_id for _ in range(2)] == [3, 4]
+    assert rig.snapshots(tail) == rig.snapshots(newcomer)
+    assert rig.on_server(lambda: link.held_since) is None
+
+
+def test_only_a_tail_may_hold(rig: Rig) -> None:
+    primary, _ = chain_of_two(rig)
+    with pytest.raises(ProtocolError, match="only a chain's tail"):
+        rig.on_server(link_of(primary).hold)
+
+
+def test_a_demoted_copy_refuses_workers_and_release_moves_them_but_not_its_chain(
+        rig: Rig) -> None:
+    primary, backup = chain_of_two(rig)
+    worker = rig.worker(primary.address)
+    worker.send(init_frame(1))
+    assert worker.reply().request_id == 1
+    rig.on_server(primary.demote)
+    worker.send(push_frame(2, 0, grad(0)))
+    refused = worker.reply()
+    assert refused.type is MsgType.ERROR and refused.error()[0] == "not_primary"
+    closed = rig.server_loop.call(primary.release_clients("moved"), 10)
+    assert closed == 1
+    with pytest.raises(ConnectionClosed) as error:
+        worker.reply()
+    assert error.value.code == CLOSE_MOVED  # the client looks for the range elsewhere
+    # The chain link to the backup is untouched: the demoted copy still forwards.
+    assert rig.on_server(lambda: link_of(primary).successor) == backup.address
+
+
+def test_a_client_told_where_the_copies_are_follows_a_moved_range(rig: Rig) -> None:
+    """No replicas at the start (no backups known): the client learns the new copy from the
+    coordinator (``set_copies``), and the old copy's close as moved sends it there."""
+    old = rig.server(0)
+    client = rig.client(old.address)
+    client.wait(client.init(START), timeout=5)
+    client.wait(client.push(KEYS, grad(0), clock=0, base_versions={}), timeout=5)
+    new = rig.server(1)
+    rig.on_server(lambda: setattr(new, "state", old.state))  # the handoff, in short
+
+    async def tell() -> None:
+        client.set_copies({0: [new.address, old.address]})
+
+    rig.io.call(tell(), 5)
+    rig.on_server(old.demote)
+    rig.server_loop.call(old.release_clients("moved"), 10)
+    result = client.wait(client.push(KEYS, grad(1), clock=1, base_versions={}), timeout=5)
+    assert result.versions == {0: 1}
+    assert rig.on_server(lambda: new.state.pushes) == 2
+
+
+def test_without_word_of_other_copies_a_plain_close_fails_the_client(rig: Rig) -> None:
+    old = rig.server(0)
+    client = rig.client(old.address)
+    client.wait(client.init(START), timeout=5)
+    rig.server_loop.call(old.close(), 10)
+    with pytest.raises(PsctlError):
+        client.wait(client.push(KEYS, grad(0), clock=0, base_versions={}), timeout=15)

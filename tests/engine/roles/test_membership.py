@@ -12,14 +12,18 @@ import pytest
 
 from engine.errors import ConfigError, StoreError
 from engine.roles.membership import (
+    MAX_SERVERS,
     MAX_WORKERS,
     SCALABLE_MODELS,
     SCALE_FILE,
     SPAWN_FILE,
     Membership,
     check_scalable,
+    check_servers_scalable,
     ranks_to_spawn,
     request_scale,
+    request_servers,
+    wanted_servers,
     wanted_workers,
     write_json,
 )
@@ -301,3 +305,45 @@ def test_push_every_one_is_fine() -> None:
 def test_the_model_is_checked_before_the_rule_and_push_every() -> None:
     with pytest.raises(ConfigError, match="a bsp job cannot change its workers"):
         check_scalable("bsp", "adaptive", 4)
+
+
+# -- servers (psctl scale --servers) ----------------------------------------------------------
+
+
+def test_a_servers_request_has_its_own_file_and_leaves_the_workers_alone(tmp_path: Path) -> None:
+    request_scale(tmp_path, 4)
+    request_servers(tmp_path, 3)
+    wanted = wanted_servers(tmp_path)
+    assert wanted is not None and wanted[0] == 3
+    workers = wanted_workers(tmp_path)
+    assert workers is not None and workers[0] == 4
+
+
+@pytest.mark.parametrize("servers", [0, MAX_SERVERS + 1])
+def test_a_servers_request_out_of_range_is_refused(tmp_path: Path, servers: int) -> None:
+    with pytest.raises(ConfigError, match=rf"--servers {servers}: a job has 1 to {MAX_SERVERS}"):
+        request_servers(tmp_path, servers)
+    assert wanted_servers(tmp_path) is None
+
+
+def test_the_spawn_file_names_workers_and_servers_apart(tmp_path: Path) -> None:
+    write_json(tmp_path / SPAWN_FILE, {"ranks": [0, 1, 2], "servers": [0, 1, 2, 3]})
+    assert ranks_to_spawn(tmp_path) == [0, 1, 2]
+    assert ranks_to_spawn(tmp_path, "server") == [0, 1, 2, 3]
+    write_json(tmp_path / SPAWN_FILE, {"ranks": [0]})
+    assert ranks_to_spawn(tmp_path, "server") == []
+
+
+@pytest.mark.parametrize(("target", "ranges", "replicas", "says"), [
+    (1, 4, 1, "1 servers cannot hold the 2 copies"),
+    (5, 4, 0, "cut into 4 ranges, so at most 4 servers"),
+])
+def test_a_server_count_the_ranges_or_copies_cannot_fit_is_refused(
+        target: int, ranges: int, replicas: int, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        check_servers_scalable(2, target, ranges, replicas)
+
+
+def test_a_server_count_that_fits_is_taken() -> None:
+    check_servers_scalable(2, 4, 4, 1)
+    check_servers_scalable(4, 2, 8, 1)

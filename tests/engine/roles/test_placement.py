@@ -119,12 +119,14 @@ def backed_up(placement: Placement, server: int) -> list[int]:
     return [i for i, chain in enumerate(placement.chains) if server in chain[1:]]
 
 
-def serving(placement: Placement) -> Placement:
+def held_copies(placement: Placement, server: int) -> dict[int, str]:
+    return {i: address(i, server) for i, chain in enumerate(placement.chains) if server in chain}
+
+
+def serving(placement: Placement, servers: int | None = None) -> Placement:
     """Every server reports its listeners, as its Serving message does."""
-    for server in range(len(placement.ranges)):
-        placement.serving(server, address(server, server), [
-            ShardInfo(index=i, address=address(i, server), start=placement.ranges[i].start,
-                      end=placement.ranges[i].end) for i in backed_up(placement, server)])
+    for server in range(servers or len(placement.ranges)):
+        placement.serving(server, held_copies(placement, server))
     return placement
 
 
@@ -135,21 +137,22 @@ def test_placement_chains_follow_the_ring() -> None:
     assert placement.lost == set()
 
 
-def test_held_lists_the_ranges_a_server_backs_up_with_their_keys() -> None:
+def test_held_lists_the_range_a_server_serves_then_those_it_backs_up_with_their_keys() -> None:
     placement = Placement(RANGES, replicas=2)
     for server in range(4):
         held = placement.held(server)
-        assert [info.index for info in held] == backed_up(placement, server)
-        assert len(held) == 2
+        assert [info.index for info in held] == [server, *backed_up(placement, server)]
+        assert len(held) == 3
+        assert placement.primaries(server) == [server]
         for info in held:
-            assert info.index != server
             assert (info.start, info.end) == (RANGES[info.index].start, RANGES[info.index].end)
             assert info.address == ""
 
 
-def test_without_replicas_a_server_holds_no_other_range() -> None:
+def test_without_replicas_a_server_holds_its_own_range_alone() -> None:
     placement = Placement(RANGES, replicas=0)
-    assert all(placement.held(server) == [] for server in range(4))
+    assert [[i.index for i in placement.held(server)] for server in range(4)] == [
+        [0], [1], [2], [3]]
     assert placement.copies == 4
 
 
@@ -158,9 +161,7 @@ def test_all_serving_once_every_copy_listens() -> None:
     assert not placement.all_serving()
     for server in range(4):
         assert not placement.all_serving()
-        placement.serving(server, address(server, server), [
-            ShardInfo(index=i, address=address(i, server), start=RANGES[i].start,
-                      end=RANGES[i].end) for i in backed_up(placement, server)])
+        placement.serving(server, held_copies(placement, server))
     assert placement.all_serving()
     assert len(placement.addresses) == placement.copies == 8
     assert placement.addresses[(2, 2)] == address(2, 2)
@@ -300,3 +301,103 @@ def test_losing_a_server_in_no_chain_changes_nothing() -> None:
     assert placement.lose(9) == ([], [], [])
     assert placement.chains == before
     assert placement.lost == {9}
+
+
+# -- more key ranges than servers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("servers", "ranges", "replicas"), [(2, 4, 0), (2, 8, 1), (3, 7, 2)])
+def test_ranges_are_dealt_round_robin_with_distinct_backups(servers: int, ranges: int,
+                                                            replicas: int) -> None:
+    result = chains(servers, replicas, ranges=ranges)
+    assert len(result) == ranges
+    for index, chain in enumerate(result):
+        assert chain[0] == index % servers
+        assert len(chain) == len(set(chain)) == replicas + 1
+    assert chains(servers, replicas) == result[:servers]  # one per server: as before
+
+
+@pytest.mark.parametrize(("servers", "ranges"), [(2, 1), (2, 129), (4, 3)])
+def test_a_range_count_outside_one_to_64_per_server_is_refused(servers: int,
+                                                               ranges: int) -> None:
+    with pytest.raises(ConfigError, match="key ranges over"):
+        chains(servers, 0, ranges=ranges)
+
+
+def test_a_server_holds_every_range_it_serves_first() -> None:
+    eight = [KeyRange(i * 10, i * 10 + 10) for i in range(8)]
+    placement = Placement(eight, replicas=1, servers=2)
+    assert placement.primaries(0) == [0, 2, 4, 6]
+    assert [i.index for i in placement.held(0)][:4] == [0, 2, 4, 6]
+    assert sorted(i.index for i in placement.held(0)) == list(range(8))  # 2 servers, K = 1
+    assert placement.load([0, 1]) == {0: (4, 8), 1: (4, 8)}
+
+
+# -- a server that comes back, joins, leaves ------------------------------------------------------
+
+
+def test_a_server_that_comes_back_rejoins_the_chains_it_held_after_their_tails() -> None:
+    placement = serving(Placement(RANGES[:2], replicas=1))
+    placement.lose(0)
+    assert placement.rejoining(0) == [0, 1]
+    assert [i.index for i in placement.held(0)] == [0, 1]  # as at the start
+    assert placement.begin_join(0, 0) == 1  # the tail that hands over
+    assert placement.joining == {0: 0}
+    placement.serving(0, {0: "mem://again/0"})
+    placement.join(0, 0)
+    assert placement.chains[0] == (1, 0) and placement.joining == {}
+    assert placement.rejoining(0) == [1]
+    assert placement.copies_of()[0] == [address(0, 1), "mem://again/0"]
+    assert placement.lost == set()
+
+
+def test_a_lost_server_listens_nowhere_and_is_adopted_again() -> None:
+    placement = serving(Placement(RANGES[:2], replicas=1))
+    placement.lose(0)
+    assert not any(server == 0 for _, server in placement.addresses)
+
+
+def test_losing_a_joining_server_lets_the_tail_acknowledge_on_its_own_again() -> None:
+    placement = serving(Placement(RANGES[:2], replicas=1))
+    placement.lose(0)
+    placement.begin_join(1, 0)
+    orders, failed_over, gone = placement.lose(0)
+    assert (failed_over, gone) == ([], [])
+    assert orders == [Order(1, Chain(index=1, successor=None))]
+    assert placement.joining == {}
+
+
+def test_reorder_puts_the_new_primary_first_and_relinks_every_copy() -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    chain = placement.chains[1]
+    orders = placement.reorder(1, chain[2])
+    assert placement.chains[1] == (chain[2], chain[0], chain[1])
+    assert orders == [Order(chain[2], Chain(index=1, successor=address(1, chain[0]))),
+                      Order(chain[0], Chain(index=1, successor=address(1, chain[1]))),
+                      Order(chain[1], Chain(index=1, successor=None)),
+                      Order(chain[2], Promote(index=1))]
+    assert 1 in placement.primaries(chain[2]) and 1 not in placement.primaries(chain[0])
+
+
+def test_reorder_to_a_server_without_a_copy_is_refused() -> None:
+    placement = serving(Placement(RANGES, replicas=1))
+    outsider = next(s for s in range(4) if s not in placement.chains[0])
+    with pytest.raises(ValueError, match="holds no copy"):
+        placement.reorder(0, outsider)
+
+
+@pytest.mark.parametrize("position", [1, 2])
+def test_dropping_a_copy_links_its_predecessor_past_it(position: int) -> None:
+    placement = serving(Placement(RANGES, replicas=2))
+    chain = placement.chains[2]
+    orders = placement.drop(2, chain[position])
+    assert placement.chains[2] == tuple(s for s in chain if s != chain[position])
+    successor = address(2, chain[2]) if position == 1 else None
+    assert orders == [Order(chain[position - 1], Chain(index=2, successor=successor))]
+    assert (2, chain[position]) not in placement.addresses
+
+
+def test_dropping_a_primary_is_refused_it_must_move_first() -> None:
+    placement = serving(Placement(RANGES, replicas=1))
+    with pytest.raises(ValueError, match="move it first"):
+        placement.drop(0, placement.chains[0][0])

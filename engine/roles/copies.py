@@ -1,0 +1,178 @@
+"""The copies of key ranges one shard server process holds, by range index: those it serves
+(the primary of) and those it backs up. The coordinator adds copies (``Adopt``, or the welcome)
+and drops them as servers come, go and die."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import RunConfig
+from engine.consistency.registry import make_controller
+from engine.errors import ProtocolError
+from engine.keys import KeyLayout, KeyRange
+from engine.replication.link import ChainLink
+from engine.roles.control import ControlChannel
+from engine.server import checkpoint
+from engine.server.aggregation import AGGREGATION_RULES, make_aggregator
+from engine.server.learning import make_learning
+from engine.server.optimizers import make_optimizer
+from engine.server.pull_filter import make_pull_filter
+from engine.server.service import ServerLimits, ShardServer
+from engine.server.shard import ShardState
+from engine.transport.admission import credential
+from engine.transport.base import Transport
+from engine.wire.messages import Event, ShardInfo
+from engine.wire.records import EventRecord, SyncRecord
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how this process's copies listen and link: its transport, the run's secret
+    and id, the address it binds."""
+
+    transport: Transport
+    token: str
+    run: bytes
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+class Copies:
+    def __init__(self, rank: int, channel: ControlChannel, config: RunConfig,
+                 layout: KeyLayout, endpoint: Endpoint,
+                 on_syncs: Callable[[list[SyncRecord]], None] | None = None) -> None:
+        self.rank, self.channel = rank, channel
+        self.config, self.layout, self.endpoint = config, layout, endpoint
+        # Every shard decides the same barriers; shard 0's copies report them, in order.
+        self._on_syncs = on_syncs
+        self.servers: dict[int, ShardServer] = {}
+        self.clocks_per_epoch: float | None = None  # the Start's, for copies built later
+        self._reports: set[asyncio.Future[None]] = set()
+
+    async def add(self, info: ShardInfo, *, primary: bool,
+                  restore_from: Path | None = None) -> ShardServer:
+        """A copy of key range ``info``, listening: its state (from a checkpoint folder, on a
+        resume), the run's limits and pull filter, a chain link when the run keeps replicas."""
+        if info.index in self.servers:
+            raise ProtocolError(f"server {self.rank} holds shard {info.index} already")
+        state = self.fresh_state(KeyRange(info.start, info.end))
+        if restore_from is not None:  # a resumed run: the shard as it was saved
+            path = checkpoint.shard_file(restore_from, info.index)
+            await asyncio.to_thread(checkpoint.restore, state, path)
+        cluster = self.config.cluster
+        limits = ServerLimits(max_queued_bytes=cluster.max_queued_bytes,
+                              max_pending_pulls=cluster.max_pending_pulls)
+        pulls = make_pull_filter(self.config.comm.pull_filter, self.config.comm.refresh_every,
+                                 cluster.workers, len(state.keys))
+        server = ShardServer(state, run=self.endpoint.run, rank=self.rank,
+                             max_frame_bytes=cluster.max_frame_bytes, limits=limits,
+                             on_syncs=self._on_syncs if info.index == 0 else None,
+                             pull_filter=pulls)
+        server.primary = primary
+        if cluster.replicas:
+            server.link = self.new_link(info.index)
+        await server.start(self.endpoint.transport, self.endpoint.host, self.endpoint.port,
+                           token=self.endpoint.token)
+        self.servers[info.index] = server
+        return server
+
+    async def drop(self, index: int) -> None:
+        server = self.get(index)
+        del self.servers[index]
+        await server.close()
+
+    def get(self, index: int) -> ShardServer:
+        server = self.servers.get(index)
+        if server is None:
+            raise ProtocolError(f"server {self.rank} holds no copy of shard {index}")
+        return server
+
+    def fresh_state(self, keys: KeyRange) -> ShardState:
+        state = build_shard(self.config, keys, self.layout)
+        if self.clocks_per_epoch is not None:
+            state.learning.start(self.clocks_per_epoch)
+        return state
+
+    def new_link(self, index: int) -> ChainLink:
+        """A copy's link to its successor (linked by a ``Chain`` order)."""
+        return ChainLink(self.endpoint.transport,
+                         token=credential(self.endpoint.token, "server", self.rank),
+                         max_frame_bytes=self.config.cluster.max_frame_bytes,
+                         label=f"server {self.rank}, keys of shard {index}")
+
+    def infos(self) -> list[ShardInfo]:
+        return [ShardInfo(index=i, address=c.address, start=c.state.keys.start,
+                          end=c.state.keys.end) for i, c in self.servers.items()]
+
+    def primaries(self) -> dict[int, ShardServer]:
+        return {i: s for i, s in self.servers.items() if s.primary}
+
+    def report_first_pull(self, index: int) -> Callable[[ShardServer], None]:
+        def report(server: ShardServer) -> None:
+            self.report(EventRecord(at=time.time(), kind="failover_served", detail={
+                "rank": self.rank, "index": index, "promoted_at": server.promoted_at,
+                "first_pull_at": server.first_pull_at}))
+        return report
+
+    def report(self, row: EventRecord) -> None:
+        """Send an event from a callback (no await there)."""
+        self._keep(asyncio.ensure_future(self.channel.send(Event(row=row))))
+
+    def answer_later(self, answer: Coroutine[Any, Any, EventRecord]) -> None:
+        """Send the event ``answer`` returns once it does, while other orders go on."""
+        async def send() -> None:
+            await self.channel.send(Event(row=await answer))
+
+        self._keep(asyncio.ensure_future(send()))
+
+    def _keep(self, task: asyncio.Future[None]) -> None:
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    def stats(self) -> EventRecord:
+        """The ``server_stats`` event: this process's counters over the copies it serves (over
+        all it holds, if it serves none)."""
+        served = self.primaries() or self.servers
+        counters: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        versions: list[int] = []
+        for server in served.values():
+            stats = server.stats
+            for name in ("frames_in", "bytes_in", "bytes_out", "bad_frames",
+                         "slow_readers_closed", "internal_errors", "warnings_held_back",
+                         "resent_pushes", "resent_pulls"):
+                counters[name] = counters.get(name, 0) + int(getattr(stats, name))
+            counters["pushes"] = counters.get("pushes", 0) + server.state.pushes
+            counters["duplicates"] = counters.get("duplicates", 0) + server.state.duplicates
+            for code, count in stats.errors_by_code.items():
+                errors[code] = errors.get(code, 0) + count
+            versions += server.state.versions.tolist()
+        return EventRecord(at=time.time(), kind="server_stats", detail={
+            "rank": self.rank, **counters, "errors": errors,
+            "version": min((s.state.version for s in served.values()), default=0),
+            "range_versions": versions, "serves": sorted(self.primaries()),
+        })
+
+
+def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardState:
+    """A shard's state with the run's policies: clock ranges from the layout, the consistency
+    model, the aggregation rule and the server optimizer, each from its registry."""
+    ranges = layout.clock_ranges(keys)
+    workers = config.cluster.workers
+    divisor = AGGREGATION_RULES.get(config.sync.push_scale)(workers)
+    learning = make_learning(config.learning, workers, divisor, len(keys))
+    return ShardState(
+        keys,
+        make_controller(config.sync, workers=workers, ranges=len(ranges)),
+        make_optimizer(config.optimizer, len(keys)),
+        workers=workers,
+        ranges=ranges,
+        aggregator=make_aggregator(config.sync.push_scale, keys, ranges, workers),
+        clip_norm=config.optimizer.clip_norm,
+        learning=learning,
+    )
