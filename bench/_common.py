@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import platform
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -232,6 +233,33 @@ async def echo_connect(address: str) -> Any:
 
 
 # -- statistics, results, docs ------------------------------------------------------------------
+
+
+def query_db(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of a run database, read-only (the run may still be writing it)."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+        return connection.execute(sql, args).fetchall()
+
+
+def run_events(db: Path, run_id: str, kind: str) -> list[tuple[float, dict[str, Any]]]:
+    """(when, detail) of a run's events of one kind, oldest first."""
+    return [(at, json.loads(detail)) for at, detail in query_db(
+        db, "SELECT at, detail FROM events WHERE run_id = ? AND kind = ? ORDER BY at",
+        run_id, kind)]
+
+
+def training_outcome(db: Path, run_id: str) -> dict[str, Any]:
+    """When a run's training started (unix s), how long it trained until its last iteration,
+    its iterations and its final test accuracy."""
+    started = run_events(db, run_id, "training_started")
+    first = started[0][0] if started else None
+    ended, count = query_db(db, "SELECT max(ended_at), count(*) FROM iterations WHERE "
+                                "run_id = ?", run_id)[0]
+    final = query_db(db, "SELECT accuracy FROM evaluations WHERE run_id = ? ORDER BY at DESC "
+                         "LIMIT 1", run_id)
+    return {"training_started": first,
+            "training_s": (ended - first) if first and ended else None,
+            "iterations": count, "final_accuracy": final[0][0] if final else None}
 
 
 def median(values: Sequence[float]) -> float:

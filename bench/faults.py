@@ -72,32 +72,14 @@ def run_scenario(name: str, args: argparse.Namespace, db: Path) -> dict[str, Any
     return row
 
 
-def _query(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
-        return connection.execute(sql, args).fetchall()
-
-
-def _events(db: Path, run_id: str, kind: str) -> list[tuple[float, dict[str, Any]]]:
-    return [(at, json.loads(detail)) for at, detail in _query(
-        db, "SELECT at, detail FROM events WHERE run_id = ? AND kind = ? ORDER BY at",
-        run_id, kind)]
-
-
 def _measured(db: Path, run_id: str) -> dict[str, Any]:
-    started = _events(db, run_id, "training_started")
-    first = started[0][0] if started else None
-    ended = _query(db, "SELECT max(ended_at), count(*) FROM iterations WHERE run_id = ?",
-                   run_id)[0]
-    final = _query(db, "SELECT accuracy FROM evaluations WHERE run_id = ? ORDER BY at DESC "
-                       "LIMIT 1", run_id)
-    lost = [at for at, _ in _events(db, run_id, "worker_lost")]
-    back = [at for at, _ in _events(db, run_id, "worker_rejoined")]
-    links = [d for _, d in _events(db, run_id, "link_faults")]
+    outcome = C.training_outcome(db, run_id)
+    lost = [at for at, _ in C.run_events(db, run_id, "worker_lost")]
+    back = [at for at, _ in C.run_events(db, run_id, "worker_rejoined")]
+    links = [d for _, d in C.run_events(db, run_id, "link_faults")]
     return {
-        "training_s": (ended[0] - first) if first and ended[0] else None,
-        "iterations": ended[1],
-        "final_accuracy": final[0][0] if final else None,
-        "failover_s": [d["seconds"] for _, d in _events(db, run_id, "failover_complete")],
+        **{k: outcome[k] for k in ("training_s", "iterations", "final_accuracy")},
+        "failover_s": [d["seconds"] for _, d in C.run_events(db, run_id, "failover_complete")],
         "restart_s": [b - a for a, b in zip(lost, back, strict=False)],
         "dropped": sum(d["dropped"] for d in links), "resent": sum(d["resent"] for d in links),
     }
@@ -112,7 +94,7 @@ def run_resume(args: argparse.Namespace, db: Path) -> dict[str, Any]:
                "--name", "bench-resume"]
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
-    before = {r for (r,) in _query(db, "SELECT id FROM runs")} if db.exists() else set()
+    before = {r for (r,) in C.query_db(db, "SELECT id FROM runs")} if db.exists() else set()
     launch = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     run_id = _await_training(db, before, args.kill_after)
@@ -120,22 +102,22 @@ def run_resume(args: argparse.Namespace, db: Path) -> dict[str, Any]:
     launch.wait(30)
     time.sleep(2.0)  # its processes die with it
     killed_at = time.time()  # = when psctl resume starts
-    at_kill = _query(db, "SELECT count(*) FROM iterations WHERE run_id = ?", run_id)[0][0]
+    at_kill = C.query_db(db, "SELECT count(*) FROM iterations WHERE run_id = ?", run_id)[0][0]
     resumed = subprocess.run([sys.executable, "-m", "psctl", "resume", run_id, "--no-live"],
                              env=env, capture_output=True, text=True, timeout=3600)
     measured = _measured(db, run_id)
-    planned = _events(db, run_id, "training_started")[0][1]["total_iterations"]
-    again = _events(db, run_id, "training_resumed")
-    first_new = _query(db, "SELECT min(started_at) FROM iterations WHERE run_id = ? AND "
+    planned = C.run_events(db, run_id, "training_started")[0][1]["total_iterations"]
+    again = C.run_events(db, run_id, "training_resumed")
+    first_new = C.query_db(db, "SELECT min(started_at) FROM iterations WHERE run_id = ? AND "
                            "started_at > ?", run_id, killed_at)[0][0]
     row = {"scenario": "ASP, launcher killed, psctl resume", "run_id": run_id,
-           "status": _query(db, "SELECT status FROM runs WHERE id = ?", run_id)[0][0],
+           "status": C.query_db(db, "SELECT status FROM runs WHERE id = ?", run_id)[0][0],
            "resume_exit": resumed.returncode, "iterations_at_kill": at_kill,
            "planned_iterations": planned,
            "resume_to_training_s": (again[0][0] - killed_at) if again else None,
            "resume_to_first_iteration_s": (first_new - killed_at) if first_new else None,
-           "checkpoint_bytes": [d["bytes"] for _, d in _events(db, run_id, "checkpoint")][-1:],
-           "checkpoint_s": [d["seconds"] for _, d in _events(db, run_id, "checkpoint")],
+           "checkpoint_bytes": [d["bytes"] for _, d in C.run_events(db, run_id, "checkpoint")][-1:],
+           "checkpoint_s": [d["seconds"] for _, d in C.run_events(db, run_id, "checkpoint")],
            **measured}
     print(f"  resume: {row['status']}, {row['iterations']} of {planned} iterations, first "
           f"iteration {row['resume_to_first_iteration_s']} s after the command", flush=True)
@@ -147,7 +129,7 @@ def _await_training(db: Path, before: set[str], after_s: float) -> str:
     while time.monotonic() < deadline:
         time.sleep(0.5)
         try:
-            rows = _query(db, "SELECT r.id, min(e.at) FROM runs r JOIN events e ON e.run_id = "
+            rows = C.query_db(db, "SELECT r.id, min(e.at) FROM runs r JOIN events e ON e.run_id = "
                               "r.id AND e.kind = 'training_started' GROUP BY r.id")
         except sqlite3.Error:
             continue

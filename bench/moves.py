@@ -94,7 +94,7 @@ def _await_event(db: Path, run_id: str, kind: str, timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            found = _events(db, run_id, kind)
+            found = C.run_events(db, run_id, kind)
         except sqlite3.Error:
             found = []
         if found:
@@ -103,33 +103,13 @@ def _await_event(db: Path, run_id: str, kind: str, timeout: float) -> float:
     raise SystemExit(f"run {run_id[:8]} never recorded {kind}")
 
 
-def _query(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
-        return connection.execute(sql, args).fetchall()
-
-
-def _events(db: Path, run_id: str, kind: str) -> list[tuple[float, dict[str, Any]]]:
-    return [(at, json.loads(detail)) for at, detail in _query(
-        db, "SELECT at, detail FROM events WHERE run_id = ? AND kind = ? ORDER BY at",
-        run_id, kind)]
-
-
 def measured(db: Path, run_id: str) -> dict[str, Any]:
-    started = _events(db, run_id, "training_started")
-    first = started[0][0] if started else None
-    ended = _query(db, "SELECT max(ended_at), count(*) FROM iterations WHERE run_id = ?",
-                   run_id)[0]
-    final = _query(db, "SELECT accuracy FROM evaluations WHERE run_id = ? ORDER BY at DESC "
-                       "LIMIT 1", run_id)
-    details = {kind: [d for _, d in _events(db, run_id, kind)]
+    details = {kind: [d for _, d in C.run_events(db, run_id, kind)]
                for kind in ("rereplicated", "primary_moved", "copy_dropped_from",
                             "failover_complete", "server_lost", "move_failed",
                             "rereplication_failed")}
     return {
-        "training_started": first,
-        "training_s": (ended[0] - first) if first and ended[0] else None,
-        "iterations": ended[1],
-        "final_accuracy": final[0][0] if final else None,
+        **C.training_outcome(db, run_id),
         "handoffs": [{k: d.get(k) for k in ("index", "rank", "seconds", "held_s", "restore_s",
                                             "bytes")} for d in details["rereplicated"]],
         "primary_moves": [{k: d.get(k) for k in ("index", "rank", "previous", "seconds",
@@ -143,7 +123,7 @@ def measured(db: Path, run_id: str) -> dict[str, Any]:
 
 def samples_per_s(db: Path, run_id: str, start: float, end: float, batch: int = 64) -> float:
     """Samples all workers finished per second between two unix times."""
-    count = _query(db, "SELECT count(*) FROM iterations WHERE run_id = ? AND ended_at >= ? "
+    count = C.query_db(db, "SELECT count(*) FROM iterations WHERE run_id = ? AND ended_at >= ? "
                        "AND ended_at < ?", run_id, start, end)[0][0]
     return float(count) * batch / (end - start) if end > start else 0.0
 

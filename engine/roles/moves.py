@@ -220,9 +220,13 @@ class Moves(CoordinatorBase):
             return
         started = time.time()
         self._failed_over_at.pop(index, None)  # a planned move is no failover to time
-        drained = await self._step(old, index, Demote(index=index))
-        for order in self.placement.reorder(index, rank):
-            await self._step(order.server, index, order.message)
+        try:
+            drained = await self._step(old, index, Demote(index=index))
+            for order in self.placement.reorder(index, rank):
+                await self._step(order.server, index, order.message)
+        except MoveAborted:
+            self._serve_anyway(index)
+            raise
         await self._broadcast_replicas()
         await self._step(old, index, Release(index=index))
         self._event("primary_moved", index=index, rank=rank, previous=old,
@@ -256,6 +260,14 @@ class Moves(CoordinatorBase):
         return row
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _serve_anyway(self, index: int) -> None:
+        """A primary move broke off (a server died, one did not answer): the chain's head, as
+        the coordinator has it now, serves the range, so that it is never left unserved (a
+        copy demoted but not replaced, or a new head not promoted yet)."""
+        chain = self.placement.chains[index]
+        if chain and self._alive_server(chain[0]):
+            self._spawn(self._send(self.peers[("server", chain[0])], Promote(index=index)))
 
     def _alive_server(self, rank: int) -> bool:
         peer = self.peers.get(("server", rank))

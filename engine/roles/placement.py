@@ -104,15 +104,17 @@ class Placement:
 
     def reorder(self, index: int, primary: int) -> list[Order]:
         """``primary`` (a copy of the range) serves it from now on, the others following in
-        their order: the orders that link the new chain and promote it. Only while no copy
-        takes updates (every copy is then the same, and any order is a chain)."""
+        their order: the orders that link the new chain, from its tail back to its head, and
+        promote it. Only while no copy takes updates (every copy is then the same, and any
+        order is a chain); tail first, so that the links ordered so far never form a cycle,
+        should the move break off."""
         chain = self.chains[index]
         if primary not in chain:
             raise ValueError(f"server {primary} holds no copy of range {index}")
         self.chains[index] = (primary, *(s for s in chain if s != primary))
-        return [Order(s, Chain(index=index, successor=self._next(index, pos)))
-                for pos, s in enumerate(self.chains[index])] + [
-            Order(primary, Promote(index=index))]
+        links = [Order(s, Chain(index=index, successor=self._next(index, pos)))
+                 for pos, s in enumerate(self.chains[index])]
+        return [*reversed(links), Order(primary, Promote(index=index))]
 
     def drop(self, index: int, server: int) -> list[Order]:
         """``server`` no longer holds range ``index`` (it is not its primary): its predecessor

@@ -140,13 +140,20 @@ def _events(db: Path, kind: str) -> list[dict[str, object]]:
     return [json.loads(row[0]) for row in rows]
 
 
+def _push_through_server_0s_death(cluster: Cluster) -> Pusher:
+    """PUSHES known pushes; server 0 (range 0's primary) is killed with push KILL_AT in
+    flight."""
+    pusher = Pusher(cluster)
+    for clock in range(PUSHES):
+        pusher.push((lambda: os.kill(cluster.servers[0].pid, signal.SIGKILL))
+                    if clock == KILL_AT else None)
+    return pusher
+
+
 def test_every_acknowledged_push_survives_the_death_of_its_primary(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     try:
-        pusher = Pusher(cluster)
-        for clock in range(PUSHES):
-            pusher.push((lambda: os.kill(cluster.servers[0].pid, signal.SIGKILL))
-                        if clock == KILL_AT else None)
+        pusher = _push_through_server_0s_death(cluster)
         np.testing.assert_array_equal(cluster.held(), pusher.expected)
         complete = wait_for(lambda: _events(cluster.db, "failover_complete"), 10,
                             "the failover")
@@ -160,10 +167,7 @@ def test_a_server_started_again_takes_its_copies_back_and_outlives_the_other(
         tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     try:
-        pusher = Pusher(cluster)
-        for clock in range(PUSHES):
-            pusher.push((lambda: os.kill(cluster.servers[0].pid, signal.SIGKILL))
-                        if clock == KILL_AT else None)
+        pusher = _push_through_server_0s_death(cluster)
         wait_for(lambda: _events(cluster.db, "server_lost"), 10, "server 0's loss")
         cluster.servers[0] = cluster.start_server(0)
         # Pushes go on while the copies are handed over (each handoff holds the tail's acks).

@@ -165,15 +165,27 @@ def _psctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
+def _job(db: Path, *args: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """``psctl launch`` of a 2-worker, 2-server digits job in the background, recording into
+    ``db``, and the environment of its psctl commands."""
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
+         "--servers", "2", "--no-live", *args], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True), env
+
+
+def _finish(launch: subprocess.Popen[str]) -> None:
+    """Wait for the job launched by ``_job`` to end by itself, then check that it finished."""
+    _, errors = launch.communicate(timeout=240)
+    assert launch.returncode == 0, errors
+
+
 @pytest.mark.parametrize("model", ["asp", "ssp"])
 def test_a_running_job_scales_from_two_to_four_workers_and_back_to_three(
         tmp_path: Path, model: str) -> None:
     db = tmp_path / "experiments.db"
-    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
-         "--servers", "2", "--epochs", "60", "--sync", model, "--no-live"], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launch, env = _job(db, "--epochs", "60", "--sync", model)
     try:
         wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 40,
                  120, "training")
@@ -186,11 +198,10 @@ def test_a_running_job_scales_from_two_to_four_workers_and_back_to_three(
         shrunk = _psctl(env, "scale", run_id[:8], "--workers", "3")
         assert shrunk.returncode == 0, shrunk.stderr
         assert "workers 3 leave after their iteration" in shrunk.stderr
-        _, errors = launch.communicate(timeout=240)
+        _finish(launch)
     finally:
         if launch.poll() is None:
             launch.kill()
-    assert launch.returncode == 0, errors
     assert query(db, "SELECT status FROM runs")[0][0] == "finished"
     changes = [(e["workers"], e["joining"], e["leaving"]) for e in
                (json.loads(d) for (d,) in query(db, "SELECT detail FROM events WHERE kind = "
@@ -280,12 +291,8 @@ def _scale_servers(env: dict[str, str], db: Path, run_id: str, servers: int) -> 
 def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
         tmp_path: Path, model: str, replicas: int) -> None:
     db = tmp_path / "experiments.db"
-    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
-         "--servers", "2", "--key-ranges", "4", "--replicas", str(replicas), "--epochs", "60",
-         "--sync", model, "--no-live"], env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
+    launch, env = _job(db, "--key-ranges", "4", "--replicas", str(replicas), "--epochs", "60",
+                       "--sync", model)
     try:
         wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 40,
                  120, "training")
@@ -294,11 +301,10 @@ def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
         wait_for(lambda: len(_events_of(db, "primary_moved")) == 2, 60, "two ranges to move")
         assert "servers 3 leave once their ranges moved" in _scale_servers(env, db, run_id, 3)
         wait_for(lambda: _events_of(db, "server_left"), 60, "server 3 to leave")
-        _, errors = launch.communicate(timeout=240)
+        _finish(launch)
     finally:
         if launch.poll() is None:
             launch.kill()
-    assert launch.returncode == 0, errors
     assert query(db, "SELECT status FROM runs")[0][0] == "finished"
     # Each newcomer (in the order they came) took a range of the server serving most; the
     # leaver handed its range on; every chain kept its 1 + replicas copies.
@@ -317,11 +323,7 @@ def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
 
 def test_scale_servers_refuses_more_servers_than_ranges(tmp_path: Path) -> None:
     db = tmp_path / "experiments.db"
-    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
-         "--servers", "2", "--epochs", "40", "--sync", "asp", "--no-live"], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launch, env = _job(db, "--epochs", "40", "--sync", "asp")
     try:
         wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 20,
                  120, "training")
@@ -330,11 +332,10 @@ def test_scale_servers_refuses_more_servers_than_ranges(tmp_path: Path) -> None:
         assert refused.returncode == 1
         assert "cut into 2 ranges, so at most 2 servers" in refused.stderr
         assert "--key-ranges" in refused.stderr
-        _, errors = launch.communicate(timeout=240)
+        _finish(launch)
     finally:
         if launch.poll() is None:
             launch.kill()
-    assert launch.returncode == 0, errors
 
 
 def _events_of(db: Path, kind: str) -> list[dict[str, object]]:

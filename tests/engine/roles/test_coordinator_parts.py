@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from engine.roles.coordination import Coordinator
 from engine.roles.peer import CoordinatorBase
@@ -78,3 +81,42 @@ def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once()
             map(str, [Promote(index=0), Chain(index=1, successor=None)]))
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(("settings", "says"), [
+    ({}, None),
+    ({"sync.model": "elastic"}, "ElasticBSP places its barriers"),
+    ({"sync.model": "asp", "learning.rule": "dynssgc"}, "learning.rule dynssgc keeps"),
+])
+def test_moves_are_refused_where_a_snapshot_cannot_carry_a_ranges_whole_state(
+        settings: dict[str, str], says: str | None, tmp_path: Path) -> None:
+    from engine.config import build_config
+    from engine.roles.coordinator import model_spec
+
+    async def refusal() -> str | None:
+        config = build_config({}, {"data.dataset": "digits", "cluster.workers": 2,
+                                   "cluster.servers": 2, "cluster.replicas": 1, **settings})
+        coordinator = Coordinator(config, run_id="e" * 32, token="t",
+                                  layout=model_spec(config).layout(), recorder=_Events(),
+                                  folder=tmp_path)
+        first = coordinator.move_refusal()
+        coordinator.membership.scale_to(3)  # a job whose workers changed cannot move ranges
+        if first is None:
+            assert "changed its workers" in str(coordinator.move_refusal())
+        return first
+
+    found = asyncio.run(refusal())
+    assert (found is None) if says is None else (says in str(found))
+
+
+def test_without_a_run_folder_nothing_moves() -> None:
+    from engine.config import build_config
+    from engine.roles.coordinator import model_spec
+
+    async def refusal() -> str | None:
+        config = build_config({}, {"data.dataset": "digits"})
+        return Coordinator(config, run_id="e" * 32, token="t",
+                           layout=model_spec(config).layout(),
+                           recorder=_Events()).move_refusal()
+
+    assert "no folder" in str(asyncio.run(refusal()))

@@ -372,9 +372,9 @@ def test_reorder_puts_the_new_primary_first_and_relinks_every_copy() -> None:
     chain = placement.chains[1]
     orders = placement.reorder(1, chain[2])
     assert placement.chains[1] == (chain[2], chain[0], chain[1])
-    assert orders == [Order(chain[2], Chain(index=1, successor=address(1, chain[0]))),
+    assert orders == [Order(chain[1], Chain(index=1, successor=None)),  # the tail first
                       Order(chain[0], Chain(index=1, successor=address(1, chain[1]))),
-                      Order(chain[1], Chain(index=1, successor=None)),
+                      Order(chain[2], Chain(index=1, successor=address(1, chain[0]))),
                       Order(chain[2], Promote(index=1))]
     assert 1 in placement.primaries(chain[2]) and 1 not in placement.primaries(chain[0])
 
