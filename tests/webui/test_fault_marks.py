@@ -35,12 +35,18 @@ EVENTS: list[tuple[float, str, dict[str, Any]]] = [
     (20.0, "membership", {"workers": 4, "joining": [2, 3], "leaving": []}),
     (25.0, "server_lost", {"rank": 0, "pid": 4141}),
     (25.05, "failover_complete", {"index": 0, "rank": 1, "seconds": 0.04}),
+    (26.0, "server_rejoined", {"rank": 0, "pid": 4144, "ranges": [0]}),
+    (26.3, "rereplicated", {"index": 0, "rank": 0, "tail": 1, "chain": [1, 0], "bytes": 100,
+                            "restore_s": 0.01, "held_s": 0.05, "seconds": 0.06}),
+    (26.4, "primary_moved", {"index": 0, "rank": 0, "previous": 1, "chain": [0, 1],
+                             "drain_s": 0.0, "seconds": 0.02}),
     (30.0, "checkpoint", {"seq": 2, "folder": "c/2", "bytes": 1000, "seconds": 0.1, "clocks": {}}),
     (40.0, "fault_injected", {"spec": "kill:worker:1@40s", "role": "worker", "rank": 1,
                               "pid": 4242}),
     (40.2, "worker_lost", {"rank": 1, "pid": 4242, "restart": 1, "max_restarts": 3}),
     (45.0, "worker_rejoined", {"rank": 1, "pid": 4343, "restarts": 1}),
     (50.0, "checkpoint", {"seq": 3, "folder": "c/3", "bytes": 1000, "seconds": 0.1, "clocks": {}}),
+    (60.0, "server_membership", {"servers": 3, "joining": [1], "leaving": []}),
     (70.0, "checkpoint", {"seq": 4, "folder": "c/4", "bytes": 1000, "seconds": 0.1, "clocks": {}}),
     (75.0, "checkpoint_incomplete", {"seq": 5, "reason": "server 0 did not answer"}),
     (82.0, "resumed", {"checkpoint": 4, "folder": "c/4"}),
@@ -52,7 +58,8 @@ EVENTS: list[tuple[float, str, dict[str, Any]]] = [
 ]
 MARKED = [e for e in EVENTS if e[1] not in ("training_started", "fault_skipped")]
 LABELS = ["drop 1%", "4 workers", "server 0 lost", "shard 0 failed over (0.04 s)",
-          "kill worker 1", "worker 1 lost", "worker 1 rejoined",
+          "server 0 back", "shard 0 copied to server 0", "shard 0 served by server 0",
+          "kill worker 1", "worker 1 lost", "worker 1 rejoined", "3 servers",
           "checkpoint 5 incomplete", "resumed from checkpoint 4", "resumed from checkpoint 5"]
 TIMELINE_FROM_S = 79.0  # the first iteration of the timeline's window starts here
 
