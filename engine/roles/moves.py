@@ -106,6 +106,8 @@ class Moves(CoordinatorBase):
         """A server that came back takes back every range it held at the start, and serves
         again those it served."""
         async with self._moving:
+            if self._leaving_server(rank):  # it was told to leave before it died: it stays idle
+                return
             ranges = self.placement.rejoining(rank)
             refusal = self.move_refusal()
             if refusal is not None:
@@ -122,13 +124,14 @@ class Moves(CoordinatorBase):
         """A server that joined takes ranges from the servers that serve the most, until each
         serves about as many as the others."""
         async with self._moving:
-            while True:
+            while not self._leaving_server(rank):
                 servers = [s for s in self._live_servers() if not self._leaving_server(s)]
                 served = {s: len(self.placement.primaries(s)) for s in servers}
                 share = len(self.placement.ranges) // len(servers)
                 donor = max((s for s in servers if s != rank), key=lambda s: (served[s], s),
                             default=None)
-                if donor is None or served[rank] >= share or served[donor] <= share:
+                if (donor is None or rank not in served or served[rank] >= share
+                        or served[donor] <= share):
                     break
                 index = self.placement.primaries(donor)[-1]
                 if not await self._try("move_failed", self._hand_range, index, donor, rank):
@@ -215,7 +218,10 @@ class Moves(CoordinatorBase):
 
     async def _move_primary(self, index: int, rank: int) -> None:
         """``rank``, a copy of the range, serves it from now on."""
-        old = self.placement.chains[index][0]
+        chain = self.placement.chains[index]
+        if rank not in chain:
+            raise MoveAborted(f"server {rank} holds no copy of shard {index} to serve it from")
+        old = chain[0]
         if old == rank:
             return
         started = time.time()
