@@ -286,8 +286,9 @@ def _scale_servers(env: dict[str, str], db: Path, run_id: str, servers: int) -> 
     return done.stderr
 
 
-# BSP with a replica: open rounds travel in snapshots, and chains keep their copies.
-@pytest.mark.parametrize(("model", "replicas"), [("asp", 0), ("ssp", 0), ("bsp", 1)])
+# ASP without replicas is tests/test_fault_tolerance_doc.py's; BSP with a replica: open rounds
+# travel in snapshots, and chains keep their copies.
+@pytest.mark.parametrize(("model", "replicas"), [("ssp", 0), ("bsp", 1)])
 def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
         tmp_path: Path, model: str, replicas: int) -> None:
     db = tmp_path / "experiments.db"
@@ -301,6 +302,10 @@ def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
         wait_for(lambda: len(_events_of(db, "primary_moved")) == 2, 60, "two ranges to move")
         assert "servers 3 leave once their ranges moved" in _scale_servers(env, db, run_id, 3)
         wait_for(lambda: _events_of(db, "server_left"), 60, "server 3 to leave")
+        refused = _psctl(env, "scale", run_id[:8], "--servers", "5")
+        assert refused.returncode == 1
+        assert "cut into 4 ranges, so at most 4 servers" in refused.stderr
+        assert "--key-ranges" in refused.stderr
         _finish(launch)
     finally:
         if launch.poll() is None:
@@ -319,23 +324,6 @@ def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
     assert all(serves[s] for s in (0, 1, 2))
     assert not _events_of(db, "move_failed")
     assert not processes_with(run_id)
-
-
-def test_scale_servers_refuses_more_servers_than_ranges(tmp_path: Path) -> None:
-    db = tmp_path / "experiments.db"
-    launch, env = _job(db, "--epochs", "40", "--sync", "asp")
-    try:
-        wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 20,
-                 120, "training")
-        run_id = query(db, "SELECT id FROM runs")[0][0]
-        refused = _psctl(env, "scale", run_id[:8], "--servers", "3")
-        assert refused.returncode == 1
-        assert "cut into 2 ranges, so at most 2 servers" in refused.stderr
-        assert "--key-ranges" in refused.stderr
-        _finish(launch)
-    finally:
-        if launch.poll() is None:
-            launch.kill()
 
 
 def _events_of(db: Path, kind: str) -> list[dict[str, object]]:
