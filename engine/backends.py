@@ -1,9 +1,10 @@
 """Where a run's roles run: a small Protocol and its registry.
 
-``local`` starts every role as a process on this machine (``engine.launcher``); ``sim`` runs the
-whole cluster in one process in virtual time (``engine.sim``). ``psctl launch`` and ``psctl
-study`` pick one by ``cluster.backend``; both record the run the same way, so every view works
-on either.
+``local`` starts every role as a process on this machine (``engine.launcher``); ``ray`` starts
+each in a Ray actor across a cluster (the same launcher on ``engine.hosts.ray_cluster``); ``sim``
+runs the whole cluster in one process in virtual time (``engine.sim``). ``psctl launch`` and
+``psctl study`` pick one by ``cluster.backend``; all record the run the same way, so every view
+works on any.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def _local(config: RunConfig, *, db: Path) -> RunHandle:
     return Launcher(config, db=db)
 
 
+def _ray(config: RunConfig, *, db: Path) -> RunHandle:
+    from engine.hosts.ray_cluster import RayHosts
+    from engine.launcher import Launcher
+
+    return Launcher(config, db=db, hosts=RayHosts(config))
+
+
 def _sim(config: RunConfig, *, db: Path) -> RunHandle:
     from engine.sim.launcher import SimLauncher
 
@@ -54,5 +62,7 @@ def _sim(config: RunConfig, *, db: Path) -> RunHandle:
 
 BACKENDS: Registry[Backend] = Registry("backend")
 BACKENDS.register("local", _local, "every role a process on this machine, over websockets")
+BACKENDS.register("ray", _ray, "every role a Ray actor, placed across a Ray cluster "
+                  "(pip install 'psctl[ray]'; see docs/cluster.md)")
 BACKENDS.register("sim", _sim, "the whole cluster in one process, in virtual time (seed "
                   "experiments at any scale; see docs/simulation.md)")

@@ -7,6 +7,7 @@ every process of the run. Nothing downstream re-reads flags or the environment.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -445,6 +446,40 @@ class FaultConfig(_Frozen):
         return tuple(spec.strip().lower() for spec in value)
 
 
+_RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9._-]+:[0-9]{1,5})$")
+
+
+class RayConfig(_Frozen):
+    """Where a run on ``cluster.backend = "ray"`` places its roles (``docs/cluster.md``)."""
+
+    address: str = Field("auto", description=(
+        "the Ray cluster: auto (the one RAY_ADDRESS or `ray start` on this machine names) or "
+        "HOST:PORT of its head"))
+    worker_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs each worker actor holds")
+    worker_gpus: float = Field(0.0, ge=0, le=64, description="GPUs each worker actor holds")
+    server_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs each server actor holds")
+    evaluator_cpus: float = Field(0.0, ge=0, le=1024, description=(
+        "CPUs the evaluator holds (it evaluates every eval.interval_s; 0 fits it anywhere)"))
+    placement: Literal["pack", "spread", "strict-pack", "strict-spread"] = Field(
+        "spread", description=(
+            "the workers' placement-group strategy: spread (over nodes where it can), pack (on "
+            "as few nodes as fit), strict-spread (one node each) or strict-pack (one node); "
+            "servers always spread"))
+    start_timeout_s: float = Field(60.0, gt=0, le=_LONGEST_S, description=(
+        "how long the cluster may take to find room for every role before the launch fails"))
+
+    @field_validator("address")
+    @classmethod
+    def _usable_address(cls, value: str) -> str:
+        if value.startswith("ray://"):
+            raise ValueError("a Ray client address (ray://) is not supported: psctl's driver "
+                             "records the run in a local database, so it runs on a node of the "
+                             "cluster; pass the head's HOST:PORT (the GCS address) instead")
+        if not _RAY_ADDRESS.match(value):
+            raise ValueError(f"ray.address {value!r} is not auto or HOST:PORT")
+        return value
+
+
 class RunConfig(_Frozen):
     name: str | None = None
     cluster: ClusterConfig = ClusterConfig()
@@ -460,6 +495,7 @@ class RunConfig(_Frozen):
     heterogeneity: HeterogeneityConfig = HeterogeneityConfig()
     sim: SimConfig = SimConfig()
     fault: FaultConfig = FaultConfig()
+    ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:

@@ -16,10 +16,8 @@ import contextlib
 import json
 import os
 import secrets
-import select
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -31,6 +29,8 @@ import sqlalchemy as sa
 from engine.config import RunConfig
 from engine.db.schema import events, open_engine, translate_errors
 from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
+from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess
+from engine.hosts.local import LocalHosts
 from engine.recorder import Recorder
 from engine.roles.membership import ranks_to_spawn
 from engine.transport.admission import credential
@@ -46,6 +46,8 @@ MIN_WAVE = 4
 # joins must not hold the others back; the coordinator's join deadline reports it).
 WAVE_JOIN_WAIT_S = 10.0
 _POLL_S = 0.1
+# The environment a role is started with names its own secret and place, never the launcher's.
+_NOT_PASSED_ON = ("PSCTL_TOKEN", "PSCTL_CREDENTIAL", "PSCTL_COORDINATOR", "PSCTL_RANK")
 # Measured on this machine kind: glibc returning and re-faulting 4 MB frames costs ~2 ms per
 # round trip; keeping large blocks mapped raised push/pull throughput by 25-47 %.
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
@@ -55,7 +57,7 @@ _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "
 class Child:
     role: str
     rank: int
-    process: subprocess.Popen[bytes]
+    process: RoleProcess
     log: Path
     args: tuple[str, ...] = ()
     restarts: int = 0
@@ -65,11 +67,7 @@ class Child:
         return f"{self.role} {self.rank}" if self.role in ("server", "worker") else self.role
 
     def log_tail(self, lines: int = 12) -> str:
-        try:
-            text = self.log.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
+        return self.process.log_tail(lines)
 
     def last_words(self) -> str:
         """The last line it wrote to its log, or a note that it wrote none."""
@@ -116,12 +114,16 @@ class ResumePoint:
 
 
 class Launcher(NewRun):
+    """Starts a run's roles on ``hosts`` (children of this process by default), watches them,
+    restarts the ones the run lets it, and makes sure none outlives the run."""
+
     def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None,
-                 resume: ResumePoint | None = None) -> None:
+                 resume: ResumePoint | None = None, hosts: Hosts | None = None) -> None:
         super().__init__(config, db=db, logs_root=logs_root)
         self.resume = resume
         if resume is not None:  # the same run, its rows and logs going on
             self.run_id, self.name, self.logs = resume.run_id, resume.name, resume.folder
+        self.hosts: Hosts = hosts or LocalHosts(config.cluster.host, append=resume is not None)
         self.children: list[Child] = []
         self._token = secrets.token_urlsafe(32)
         self._interrupted = False
@@ -134,6 +136,7 @@ class Launcher(NewRun):
 
     def start(self) -> None:
         """Start the coordinator, then the servers, the evaluator and the workers, in waves."""
+        self.hosts.open(self.run_id)
         self.logs.mkdir(parents=True, exist_ok=True)
         config_path = self.logs / "config.json"
         config_path.write_text(json.dumps(self.config.to_json_dict(), indent=2))
@@ -141,8 +144,7 @@ class Launcher(NewRun):
             "--resume-from", str(self.resume.checkpoint), "--resume-seq", str(self.resume.seq)]
         coordinator = self._spawn("coordinator", 0, [
             "coordinator", "--config", str(config_path), "--run-id", self.run_id,
-            "--name", self.name, "--db", str(self.db), "--host", self.config.cluster.host,
-            *resume], stdout=subprocess.PIPE)
+            "--name", self.name, "--db", str(self.db), "--host", NODE, *resume], announce=True)
         address = self._address = self._await_announcement(coordinator)
         try:
             self._start_roles(address)
@@ -161,8 +163,8 @@ class Launcher(NewRun):
                 self._spawn(role, rank, self._role_args(role, rank, address))
 
     def _role_args(self, role: str, rank: int, address: str) -> list[str]:
-        return [role, "--coordinator", address, "--rank", str(rank), "--host",
-                self.config.cluster.host, "--max-frame-bytes",
+        return [role, "--coordinator", address, "--rank", str(rank), "--host", NODE,
+                "--max-frame-bytes",
                 str(self.config.cluster.max_frame_bytes)]
 
     def _await_joined(self, started: int) -> bool:
@@ -200,6 +202,7 @@ class Launcher(NewRun):
             self.children[0].process.send_signal(signal.SIGTERM)
         finally:
             self.stop_all()
+            self.hosts.close()
         return self._result()
 
     def _spawn_newcomers(self) -> None:
@@ -224,14 +227,18 @@ class Launcher(NewRun):
 
     def _restart(self, child: Child) -> None:
         """The same role again, in the same place in ``children``, logging on in its log."""
-        with child.log.open("ab") as handle:
+        with contextlib.suppress(OSError), child.log.open("ab") as handle:
             handle.write(f"\n--- psctl: {child.label} was killed by signal "
                          f"{-(child.process.returncode or 0)}; restarting it\n".encode())
-            child.process = subprocess.Popen(
-                [sys.executable, "-m", "engine.roles", *child.args], stdin=subprocess.DEVNULL,
-                stdout=handle, stderr=handle, env=self._environment(child.role, child.rank),
-                start_new_session=True)
         child.restarts += 1
+        try:
+            child.process = self.hosts.restart(child.process, child.role, child.rank,
+                                               list(child.args),
+                                               self._environment(child.role, child.rank),
+                                               child.log)
+        except LaunchError as exc:  # its host is gone too: the run goes on without it
+            with contextlib.suppress(OSError), child.log.open("ab") as handle:
+                handle.write(f"--- psctl: could not restart {child.label}: {exc}\n".encode())
 
     def stop_all(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Let children exit on their own for ``grace_s``, then kill what is left."""
@@ -312,52 +319,36 @@ class Launcher(NewRun):
                 time.sleep(pause_s)
         return recorded
 
-    def _spawn(self, role: str, rank: int, args: list[str], *,
-               stdout: int | None = None) -> Child:
+    def _spawn(self, role: str, rank: int, args: list[str], *, announce: bool = False) -> Child:
         log = self.logs / (f"{role}-{rank}.log" if role in ("server", "worker") else f"{role}.log")
-        with log.open("ab" if self.resume is not None else "wb") as handle:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "engine.roles", *args], stdin=subprocess.DEVNULL,
-                stdout=stdout if stdout is not None else handle, stderr=handle,
-                env=self._environment(role, rank), start_new_session=True)
+        process = self.hosts.start(role, rank, args, self._environment(role, rank), log,
+                                   announce=announce)
         child = Child(role, rank, process, log, tuple(args))
         self.children.append(child)
         return child
 
-    def _environment(self, role: str, rank: int) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(_MALLOC_ENV)
-        env.pop("PSCTL_TOKEN", None)
-        env.pop("PSCTL_CREDENTIAL", None)
+    def _environment(self, role: str, rank: int) -> RoleEnv:
+        own = dict(_MALLOC_ENV)
+        # Settings meant for the roles travel with them to whichever host runs them (the data
+        # folder, the log level), never the run's secrets.
+        own.update({key: value for key, value in os.environ.items()
+                    if key.startswith("PSCTL_") and key not in _NOT_PASSED_ON})
         # Only the processes that admit others hold the run's secret; a worker or the evaluator
         # gets a credential for itself alone, so it cannot speak for any other process.
         if role in ("coordinator", "server"):
-            env["PSCTL_TOKEN"] = self._token
+            own["PSCTL_TOKEN"] = self._token
         else:
-            env["PSCTL_CREDENTIAL"] = credential(self._token, role, rank)
-        env["PYTHONUNBUFFERED"] = "1"
+            own["PSCTL_CREDENTIAL"] = credential(self._token, role, rank)
+        own["PYTHONUNBUFFERED"] = "1"
         threads = str(self.config.train.torch_threads)
-        env.setdefault("OMP_NUM_THREADS", threads)
-        env.setdefault("MKL_NUM_THREADS", threads)
-        return env
+        return RoleEnv(own, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
 
     def _await_announcement(self, coordinator: Child) -> str:
-        stream = coordinator.process.stdout
-        assert stream is not None
-        deadline = time.monotonic() + ANNOUNCE_TIMEOUT_S
-        line = b""
-        while time.monotonic() < deadline and not line.endswith(b"\n"):
-            ready, _, _ = select.select([stream], [], [], 0.2)
-            if ready:
-                chunk = os.read(stream.fileno(), 4096)
-                if not chunk:
-                    break
-                line += chunk
-            elif coordinator.process.poll() is not None:
-                break
-        if line.startswith(b"PSCTL_COORDINATOR "):
-            return line.split()[1].decode()
+        address = self.hosts.announcement(coordinator.process, ANNOUNCE_TIMEOUT_S)
+        if address is not None:
+            return address
         self.stop_all(grace_s=0)
+        self.hosts.close()
         raise LaunchError(f"the coordinator did not start (log {coordinator.log}):\n"
                           f"{coordinator.log_tail()}")
 

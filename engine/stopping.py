@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,12 +63,13 @@ def run_processes(db: Path, run_id: str) -> list[RunProcess]:
     started_at, recorded = _launch_events(db, run_id)
     found: list[RunProcess] = []
     address: str | None = None
+    here = socket.gethostname()  # as roles report their machine (engine.roles.lifecycle)
     # In order: a resumed run has a coordinator of each start, each with the roles that joined
     # it; the coordinator started (shortly) before it recorded that it listens.
     for at, kind, detail in recorded:
         pid, role, rank = detail.get("pid"), detail.get("role", "worker"), detail.get("rank")
-        if not isinstance(pid, int):
-            continue
+        if not isinstance(pid, int) or detail.get("machine") not in (None, "", here):
+            continue  # a role on another machine (a Ray cluster): its pid is not ours
         if kind == "coordinator_listening":
             address = str(detail.get("address"))
             found.append(RunProcess(pid, "coordinator", "coordinator", (("--run-id", run_id),),

@@ -12,6 +12,7 @@ from engine.errors import PsctlError, StoreError
 from psctl import policies, settings
 from psctl.cliutil import DbOption, Handled, RunArgument, err, show
 from psctl.cliutil import fail as _fail
+from psctl.role import role_app
 from psctl.selection import UsageError
 
 # engine.db.queries.SQLITE_INT_MAX, spelled out so that the CLI loads without the database
@@ -31,6 +32,7 @@ zipline_app = typer.Typer(rich_markup_mode=None,
                           help="ElasticBSP's ZipLine barrier placement, offline.",
                           no_args_is_help=True)
 app.add_typer(zipline_app, name="zipline")
+app.add_typer(role_app, name="role")
 
 
 
@@ -132,6 +134,18 @@ def launch(
     max_seconds: Annotated[float | None, typer.Option(help="stop after S seconds")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
     backend: Annotated[str | None, typer.Option(help=policies.BACKEND_HELP)] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        help="ray: the cluster's head, HOST:PORT, or auto: RAY_ADDRESS, else the cluster `ray "
+        "start` began on this machine [auto]")] = None,
+    worker_cpus: Annotated[float | None, typer.Option(
+        help="ray: CPUs each worker actor holds [1]")] = None,
+    worker_gpus: Annotated[float | None, typer.Option(
+        help="ray: GPUs each worker actor holds [0]")] = None,
+    server_cpus: Annotated[float | None, typer.Option(
+        help="ray: CPUs each server actor holds [1]")] = None,
+    placement: Annotated[str | None, typer.Option(
+        help="ray: how the workers are placed: spread, pack, strict-spread or strict-pack "
+        "(servers always spread) [spread]")] = None,
     compute: Annotated[str | None, typer.Option(
         help="sim: a worker's compute time per batch, measured (timed once on this machine, "
         "cached) or given by --compute-ms [measured]")] = None,
@@ -177,45 +191,14 @@ def launch(
         "(group=NAME) that psctl compare shows as mean ± standard deviation")] = 1,
 ) -> None:
     """Train a model on shard servers and workers started on this machine, recording the run."""
-    from psctl.launch import repeats, resolve_config
-    from psctl.learnopts import parse_schedule
-    from psctl.syncopts import sync_overrides
+    from psctl.launch import repeats
+    from psctl.launchopts import launch_config
 
-    overrides = {
-        "name": name, "cluster.workers": workers, "cluster.servers": servers,
-        "sync.model": sync, "data.dataset": dataset,
-        "data.data_dir": str(data_dir) if data_dir else None, "data.train_limit": train_limit,
-        "train.epochs": epochs, "train.batch_size": batch_size, "train.seed": seed,
-        "train.overlap": overlap, "optimizer.lr": lr, "optimizer.momentum": momentum,
-        "optimizer.name": optimizer, "optimizer.clip_norm": clip_norm,
-        "train.fetch_every": fetch_every, "train.push_every": push_every,
-        "train.warm_start": warm_start, "learning.warmup": lr_warmup, "learning.rule": lr_rule,
-        "learning.unit": lr_unit, "comm.prune": prune, "comm.error_feedback": error_feedback,
-        "comm.momentum_correction": momentum_correction, "comm.wire_dtype": wire_dtype,
-        "comm.compress": compress, "comm.pull_filter": pull_filter,
-        "comm.refresh_every": refresh_every, "comm.range_size": range_size,
-        "comm.schedule": schedule, "comm.pool_size": pool_size,
-        "learning.global_lr": global_lr,
-        "sync.push_scale": aggregation, "train.loop": loop,
-        "eval.interval_s": eval_interval, "stop.target_accuracy": target_accuracy,
-        "stop.max_seconds": max_seconds, "sync.staleness": staleness, "sync.range": dssp_range,
-        "sync.delay": delay, "sync.lookahead": lookahead, "sync.predictor": predictor,
-        "cluster.backend": backend, "sim.compute": "given" if compute_ms is not None else compute,
-        "sim.compute_ms": compute_ms, "sim.network": network, "sim.server_ms": server_ms,
-        "sim.server_network": server_network,
-        "cluster.replicas": replicas, "cluster.key_ranges": key_ranges,
-        "fault.checkpoint_every_s": checkpoint_every,
-        "fault.max_restarts": max_restarts,
-        "fault.inject": tuple(fault) if fault else None,
-    }
     path = settings.database_path(db)
     try:
-        overrides |= sync_overrides(stragglers=straggler, jitter=jitter, history=history, db=path)
-        if lr_schedule is not None:
-            overrides |= parse_schedule(lr_schedule)
-        resolved = resolve_config(config, overrides, no_config=no_config)
+        resolved = launch_config(locals(), path)
         group, configs = repeats(resolved, repeat) if repeat > 1 else (None, [resolved])
-        _prepare_database(path)
+        prepare_database(path)
         dashboard = _start_dashboard(path) if ui else None
         try:
             results = _run_all(configs, group, path, live=live)
@@ -337,7 +320,7 @@ def _run_each(configs: list[Any], group: str | None, path: Path, *, live: bool,
             break
 
 
-def _prepare_database(path: Path) -> None:
+def prepare_database(path: Path) -> None:
     """Create (or upgrade) the database before any process starts, so that an unusable path
     fails here, in one line, rather than in the coordinator or the log folder beside it."""
     from engine.db import open_engine

@@ -151,6 +151,9 @@ def detail_view(detail: RunDetail) -> Group:
         lines.append(Text(f"simulated in virtual time: {detail.simulated}", style="cyan"))
     if detail.notes:
         lines.append(Text(f"notes: {detail.notes}"))
+    if len(detail.nodes) > 1:  # spread over several nodes (a Ray cluster, psctl role)
+        lines.append(Text("nodes: " + "; ".join(f"{node}: {', '.join(names)}"
+                                                for node, names in detail.nodes)))
     if detail.faults:
         lines.append(Text("faults and recovery:", style="bold"))
         lines.extend(Text(f"  {at:8.2f} s  {kind}: {what}") for at, kind, what in detail.faults)

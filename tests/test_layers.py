@@ -29,7 +29,12 @@ FORBIDDEN = [
     ("engine.keys", "engine.wire"), ("engine.keys", "engine.server"),
     ("engine.errors", "engine."), ("engine.registry", "engine.keys"),
     ("engine", "psctl"), ("engine", "webui"),
+    # the launcher backends start roles; they know nothing of what a role does, nor torch
+    ("engine.hosts", "engine.roles"), ("engine.hosts", "torch"),
+    ("engine.roles", "engine.hosts"),
 ]
+# Ray is an optional extra: only the Ray backend's modules may import it (lazily).
+RAY_MODULES = ("engine.hosts.ray_cluster", "engine.hosts.ray_host")
 
 
 def modules() -> dict[str, Path]:
@@ -64,6 +69,14 @@ def test_layer_does_not_import_upwards(importer: str, forbidden: str) -> None:
                  if under(name, importer) for module, _ in imports(path)
                  if under(module, forbidden)]
     assert offenders == []
+
+
+def test_ray_is_imported_by_the_ray_backend_alone() -> None:
+    offenders = [f"{name} imports {module}" for name, path in modules().items()
+                 if name not in RAY_MODULES for module, _ in imports(path) if under(module, "ray")]
+    assert offenders == []
+    source = (REPO / "engine" / "hosts" / "ray_cluster.py").read_text()
+    assert 'import_module("ray")' in source  # at run time only, behind a clear error
 
 
 def test_no_module_imports_another_modules_private_names() -> None:

@@ -17,7 +17,8 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "fault_skipped": lambda d: f"skipped {d.get('spec')}: {d.get('reason')}",
     "worker_lost": lambda d: (f"worker {d.get('rank')} lost (restart {d.get('restart')} of "
                               f"{d.get('max_restarts')})"),
-    "worker_rejoined": lambda d: f"worker {d.get('rank')} rejoined",
+    "worker_rejoined": lambda d: (f"worker {d.get('rank')} rejoined"
+                                  + (f" on {d['node']}" if d.get("node") else "")),
     "server_lost": lambda d: f"server {d.get('rank')} lost",
     "failover": lambda d: (f"shard {d.get('index')} failed over from server {d.get('lost')} to "
                            f"server {d.get('primary')}"),

@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 
 from engine.db.faults import fault_timeline
+from engine.db.nodes import role_nodes
 from engine.db.schema import (
     STORED_STATUSES,
     evaluations,
@@ -189,6 +190,8 @@ class RunDetail(Dictable):
     simulated: str | None = None
     # Its faults and recovery: (seconds since the start, event kind, what happened).
     faults: tuple[tuple[float, str, str], ...] = ()
+    # Where its roles ran: (node address, roles on it), from the events they joined with.
+    nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -479,6 +482,7 @@ def run_detail(
             layers=tuple(_layer_stats(conn, run_id)),
             simulated=simulation_note(conn, run_id),
             faults=tuple(fault_timeline(conn, run_id, row.started_at)),
+            nodes=role_nodes(conn, run_id),
         )
 
 

@@ -16,7 +16,8 @@ import traceback
 from pathlib import Path
 
 from engine.errors import PsctlError
-from engine.roles.lifecycle import die_with_parent, join_token, setup_logging
+from engine.roles import lifecycle
+from engine.roles.lifecycle import join_token, setup_logging
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,15 +37,20 @@ def _parser() -> argparse.ArgumentParser:
         sub = roles.add_parser(role)
         sub.add_argument("--coordinator", required=True, help="ws://host:port of the coordinator")
         sub.add_argument("--rank", type=int, default=0)
-        sub.add_argument("--host", default="127.0.0.1", help="address a server listens on")
+        sub.add_argument("--host", default="127.0.0.1",
+                         help="this role's address: a server listens on it, and every role "
+                         "connects from it")
         sub.add_argument("--max-frame-bytes", type=int, default=64 * 2**20,
                          help="largest frame accepted (cluster.max_frame_bytes)")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
+    """Run one role; ``die_with_parent``: ask the kernel to end it with its launcher (a
+    role started by hand or by another scheduler is not tied to its parent)."""
     args = _parser().parse_args(argv)
-    die_with_parent()
+    if die_with_parent:
+        lifecycle.die_with_parent()
     setup_logging(args.role, getattr(args, "rank", 0))
     token = join_token(args.role, getattr(args, "rank", 0))
     try:
@@ -62,7 +68,9 @@ def _run(args: argparse.Namespace, token: str) -> int:
 
     if args.role == "coordinator":
         return _coordinator(args, token)
-    transport = WebSocketTransport(max_frame_bytes=args.max_frame_bytes)
+    # Outgoing connections leave from the role's own address too (a node of a cluster, or a
+    # 127.0.0.x of its own on one machine).
+    transport = WebSocketTransport(max_frame_bytes=args.max_frame_bytes, source=args.host)
     if args.role == "server":
         from engine.roles.server import run_server
 
@@ -71,11 +79,11 @@ def _run(args: argparse.Namespace, token: str) -> int:
     elif args.role == "worker":
         from engine.roles.worker import run_worker
 
-        run_worker(transport, args.coordinator, args.rank, token=token)
+        run_worker(transport, args.coordinator, args.rank, token=token, node=args.host)
     else:
         from engine.roles.evaluator import run_evaluator
 
-        run_evaluator(transport, args.coordinator, token=token)
+        run_evaluator(transport, args.coordinator, token=token, node=args.host)
     return 0
 
 

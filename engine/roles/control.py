@@ -9,11 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import time
 from collections.abc import Callable
 from typing import Any
 
 from engine.aio import LoopThread
-from engine.errors import ConnectionClosed, LaunchError, ProtocolError, PsctlError
+from engine.errors import (
+    ConnectFailed,
+    ConnectionClosed,
+    LaunchError,
+    ProtocolError,
+    PsctlError,
+)
 from engine.transport.base import Connection, Transport
 from engine.wire.messages import (
     ControlMessage,
@@ -24,6 +31,10 @@ from engine.wire.messages import (
     parse_control,
 )
 
+# A role started before its coordinator listens tries again after these pauses (doubling).
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 1.0
+
 
 class ControlChannel:
     def __init__(self, connection: Connection) -> None:
@@ -33,12 +44,7 @@ class ControlChannel:
     async def open(
         cls, transport: Transport, address: str, hello: Hello, *, token: str, timeout: float
     ) -> tuple[ControlChannel, Welcome]:
-        try:
-            connection = await transport.connect(address, token=token, timeout=timeout)
-        except PsctlError as exc:
-            raise LaunchError(
-                f"{hello.role} {hello.rank} cannot reach the coordinator at {address}: {exc}"
-            ) from None
+        connection = await _reach(transport, address, hello, token=token, timeout=timeout)
         channel = cls(connection)
         await channel.send(hello)
         try:
@@ -135,3 +141,24 @@ class SyncControl:
                     handler(message)
         except PsctlError as exc:
             self.inbox.put(Lost(f"lost the coordinator: {exc}"))
+
+
+async def _reach(transport: Transport, address: str, hello: Hello, *, token: str,
+                 timeout: float) -> Connection:
+    """Connect to the coordinator, trying again while nothing listens there yet: a scheduler
+    (psctl role, Slurm) may start a role before its coordinator (``timeout`` in all)."""
+    deadline = time.monotonic() + timeout
+    pause = RETRY_FIRST_S
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return await transport.connect(address, token=token, timeout=max(left, 0.1))
+        except ConnectFailed as exc:
+            if time.monotonic() + pause >= deadline:
+                raise LaunchError(f"{hello.role} {hello.rank} cannot reach the coordinator at "
+                                  f"{address} within {timeout:.0f} s: {exc}") from None
+        except PsctlError as exc:  # refused credentials, say: trying again would not help
+            raise LaunchError(f"{hello.role} {hello.rank} cannot reach the coordinator at "
+                              f"{address}: {exc}") from None
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, RETRY_MAX_S)

@@ -31,6 +31,7 @@ from engine.errors import (
 from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.roles.checkpoints import CheckpointKeeper
+from engine.roles.lifecycle import this_machine
 from engine.roles.membership import Membership
 from engine.roles.moves import Moves
 from engine.roles.peer import Peer, Progress
@@ -114,7 +115,8 @@ def join_failure(missing: list[str], config: RunConfig) -> str:
             f"{config.cluster.connect_timeout_s:g} s plus {JOIN_S_PER_PROCESS:g} s for each of "
             f"the {processes} processes); see their logs. If the machine is just slow to start "
             f"them, raise cluster.connect_timeout_s (a [cluster] connect_timeout_s in the "
-            f"--config file, or PSCTL_CLUSTER__CONNECT_TIMEOUT_S), or start fewer workers")
+            f"--config file, PSCTL_CLUSTER__CONNECT_TIMEOUT_S, or psctl role coordinator's "
+            f"--join-timeout), or start fewer workers")
 
 
 def _role_config(config: RunConfig) -> dict[str, Any]:
@@ -326,19 +328,23 @@ class Coordinator(Recovery, Scaling, Moves):
                                 "server's keys cannot be handed back to it")
         server = hello.role == "server"
         peer = Peer(hello.role, hello.rank, connection, pid=hello.pid,
+                    ours=hello.machine in ("", this_machine()),
                     rejoined=server and before is not None,
                     newcomer=server and before is None and newcomer)
         self.peers[(hello.role, hello.rank)] = peer
         if peer.rejoined:  # a server started again: it is heard from now on
             self._heard[hello.rank] = time.monotonic()
             self._event("server_rejoined", rank=hello.rank, pid=hello.pid,
-                        ranges=self.placement.rejoining(hello.rank))
+                        ranges=self.placement.rejoining(hello.rank), node=hello.node,
+                        machine=hello.machine)
         elif before is not None:  # a restarted worker takes the dead one's place
             self._event("worker_rejoined", rank=hello.rank, pid=hello.pid,
-                        restarts=self.restarts.get(hello.rank, 0))
+                        restarts=self.restarts.get(hello.rank, 0), node=hello.node,
+                        machine=hello.machine)
         else:
-            self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid)
-        if self.sampler is not None:
+            self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid,
+                        node=hello.node, machine=hello.machine)
+        if self.sampler is not None and peer.ours:
             self.sampler.watch(hello.role, hello.rank, hello.pid)
         return peer
 

@@ -17,6 +17,7 @@ from engine.errors import StoreError
 from engine.models.spec import MLPSpec
 from engine.recorder import Recorder
 from engine.roles.coordination import Coordinator, Resume
+from engine.roles.lifecycle import this_machine
 from engine.roles.sampling import PsutilSampler, oversubscription, usable_cores
 from engine.transport.base import Transport
 from engine.wire.records import EventRecord, RunStatus
@@ -61,10 +62,12 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
         address = await coordinator.start(transport, host, port)
         # The pid lets `psctl runs rm --force` stop this run before deleting it.
         recorder.record_event(EventRecord(at=time.time(), kind="coordinator_listening", detail={
-            "address": address, "pid": os.getpid(),
+            "address": address, "pid": os.getpid(), "machine": this_machine(),
             "folder": None if folder is None else str(folder)}))
-        crowded = oversubscription(config.cluster.workers, config.cluster.servers,
-                                   usable_cores())
+        # Across a Ray cluster the roles share other machines' cores, not this one's.
+        crowded = (oversubscription(config.cluster.workers, config.cluster.servers,
+                                    usable_cores())
+                   if config.cluster.backend == "local" else None)
         if crowded is not None:  # stored, so that the run's views can say so afterwards
             recorder.record_event(EventRecord(at=time.time(), kind="oversubscribed",
                                               detail={"cores": usable_cores(),

@@ -6,7 +6,6 @@ uses ``ANY_CLOCK`` so no consistency model ever holds it back.
 
 from __future__ import annotations
 
-import os
 import queue
 import time
 from pathlib import Path
@@ -21,9 +20,10 @@ from engine.keys import KeyRange
 from engine.models.flat import FlatModel, evaluate
 from engine.models.spec import MLPSpec
 from engine.roles.control import Lost, SyncControl
+from engine.roles.lifecycle import hello
 from engine.roles.worker import connect_client
 from engine.transport.base import Transport
-from engine.wire.messages import Evaluate, Evaluation, Exit, Hello, Stop
+from engine.wire.messages import Evaluate, Evaluation, Exit, Stop
 from engine.wire.protocol import ANY_CLOCK, Role
 from engine.wire.records import EvaluationRecord
 from engine.worker.client import ParameterClient
@@ -64,10 +64,11 @@ def serve_requests(evaluator: Evaluator, control: SyncControl) -> None:
             raise RunFailed(f"the evaluator got an unexpected {message.type} message")
 
 
-def run_evaluator(transport: Transport, coordinator: str, *, token: str) -> None:
+def run_evaluator(transport: Transport, coordinator: str, *, token: str,
+                  node: str = "127.0.0.1") -> None:
     io = LoopThread("evaluator-io")
     control, welcome = SyncControl.open(io, transport, coordinator,
-                                        Hello(role="evaluator", rank=0, pid=os.getpid()),
+                                        hello("evaluator", 0, node),
                                         token=token, timeout=60.0)
     config = RunConfig.model_validate(welcome.config)
     torch.set_num_threads(config.train.torch_threads)

@@ -6,9 +6,11 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 
 from engine.transport.admission import credential
+from engine.wire.messages import Hello, RoleName
 
 _PR_SET_PDEATHSIG = 1
 
@@ -52,3 +54,14 @@ def join_token(role: str, rank: int) -> str:
         return credential(token, role, rank)
     sys.exit(f"PSCTL_CREDENTIAL is not set: a {role} presents its own credential; roles are "
              "started by `psctl launch`, which passes it in the environment")
+
+
+def this_machine() -> str:
+    """This machine's name, as roles report it: a pid is only meaningful on its own machine."""
+    return socket.gethostname()
+
+
+def hello(role: RoleName, rank: int, node: str) -> Hello:
+    """How a role introduces itself: who, its pid, and where it runs (``node``: the address it
+    binds, so that the events record which node each role ran on)."""
+    return Hello(role=role, rank=rank, pid=os.getpid(), node=node, machine=this_machine())

@@ -27,6 +27,7 @@ class Peer:
     leaving: bool = False
     welcomed: bool = False  # a role reads its welcome first: nothing else may reach it before
     pid: int = 0
+    ours: bool = True  # it runs on the coordinator's machine: its pid may be signalled
     lost: bool = False  # a worker that died; its restart takes its place
     fenced: bool = False  # a server killed for not answering heartbeats
     rejoined: bool = False  # a server started again after it died: it starts empty

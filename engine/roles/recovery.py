@@ -102,7 +102,7 @@ class Recovery(CoordinatorBase):
         self._event("server_unresponsive", rank=peer.rank, pid=peer.pid,
                     silent_s=round(silent, 3))
         self._killed_at[("server", peer.rank)] = time.time() - silent
-        if self.config.cluster.backend == "local":  # its pid is a process of this machine
+        if peer.ours:  # its pid is a process of this machine
             try:
                 self._kill(peer.pid)  # its connection closes: the failover follows
                 return
@@ -153,6 +153,10 @@ class Recovery(CoordinatorBase):
             peer = self.peers.get((kill.role, kill.rank))
             if peer is None or peer.leaving or not peer.pid:
                 self._event("fault_skipped", spec=kill.spec, reason="the process has left")
+                continue
+            if not peer.ours:
+                self._event("fault_skipped", spec=kill.spec,
+                            reason="it runs on another machine, where its pid is not ours")
                 continue
             try:
                 self._killed_at[(kill.role, kill.rank)] = time.time()

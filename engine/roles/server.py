@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from engine.errors import ProtocolError, PsctlError, RunFailed
 from engine.roles import copy_orders as orders
 from engine.roles.control import ControlChannel
 from engine.roles.copies import Copies, Endpoint, build_shard
+from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
 from engine.wire.messages import (
     Adopt,
@@ -29,7 +29,6 @@ from engine.wire.messages import (
     Exit,
     Handoff,
     Heartbeat,
-    Hello,
     Members,
     Message,
     Promote,
@@ -49,7 +48,7 @@ __all__ = ["build_shard", "run_server"]
 async def run_server(transport: Transport, coordinator: str, rank: int, *, token: str,
                      host: str = "127.0.0.1", port: int = 0) -> None:
     channel, welcome = await ControlChannel.open(
-        transport, coordinator, Hello(role="server", rank=rank, pid=os.getpid()), token=token,
+        transport, coordinator, hello("server", rank, host), token=token,
         timeout=60.0)
     config = RunConfig.model_validate(welcome.config)
     # Every shard decides the same barriers; shard 0's copies report them, in order.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -16,8 +15,9 @@ from engine.keys import KeyRange
 from engine.models.flat import FlatModel
 from engine.models.spec import MLPSpec
 from engine.roles.control import SyncControl
+from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
-from engine.wire.messages import Event, Hello, Replicas, Welcome
+from engine.wire.messages import Event, Replicas, Welcome
 from engine.wire.protocol import Role
 from engine.wire.records import EventRecord
 from engine.worker.client import (
@@ -30,11 +30,12 @@ from engine.worker.client import (
 from engine.worker.loops import Worker, shard_for
 
 
-def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str) -> int:
+def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
+               node: str = "127.0.0.1") -> int:
     """The worker role: join, load data, train, report. Returns the iterations done."""
     io = LoopThread(f"worker-{rank}-io")
     control, welcome = SyncControl.open(io, transport, coordinator,
-                                        Hello(role="worker", rank=rank, pid=os.getpid()),
+                                        hello("worker", rank, node),
                                         token=token, timeout=60.0)
     config = RunConfig.model_validate(welcome.config)
     torch.set_num_threads(config.train.torch_threads)

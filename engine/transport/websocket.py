@@ -82,8 +82,11 @@ class WebSocketListener:
 
 
 class WebSocketTransport:
-    def __init__(self, *, max_frame_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, *, max_frame_bytes: int = 64 * 2**20, source: str | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
+        # The local address outgoing connections leave from (a role bound to its node's
+        # address); None: whatever the kernel picks.
+        self.source = source
 
     async def listen(
         self, host: str, port: int, handler: Handler, *, token: str
@@ -119,6 +122,7 @@ class WebSocketTransport:
                     additional_headers={TOKEN_HEADER: token},
                     open_timeout=None,
                     **self._options(),
+                    **self._source(),
                 ),
                 timeout,
             )
@@ -131,6 +135,9 @@ class WebSocketTransport:
         except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
             raise ConnectFailed(f"cannot connect to {address}: {exc}") from None
         return WebSocketConnection(socket, address)
+
+    def _source(self) -> dict[str, Any]:
+        return {} if self.source is None else {"local_addr": (self.source, 0)}
 
     def _options(self) -> dict[str, Any]:
         return {

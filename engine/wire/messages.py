@@ -34,6 +34,10 @@ class Hello(Message):
     role: RoleName
     rank: int = Field(ge=0)
     pid: int = Field(ge=0)
+    # Where it runs: the address it binds (its node's, on a cluster) and its machine's name.
+    # A pid means something only on its own machine: the coordinator signals none elsewhere.
+    node: str = Field("", max_length=255)
+    machine: str = Field("", max_length=255)
 
 
 class ShardInfo(Message):

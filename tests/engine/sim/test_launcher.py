@@ -32,12 +32,17 @@ def test_ctrl_c_interrupts_a_simulated_run(tmp_path: Path) -> None:
          "--workers", "4", "--servers", "2", "--epochs", "100000", "--compute-ms", "10",
          "--server-ms", "1", "--eval-interval", "1000", "--no-live"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while _iterations(db) == 0 and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while _iterations(db) == 0 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:  # a run that ignored the Ctrl-C must not outlive the test (100000 epochs)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, stderr
     with sqlite3.connect(db) as conn:
         status, reason = conn.execute("SELECT status, reason FROM runs").fetchone()

@@ -1,0 +1,73 @@
+"""The Ray backend's checks before any cluster is involved: Ray missing, no cluster where the
+address says, and the settings it takes."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from engine.config import build_config
+from engine.errors import ConfigError, LaunchError
+from engine.hosts import ray_cluster
+
+
+def test_without_ray_the_backend_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.import_module
+
+    def no_ray(name: str, package: str | None = None) -> ModuleType:
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", no_ray)
+    with pytest.raises(LaunchError, match=r"pip install 'psctl\[ray\]'"):
+        ray_cluster.import_ray()
+
+
+def test_auto_takes_ray_address_then_the_note_ray_start_leaves(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(ray_cluster.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.4:6390")
+    assert ray_cluster._auto_address() == "127.0.0.4:6390"
+    monkeypatch.setenv("RAY_ADDRESS", "ray://127.0.0.4:10001")
+    with pytest.raises(LaunchError, match="client address"):
+        ray_cluster._auto_address()
+    monkeypatch.delenv("RAY_ADDRESS")
+    with pytest.raises(LaunchError, match="python -m engine.hosts.ray_local"):
+        ray_cluster._auto_address()
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.4:41234\n")
+    assert ray_cluster._auto_address() == "127.0.0.4:41234"
+
+
+def test_a_head_that_does_not_answer_fails_at_once() -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago, now closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        ray_cluster._probe(f"127.0.0.1:{port}")
+    assert time.monotonic() - started < ray_cluster.PROBE_TIMEOUT_S + 1
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("ray.address", "ray://head:10001", "client address"),
+    ("ray.address", "head", "not auto or HOST:PORT"),
+    ("ray.placement", "everywhere", "placement"),
+    ("ray.worker_cpus", 0, "worker_cpus"),
+    ("ray.worker_gpus", -1, "worker_gpus"),
+])
+def test_ray_settings_are_checked(key: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config({}, {"cluster.backend": "ray", key: value})
+
+
+def test_the_defaults_spread_one_cpu_per_role() -> None:
+    config = build_config({}, {"cluster.backend": "ray"})
+    assert (config.ray.address, config.ray.placement) == ("auto", "spread")
+    assert (config.ray.worker_cpus, config.ray.server_cpus, config.ray.worker_gpus) == (1, 1, 0)
