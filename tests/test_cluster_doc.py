@@ -86,6 +86,15 @@ def test_the_documented_commands_run_on_a_loopback_cluster_and_by_hand(tmp_path:
     assert placed == {("server", 0): "127.0.0.11", ("server", 1): "127.0.0.12",
                       ("worker", 0): "127.0.0.13", ("worker", 1): "127.0.0.14",
                       ("evaluator", 0): "127.0.0.15"}
+    # each server listened on its own address, where the workers reached it, and they learned
+    listening = [json.loads(d)["address"] for (d,) in _query(
+        db, "SELECT detail FROM events WHERE run_id = ? AND kind = 'server_listening'",
+        by_hand[0])]
+    assert sorted(a.rsplit(":", 1)[0] for a in listening) == ["ws://127.0.0.11", "ws://127.0.0.12"]
+    for run_id, _, _ in runs:
+        accuracy = _query(db, "SELECT accuracy FROM evaluations WHERE run_id = ? ORDER BY at "
+                              "DESC LIMIT 1", run_id)[0][0]
+        assert accuracy > 0.9, (run_id, accuracy)
     # nothing the blocks started outlives them
     assert "ray start" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                              text=True, check=True).stdout

@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
     args = _parser().parse_args(argv)
     if die_with_parent:
         lifecycle.die_with_parent()
+    else:  # started by hand: not by the launcher, which sets the allocator in the environment
+        lifecycle.keep_large_blocks_mapped()
     setup_logging(args.role, getattr(args, "rank", 0))
     token = join_token(args.role, getattr(args, "rank", 0))
     try:

@@ -13,6 +13,11 @@ from engine.transport.admission import credential
 from engine.wire.messages import Hello, RoleName
 
 _PR_SET_PDEATHSIG = 1
+# glibc's mallopt parameters, and the values the launcher gives every role in its environment
+# (engine.launcher._MALLOC_ENV: large frames stay mapped instead of being returned and faulted
+# in again, measured 25-47 % more push/pull throughput).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_TRIM_BYTES, _MMAP_BYTES = 268435456, 33554432
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -27,6 +32,19 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def keep_large_blocks_mapped() -> None:
+    """The launcher's allocator settings, for a role started without them in its environment
+    (by hand, ``psctl role``); a no-op off glibc or where the environment set them."""
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_BYTES)
+        libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES)
+    except (OSError, AttributeError):
+        return
 
 
 def setup_logging(role: str, rank: int) -> None:

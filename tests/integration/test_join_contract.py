@@ -1,9 +1,9 @@
-"""The join contract: every role started by hand with ``psctl role``, each bound to its own
-loopback address, as another scheduler (Slurm, Kubernetes) would start them."""
+"""The join contract's failures: a role that never arrives, a role without the run's secret.
+A run whose every role is started by hand on its own loopback address trains in
+tests/test_cluster_doc.py, which runs docs/cluster.md's commands."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
@@ -41,33 +41,6 @@ def _finish(processes: list[subprocess.Popen[str]], timeout: float) -> list[tupl
             out, err = process.communicate()
         ended.append((process.returncode, out + err))
     return ended
-
-
-def test_roles_started_by_hand_on_their_own_addresses_train_the_run(tmp_path: Path) -> None:
-    db, token = tmp_path / "joined.db", secrets.token_urlsafe(32)
-    coordinator, address = _coordinator(db, token, "--workers", "2", "--servers", "2",
-                                        "--dataset", "digits", "--epochs", "8")
-    contract = {"PSCTL_COORDINATOR": address, "PSCTL_TOKEN": token}
-    places = {("server", 0): "127.0.0.11", ("server", 1): "127.0.0.12",
-              ("worker", 0): "127.0.0.13", ("worker", 1): "127.0.0.14",
-              ("evaluator", 0): "127.0.0.15"}
-    roles = [_role(role, "--host", host, env=contract | (
-        {} if role == "evaluator" else {"PSCTL_RANK": str(rank)}))
-        for (role, rank), host in places.items()]
-    ended = _finish([coordinator, *roles], timeout=240)
-    assert all(code == 0 for code, _ in ended), ended
-    assert "finished run" in ended[0][1]
-    [(status,)] = query(db, "SELECT status FROM runs")
-    accuracy = query(db, "SELECT accuracy FROM evaluations ORDER BY at DESC LIMIT 1")[0][0]
-    assert status == "finished" and accuracy > 0.9
-    joined = {(d["role"], d["rank"]): d["node"] for d in (
-        json.loads(detail) for (detail,) in query(
-            db, "SELECT detail FROM events WHERE kind = 'process_joined'"))}
-    assert joined == places
-    # each server listens on its own address, where the workers reached it
-    listening = [json.loads(d)["address"] for (d,) in query(
-        db, "SELECT detail FROM events WHERE kind = 'server_listening'")]
-    assert sorted(a.rsplit(":", 1)[0] for a in listening) == ["ws://127.0.0.11", "ws://127.0.0.12"]
 
 
 def test_a_role_that_never_arrives_is_named_when_the_wait_ends(tmp_path: Path) -> None:

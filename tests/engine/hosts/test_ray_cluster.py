@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import socket
+import subprocess
 import time
 from pathlib import Path
 from types import ModuleType
@@ -71,3 +72,71 @@ def test_the_defaults_spread_one_cpu_per_role() -> None:
     config = build_config({}, {"cluster.backend": "ray"})
     assert (config.ray.address, config.ray.placement) == ("auto", "spread")
     assert (config.ray.worker_cpus, config.ray.server_cpus, config.ray.worker_gpus) == (1, 1, 0)
+
+
+class _RayError(Exception):
+    pass
+
+
+class _Ref:
+    def __init__(self, value: object = None, *, ready: bool = True) -> None:
+        self.value, self.ready = value, ready
+
+
+class _FakeRay:
+    """What RayRole uses of Ray: wait, get and RayError, over refs a test resolves by hand."""
+
+    class exceptions:  # Ray spells it so
+        RayError = _RayError
+
+    def wait(self, refs: list[_Ref], timeout: float = 0) -> tuple[list[_Ref], list[_Ref]]:
+        return [r for r in refs if r.ready], [r for r in refs if not r.ready]
+
+    def get(self, ref: _Ref, timeout: float | None = None) -> object:
+        if isinstance(ref.value, Exception):
+            raise ref.value
+        return ref.value
+
+
+class _Method:
+    def __init__(self, answers: list[_Ref]) -> None:
+        self.answers, self.calls = answers, []
+
+    def remote(self, *args: object) -> _Ref:
+        self.calls.append(args)
+        return self.answers.pop(0) if self.answers else _Ref(None)
+
+
+class _Actor:
+    def __init__(self, exits: list[_Ref]) -> None:
+        self.wait_exit, self.signal = _Method(exits), _Method([])
+
+
+def test_a_role_is_running_until_its_exit_comes_back_and_the_wait_is_asked_again() -> None:
+    started = _Ref(None, ready=False)
+    actor = _Actor([_Ref(None), _Ref(0, ready=False)])
+    role = ray_cluster.RayRole(_FakeRay(), actor, started, Path("worker-0.log"))
+    assert role.poll() is None  # not started yet
+    role.send_signal(15)  # kept for when it has a pid
+    started.value, started.ready = (4242, "127.0.0.3", "vm"), True
+    assert role.poll() is None  # started; its first wait slice ended with the role running
+    assert (role.pid, role.node) == (4242, "127.0.0.3")
+    assert actor.signal.calls == [(4242, 15)]
+    assert len(actor.wait_exit.calls) == 2  # asked again
+    actor.wait_exit.answers = []
+    last = role._exit
+    assert isinstance(last, _Ref)
+    last.ready = True
+    assert role.poll() == 0 and role.wait(1) == 0
+
+
+def test_an_actor_that_died_reads_as_its_role_killed() -> None:
+    role = ray_cluster.RayRole(_FakeRay(), _Actor([_Ref(_RayError("actor died"))]),
+                               _Ref((7, "127.0.0.2", "vm")), Path("worker-1.log"))
+    assert role.poll() == -9
+    never = ray_cluster.RayRole(_FakeRay(), _Actor([]), _Ref(_RayError("no room")),
+                                Path("worker-2.log"))
+    assert never.poll() == -9
+    with pytest.raises(subprocess.TimeoutExpired):
+        ray_cluster.RayRole(_FakeRay(), _Actor([]), _Ref(None, ready=False),
+                            Path("w.log")).wait(0.2)
