@@ -64,7 +64,7 @@ def build_pushes(data_dir: str | None, *, warmup: int, pushes: int, seed: int = 
     from engine.worker.filters import GradientFilter, parse_prune
 
     data = load_dataset(dataset, Path(data_dir) if data_dir else None, allow_download=False)
-    spec = MLPSpec(data.train_x.shape[1], C.HIDDEN, int(data.spec.num_classes))
+    spec = MLPSpec(data.spec.input_dim, C.HIDDEN, int(data.spec.num_classes))
     model = FlatModel(spec, seed=seed)
     shards = RangePartitioner().ranges(spec.num_keys, SERVERS)
     filt = GradientFilter(parse_prune(PRUNE), [s.keys for s in spec.segments()], spec.num_keys)

@@ -184,13 +184,30 @@ class HeterogeneityConfig(_Frozen):
 
 
 class DataConfig(_Frozen):
-    dataset: str = Field("mnist", description="mnist, fashion-mnist or digits (offline)")
+    dataset: str = Field("mnist", description=(
+        "mnist, fashion-mnist, digits (offline), path/to/file.py:load or libsvm:PATH"))
     data_dir: str | None = Field(None, description="folder holding the data set's files")
     train_limit: int | None = Field(None, ge=1, description="use only the first N training samples")
 
+    @field_validator("dataset")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        from engine.datasets.sources import check_source
+
+        return check_source(value)
+
 
 class ModelConfig(_Frozen):
+    name: str = Field("mlp", description=(
+        "mlp, cnn (LeNet), logreg, or path/to/file.py:build (docs/models.md)"))
     hidden: tuple[int, ...] = Field((512, 512, 512), description="hidden layer widths of the MLP")
+
+    @field_validator("name")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        from engine.models.spec import check_model
+
+        return check_model(value)
 
 
 class OptimizerConfig(_Frozen):
@@ -288,6 +305,8 @@ class TrainConfig(_Frozen):
         False, description="prefetch the next pull during compute (asp only; adds staleness 1)"
     )
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$", description=(
+        "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda"))
     loop: str = Field("auto", description=(
         "worker loop (engine.worker.registry); auto: overlapped, delayed, downpour or plain as "
         "the settings need"))

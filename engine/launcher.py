@@ -27,6 +27,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from engine.config import RunConfig
+from engine.datasets.sources import label
 from engine.db.schema import events, open_engine, translate_errors
 from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
 from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess
@@ -87,7 +88,7 @@ class LaunchResult:
 def default_run_name(config: RunConfig) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return (f"{config.sync.model}-w{config.cluster.workers}s{config.cluster.servers}-"
-            f"{config.data.dataset}-{stamp}")
+            f"{label(config.data.dataset)}-{stamp}")
 
 
 class NewRun:

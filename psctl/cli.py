@@ -60,7 +60,14 @@ def launch(
     jitter: Annotated[str | None, typer.Option(
         help="per-iteration compute noise, DISTRIBUTION:SIGMA, e.g. lognormal:0.3")] = None,
     dataset: Annotated[str | None, typer.Option(
-        help="mnist, fashion-mnist, or digits (bundled, offline) [mnist]")] = None,
+        help="mnist, fashion-mnist, digits (bundled, offline), path/to/file.py:load (a "
+        "function returning train_x, train_y, test_x, test_y) or libsvm:PATH [mnist]")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="mlp, cnn (LeNet), logreg, or path/to/file.py:build (a function build(input_shape, "
+        "num_classes) returning a torch.nn.Module) [mlp]")] = None,
+    device: Annotated[str | None, typer.Option(
+        help="where workers and the evaluator compute: auto (a GPU when there is one), cpu or "
+        "cuda[:N] [auto]")] = None,
     data_dir: Annotated[Path | None, typer.Option(
         help="folder with the data set's IDX files [env: PSCTL_DATA_DIR]")] = None,
     epochs: Annotated[int | None, typer.Option(help="passes over the training set [10]")] = None,

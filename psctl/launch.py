@@ -12,11 +12,14 @@ from rich.markup import escape
 
 from engine.backends import BACKENDS, RunHandle
 from engine.config import RunConfig, build_config
-from engine.datasets import locate
+from engine.datasets import get_spec, locate
+from engine.datasets.sources import is_user_source
 from engine.db import open_engine
 from engine.db.queries import progress
 from engine.errors import ConfigError, PsctlError
 from engine.launcher import LaunchResult, default_run_name
+from engine.models.device import check_here as check_device
+from engine.models.spec import builtin_layout
 from engine.roles.sampling import oversubscription, usable_cores
 from psctl.display import (
     Plan,
@@ -39,7 +42,13 @@ def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
     config = build_config(merged_values(layers(config_file, no_config=no_config)), overrides)
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     source = locate(config.data.dataset, data_dir, allow_download=True)
-    if source != "sklearn":
+    if not is_user_source(config.data.dataset):  # a user's data is loaded by the coordinator
+        spec = get_spec(config.data.dataset)
+        builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
+                       spec.num_classes)  # a model that cannot take these samples says so now
+    if config.cluster.backend == "local":  # a Ray cluster's GPUs are on its nodes, not here
+        check_device(config.train.device)
+    if source != "sklearn" and not is_user_source(config.data.dataset):
         pinned = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
         config = config.model_copy(update={"data": pinned})
     return config

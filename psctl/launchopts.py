@@ -13,7 +13,8 @@ from engine.config import RunConfig
 # Option name -> the setting it overrides (None: not given, the setting keeps its value).
 SETTINGS = {
     "name": "name", "workers": "cluster.workers", "servers": "cluster.servers",
-    "sync": "sync.model", "dataset": "data.dataset", "train_limit": "data.train_limit",
+    "sync": "sync.model", "dataset": "data.dataset", "model": "model.name",
+    "device": "train.device", "train_limit": "data.train_limit",
     "epochs": "train.epochs", "batch_size": "train.batch_size", "seed": "train.seed",
     "overlap": "train.overlap", "lr": "optimizer.lr", "momentum": "optimizer.momentum",
     "optimizer": "optimizer.name", "clip_norm": "optimizer.clip_norm",

@@ -132,13 +132,14 @@ def _pinned(config: RunConfig, located: dict[tuple[str, str | None], str]) -> Ru
     # As psctl launch does: the data set is found (or fetched) once, here, and its folder
     # pinned in the config, so every run's processes read the same files.
     from engine.datasets import locate
+    from engine.datasets.sources import is_user_source
 
     key = (config.data.dataset, config.data.data_dir)
     if key not in located:
         data_dir = Path(config.data.data_dir) if config.data.data_dir else None
         located[key] = locate(config.data.dataset, data_dir, allow_download=True)
     source = located[key]
-    if source == "sklearn":
+    if source == "sklearn" or is_user_source(config.data.dataset):
         return config
     pinned = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
     return config.model_copy(update={"data": pinned})

@@ -7,7 +7,8 @@ where files are looked for, how they are verified and how inputs are normalised.
 
 from __future__ import annotations
 
-from engine.datasets.loader import Dataset, load_dataset, locate
+from engine.datasets.dataset import Dataset
+from engine.datasets.loader import describe, load_dataset, locate
 from engine.datasets.registry import DatasetSpec, FileSpec, IdxFiles, dataset_names, get_spec
 from engine.datasets.resolve import ENV_VAR, cache_root
 
@@ -19,6 +20,7 @@ __all__ = [
     "IdxFiles",
     "cache_root",
     "dataset_names",
+    "describe",
     "get_spec",
     "load_dataset",
     "locate",

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from engine.datasets.dataset import Dataset
 from engine.datasets.idx import read_idx
 from engine.datasets.registry import DatasetSpec, get_spec
 from engine.datasets.resolve import find_files
+from engine.datasets.sources import is_user_source, load_user_source, locate_user_source
 from engine.errors import ConfigError, DataError, DatasetFormatError
 
 # The digits split: a permutation from numpy.random.default_rng(DIGITS_SEED); its last
@@ -28,27 +29,6 @@ DIGITS_TEST_FRACTION = 0.2
 SKLEARN_SOURCE = "sklearn"
 
 
-@dataclass(frozen=True, eq=False)  # eq=False: comparing arrays elementwise has no single truth
-class Dataset:
-    """A loaded data set. Inputs are float32 ``(N, input_dim)``, labels int64 ``(N,)``."""
-
-    spec: DatasetSpec
-    train_x: np.ndarray
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    source: str
-    # The statistics applied, in raw pixel units, to normalise further inputs the same way.
-    pixel_mean: float = 0.0
-    pixel_std: float = 1.0
-
-    def __repr__(self) -> str:
-        return (
-            f"Dataset({self.spec.name!r}, train={self.train_x.shape}, test={self.test_x.shape}, "
-            f"source={self.source!r})"
-        )
-
-
 def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = False) -> str:
     """Where :func:`load_dataset` would load ``name`` from, checked without decoding anything.
 
@@ -56,11 +36,22 @@ def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = Fa
     and md5); with ``allow_download`` missing files are fetched into the cache, so that workers
     started afterwards find them there.
     """
+    if is_user_source(name):
+        return locate_user_source(name)
     spec = get_spec(name)
     if spec.files is None:
         _require_sklearn()
         return SKLEARN_SOURCE
     return str(find_files(spec, data_dir, allow_download=allow_download))
+
+
+def describe(name: str, data_dir: Path | None = None, *,
+             train_limit: int | None = None) -> DatasetSpec:
+    """The spec of ``name``: the registry's for a named data set; a user's is loaded to learn
+    its sample shape and classes."""
+    if is_user_source(name):
+        return load_user_source(name, train_limit=_check_limit(train_limit)).spec
+    return get_spec(name)
 
 
 def load_dataset(
@@ -71,6 +62,8 @@ def load_dataset(
     train_limit: int | None = None,
 ) -> Dataset:
     """Load, verify and normalise ``name``; ``train_limit`` keeps the first N training samples."""
+    if is_user_source(name):
+        return load_user_source(name, train_limit=_check_limit(train_limit))
     spec = get_spec(name)
     limit = _check_limit(train_limit)
     if spec.files is None:
@@ -82,11 +75,12 @@ def load_dataset(
         train_x, train_y, test_x, test_y = _load_idx(spec, directory, limit)
     _check_features(spec, train_x, test_x)
     train_x, test_x, mean, std = _standardise(train_x, test_x)
+    shape = spec.sample_shape
     return Dataset(
         spec=spec,
-        train_x=train_x,
+        train_x=train_x.reshape(len(train_x), *shape),
         train_y=train_y,
-        test_x=test_x,
+        test_x=test_x.reshape(len(test_x), *shape),
         test_y=test_y,
         source=source,
         pixel_mean=mean,

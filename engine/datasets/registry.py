@@ -48,10 +48,16 @@ class DatasetSpec:
     num_classes: int
     files: IdxFiles | None = None
     mirrors: tuple[str, ...] = ()
+    # The shape of one sample, (channels, height, width) for images; () means (input_dim,).
+    input_shape: tuple[int, ...] = ()
 
     @property
     def needs_files(self) -> bool:
         return self.files is not None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.input_shape or (self.input_dim,)
 
 
 def _mnist_style(
@@ -72,6 +78,7 @@ def _mnist_style(
         num_classes=10,
         files=IdxFiles(*specs),
         mirrors=mirrors,
+        input_shape=(1, 28, 28),
     )
 
 
@@ -108,6 +115,7 @@ DIGITS = DatasetSpec(
     description="scikit-learn's bundled 8x8 digits, 1797 samples; needs no network",
     input_dim=64,
     num_classes=10,
+    input_shape=(1, 8, 8),
 )
 
 # Module-level so that tests can register a tiny synthetic data set with monkeypatch.setitem.

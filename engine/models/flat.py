@@ -1,53 +1,75 @@
 """The torch model, with every parameter and gradient a view into one flat float32 buffer.
 
 Flat buffers let a worker pull straight into its parameters and push its gradient without
-gathering tensors: the key space of ``engine.models.spec`` is exactly the layout of these buffers.
+gathering tensors: the key space (``engine.models.build.layout_of``) is exactly the layout of
+these buffers. On a GPU the module's parameters are views into a device copy of the buffers, and
+values cross between host and device once per hop: the pulled values in before the forward pass,
+the gradient out after the backward pass.
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
+from engine.config import ModelConfig
+from engine.datasets.registry import DatasetSpec
+from engine.keys import KeyLayout
+from engine.models.build import MLP, build_module, layout_of, trainable
 from engine.models.spec import MLPSpec
 
-
-class MLP(nn.Module):
-    def __init__(self, spec: MLPSpec) -> None:
-        super().__init__()
-        widths = spec.widths
-        self.layers = nn.ModuleList(
-            nn.Linear(fan_in, fan_out) for fan_in, fan_out in itertools.pairwise(widths)
-        )
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        hidden = inputs
-        for layer in self.layers[:-1]:
-            hidden = torch.relu(layer(hidden))
-        logits: torch.Tensor = self.layers[-1](hidden)
-        return logits
+__all__ = ["MLP", "FlatModel", "evaluate", "refresh_buffers", "train_step", "train_step_np"]
 
 
 class FlatModel:
-    """A model whose parameters and gradients live in two flat buffers (numpy views given)."""
+    """A model whose parameters and gradients live in two flat host buffers (numpy views given).
 
-    def __init__(self, spec: MLPSpec, *, seed: int) -> None:
-        torch.manual_seed(seed)
-        self.module = MLP(spec)
-        self.spec = spec
-        self.params = torch.zeros(spec.num_keys, dtype=torch.float32)
-        self.grads = torch.zeros(spec.num_keys, dtype=torch.float32)
-        named = dict(self.module.named_parameters())
-        for segment in spec.segments():
-            parameter = named[segment.name]
+    ``FlatModel(spec, seed=...)`` builds the MLP ``spec`` describes; ``FlatModel.of(module)``
+    takes any module (``engine.models.build.build_module``)."""
+
+    def __init__(self, spec: MLPSpec, *, seed: int, device: str = "cpu") -> None:
+        self._adopt(build_module("mlp", spec.hidden, (spec.input_dim,), spec.num_classes,
+                                 seed=seed), device)
+
+    @classmethod
+    def of(cls, module: nn.Module, *, device: str = "cpu") -> FlatModel:
+        model = cls.__new__(cls)
+        model._adopt(module, device)
+        return model
+
+    @classmethod
+    def for_run(cls, model: ModelConfig, data: DatasetSpec, *, seed: int,
+                device: str = "cpu") -> FlatModel:
+        """The model a run's settings name, for ``data``'s samples, on ``device``."""
+        return cls.of(build_module(model.name, model.hidden, data.sample_shape,
+                                   data.num_classes, seed=seed), device=device)
+
+    @property
+    def signature(self) -> str:
+        """What the model's cost depends on: its class and parameter shapes."""
+        shapes = ";".join(f"{s.name}{list(s.shape)}" for s in self.layout.segments)
+        return f"{type(self.module).__name__}:{shapes}"
+
+    def _adopt(self, module: nn.Module, device: str) -> None:
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        self.layout: KeyLayout = layout_of(module)
+        self.num_keys = self.layout.num_keys
+        self.params = torch.zeros(self.num_keys, dtype=torch.float32)
+        self.grads = torch.zeros(self.num_keys, dtype=torch.float32)
+        on_host = self.device.type == "cpu"
+        # On the host the module trains in the buffers themselves; elsewhere in device copies.
+        self._dparams = self.params if on_host else torch.zeros_like(self.params, device=device)
+        self._dgrads = self.grads if on_host else torch.zeros_like(self.grads, device=device)
+        for (_, parameter), segment in zip(trainable(module), self.layout.segments, strict=True):
             keys = slice(segment.keys.start, segment.keys.end)
-            self.params[keys].copy_(parameter.detach().reshape(-1))
-            parameter.data = self.params[keys].view(segment.shape)
-            parameter.grad = self.grads[keys].view(segment.shape)
+            self.params[keys].copy_(parameter.detach().reshape(-1).cpu())
+            parameter.data = self._dparams[keys].view(segment.shape)
+            parameter.grad = self._dgrads[keys].view(segment.shape)
+        self._dparams.copy_(self.params)
 
     @property
     def params_np(self) -> np.ndarray:
@@ -57,15 +79,32 @@ class FlatModel:
     def grads_np(self) -> np.ndarray:
         return self.grads.numpy()
 
+    @property
+    def on_host(self) -> bool:
+        return self._dparams is self.params
+
     def zero_grad(self) -> None:
-        self.grads.zero_()
+        self._dgrads.zero_()
+
+    def values_to_device(self) -> None:
+        """The pulled values (host buffer) into the module's parameters: one copy on a GPU."""
+        if not self.on_host:
+            self._dparams.copy_(self.params)
+
+    def gradient_to_host(self) -> None:
+        """The gradient into the host buffer that is pushed: one copy on a GPU."""
+        if not self.on_host:
+            self.grads.copy_(self._dgrads)
 
 
 def train_step(model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor) -> float:
     """Forward and backward; the gradient lands in ``model.grads``. Returns the batch loss."""
+    model.values_to_device()
     model.zero_grad()
-    loss = nn.functional.cross_entropy(model.module(inputs), targets)
+    device = model.device
+    loss = nn.functional.cross_entropy(model.module(inputs.to(device)), targets.to(device))
     cast(Any, loss).backward()  # torch's stubs leave backward untyped
+    model.gradient_to_host()
     return float(loss.detach())
 
 
@@ -78,11 +117,60 @@ def train_step_np(model: FlatModel, inputs: np.ndarray, targets: np.ndarray) -> 
 def evaluate(
     module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 4096
 ) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy loss) over the whole set."""
+    """(accuracy, mean cross-entropy loss) over the whole set, in eval mode (dropout off)."""
+    device = _device_of(module)
+    was_training = module.training
+    module.eval()
     correct, loss_sum = 0, 0.0
-    for start in range(0, len(inputs), batch_size):
-        logits = module(inputs[start : start + batch_size])
-        batch_targets = targets[start : start + batch_size]
-        loss_sum += float(nn.functional.cross_entropy(logits, batch_targets, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == batch_targets).sum())
+    try:
+        for start in range(0, len(inputs), batch_size):
+            logits = module(inputs[start : start + batch_size].to(device))
+            batch_targets = targets[start : start + batch_size].to(device)
+            loss_sum += float(nn.functional.cross_entropy(logits, batch_targets, reduction="sum"))
+            correct += int((logits.argmax(dim=1) == batch_targets).sum())
+    finally:
+        module.train(was_training)
     return correct / len(inputs), loss_sum / len(inputs)
+
+
+# Batch norm's running statistics are not keys (docs/models.md): the evaluator, which never
+# trains, estimates them afresh from this many training samples before each measurement.
+REFRESH_SAMPLES = 2048
+
+
+@torch.no_grad()
+def refresh_buffers(module: nn.Module, inputs: torch.Tensor, batch_size: int = 256) -> bool:
+    """Re-estimate every batch-norm layer's running mean and variance on ``inputs`` (a fixed
+    sample of the training set) with the current parameters; False when there are none."""
+    norms = [m for m in module.modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms or not len(inputs):
+        return False
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average over the batches below
+    device, was_training = _device_of(module), module.training
+    module.train()
+    try:
+        for start in range(0, min(len(inputs), REFRESH_SAMPLES), batch_size):
+            module(inputs[start : start + batch_size].to(device))
+    finally:
+        module.train(was_training)
+        for norm, momentum in zip(norms, momenta, strict=True):
+            norm.momentum = momentum
+    return True
+
+
+def calibration_sample(model: FlatModel, inputs: np.ndarray, seed: int) -> torch.Tensor | None:
+    """A fixed random sample of training ``inputs`` to refresh ``model``'s batch-norm statistics
+    from, or None when it has none to refresh."""
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.module.modules()):
+        return None
+    chosen = np.random.default_rng(seed).permutation(len(inputs))[:REFRESH_SAMPLES]
+    return torch.from_numpy(inputs[np.sort(chosen)])
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    first = next(module.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.aio import LoopThread
@@ -24,6 +24,7 @@ from engine.errors import (
 from engine.transport.base import Connection, Transport
 from engine.wire.messages import (
     ControlMessage,
+    Fatal,
     Hello,
     Message,
     Welcome,
@@ -106,6 +107,17 @@ class SyncControl:
 
     def send_and_wait(self, message: Message, timeout: float = 10.0) -> None:
         self._io.call(self._channel.send(message), timeout, f"sending {message.type}")  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def reporting(self) -> Iterator[None]:
+        """A setup error inside says its message to the coordinator before it propagates, so
+        that the run fails with the reason rather than with a lost connection."""
+        try:
+            yield
+        except PsctlError as exc:
+            with contextlib.suppress(PsctlError):
+                self.send_and_wait(Fatal(message=str(exc)), timeout=5.0)
+            raise
 
     def poll(self) -> list[ControlMessage | Lost]:
         messages = []

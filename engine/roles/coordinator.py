@@ -12,9 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import RunConfig
-from engine.datasets import get_spec
+from engine.datasets import describe
+from engine.datasets.sources import label
 from engine.errors import StoreError
-from engine.models.spec import MLPSpec
+from engine.keys import KeyLayout
+from engine.models.spec import builtin_layout
 from engine.recorder import Recorder
 from engine.roles.coordination import Coordinator, Resume
 from engine.roles.lifecycle import this_machine
@@ -29,9 +31,20 @@ RECORDER_CHECK_S = 0.5
 log = logging.getLogger(__name__)
 
 
-def model_spec(config: RunConfig) -> MLPSpec:
-    dataset = get_spec(config.data.dataset)
-    return MLPSpec(dataset.input_dim, config.model.hidden, dataset.num_classes)
+def model_layout(config: RunConfig) -> KeyLayout:
+    """The key layout of the run's model: arithmetic for a built-in one, read from the module a
+    user's file builds otherwise (the one place the coordinator imports torch)."""
+    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+    data = describe(config.data.dataset, data_dir, train_limit=config.data.train_limit)
+    layout = builtin_layout(config.model.name, config.model.hidden, data.sample_shape,
+                            data.num_classes)
+    if layout is None:
+        from engine.models.build import build_module, layout_of
+
+        layout = layout_of(build_module(config.model.name, config.model.hidden,
+                                        data.sample_shape, data.num_classes,
+                                        seed=config.train.seed))
+    return layout
 
 
 async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, db: Path,
@@ -44,7 +57,7 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     if resume is None:
         recorder.start_run(run_id, name, config.to_json_dict(), sync=config.sync.model,
                            workers=config.cluster.workers, servers=config.cluster.servers,
-                           dataset=config.data.dataset)
+                           dataset=label(config.data.dataset))
     else:
         recorder.resume_run(run_id)
         recorder.record_event(EventRecord(at=time.time(), kind="resumed", detail={
@@ -56,7 +69,7 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
         sampler = PsutilSampler()
         sampler.watch("coordinator", 0, os.getpid())
         coordinator = Coordinator(config, run_id=run_id, token=token, recorder=recorder,
-                                  layout=model_spec(config).layout(), sampler=sampler,
+                                  layout=model_layout(config), sampler=sampler,
                                   folder=folder, resume=resume)
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)

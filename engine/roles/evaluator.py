@@ -17,11 +17,11 @@ from engine.config import RunConfig
 from engine.datasets import load_dataset
 from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
-from engine.models.flat import FlatModel, evaluate
-from engine.models.spec import MLPSpec
+from engine.models import device as devices
+from engine.models.flat import FlatModel, calibration_sample, evaluate, refresh_buffers
 from engine.roles.control import Lost, SyncControl
 from engine.roles.lifecycle import hello
-from engine.roles.worker import connect_client
+from engine.roles.worker import check_layout, connect_client
 from engine.transport.base import Transport
 from engine.wire.messages import Evaluate, Evaluation, Exit, Stop
 from engine.wire.protocol import ANY_CLOCK, Role
@@ -31,14 +31,20 @@ from engine.worker.client import ParameterClient
 
 class Evaluator:
     def __init__(self, model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor,
-                 client: ParameterClient, started_at: float) -> None:
+                 client: ParameterClient, started_at: float,
+                 calibration: torch.Tensor | None = None) -> None:
         self.model, self.inputs, self.targets = model, inputs, targets
         self.client, self.started_at = client, started_at
-        self.keys = KeyRange(0, model.spec.num_keys)
+        self.keys = KeyRange(0, model.num_keys)
+        # Training samples to re-estimate batch-norm statistics from (docs/models.md).
+        self.calibration = calibration
 
     def measure(self, epoch: float) -> EvaluationRecord:
         pulled = self.client.wait(self.client.pull(self.keys, self.model.params_np,
                                                    clock=ANY_CLOCK))
+        self.model.values_to_device()
+        if self.calibration is not None:
+            refresh_buffers(self.model.module, self.calibration)
         accuracy, loss = evaluate(self.model.module, self.inputs, self.targets)
         now = time.time()
         return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0),
@@ -72,10 +78,13 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str,
                                         token=token, timeout=60.0)
     config = RunConfig.model_validate(welcome.config)
     torch.set_num_threads(config.train.torch_threads)
-    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
-    dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
-    model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
-                              dataset.spec.num_classes), seed=config.train.seed)
+    with control.reporting():
+        data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+        dataset = load_dataset(config.data.dataset, data_dir,
+                               train_limit=config.data.train_limit)
+        model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
+                                  device=devices.resolve(config.train.device))
+        check_layout(model, welcome)
     try:
         client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io,
                                 control=control)
@@ -89,7 +98,8 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str,
             return
         raise
     evaluator = Evaluator(model, torch.from_numpy(dataset.test_x),
-                          torch.from_numpy(dataset.test_y), client, welcome.started_at)
+                          torch.from_numpy(dataset.test_y), client, welcome.started_at,
+                          calibration_sample(model, dataset.train_x, config.train.seed))
     try:
         serve_requests(evaluator, control)
     finally:

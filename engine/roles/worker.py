@@ -10,10 +10,11 @@ import torch
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
+from engine.errors import RunFailed
 from engine.faults import FaultPlan
 from engine.keys import KeyRange
+from engine.models import device as devices
 from engine.models.flat import FlatModel
-from engine.models.spec import MLPSpec
 from engine.roles.control import SyncControl
 from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
@@ -39,14 +40,17 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
                                         token=token, timeout=60.0)
     config = RunConfig.model_validate(welcome.config)
     torch.set_num_threads(config.train.torch_threads)
-    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
-    dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
-    # A worker that joined a scaled job may have a rank past the count it was given.
-    shard = shard_for(dataset.train_x, dataset.train_y, rank=rank % config.cluster.workers,
-                      workers=config.cluster.workers, seed=config.train.seed,
-                      batch_size=config.train.batch_size)
-    model = FlatModel(MLPSpec(dataset.spec.input_dim, config.model.hidden,
-                              dataset.spec.num_classes), seed=config.train.seed)
+    with control.reporting():  # a bad data or model file fails the run with its reason
+        data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+        dataset = load_dataset(config.data.dataset, data_dir,
+                               train_limit=config.data.train_limit)
+        # A worker that joined a scaled job may have a rank past the count it was given.
+        shard = shard_for(dataset.train_x, dataset.train_y, rank=rank % config.cluster.workers,
+                          workers=config.cluster.workers, seed=config.train.seed,
+                          batch_size=config.train.batch_size)
+        model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
+                                  device=devices.resolve(config.train.device))
+        check_layout(model, welcome)
     client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io,
                             wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress,
                                                keeps_copy=config.comm.pull_filter != "none",
@@ -63,6 +67,17 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
         client.close()
         control.close()
         io.stop()
+
+
+def check_layout(model: FlatModel, welcome: Welcome) -> None:
+    """The model built here must be the one the coordinator laid the keys out for: a model file
+    that builds something else on another node would otherwise train garbage."""
+    expected = [(s.name, tuple(s.shape)) for s in welcome.segments]
+    built = [(s.name, s.shape) for s in model.layout.segments]
+    if built != expected:
+        first = next((f"{b} here, {e} there" for b, e in zip(built, expected, strict=False)
+                      if b != e), f"{len(built)} parameters here, {len(expected)} there")
+        raise RunFailed(f"the model built here differs from the coordinator's: {first}")
 
 
 def link_faults(config: RunConfig) -> LinkFaults | None:

@@ -94,24 +94,23 @@ class SimCluster:
 
         from engine.datasets import load_dataset
         from engine.models.flat import FlatModel
-        from engine.models.spec import MLPSpec
 
         cfg = self.config
         # As each worker process does: more intra-op threads than cores spin against each other.
         torch.set_num_threads(cfg.train.torch_threads)
         data_dir = Path(cfg.data.data_dir) if cfg.data.data_dir else None
         data = load_dataset(cfg.data.dataset, data_dir, train_limit=cfg.data.train_limit)
-        spec = MLPSpec(data.spec.input_dim, cfg.model.hidden, data.spec.num_classes)
-        model = FlatModel(spec, seed=cfg.train.seed)
+        model = FlatModel.for_run(cfg.model, data.spec, seed=cfg.train.seed)
+        layout = model.layout
         costs = costs_for(cfg, model, data.train_x, data.train_y)
         self._event("simulated", network=cfg.sim.network,
                     server_network=cfg.sim.server_network or cfg.sim.network,
-                    **costs.as_detail(spec.num_keys))
+                    **costs.as_detail(model.num_keys))
         self.shared = SharedModel(model)
         self._test = data.test_x, data.test_y
         self.network = Network()
-        self.servers = self._servers(spec.layout(), costs, model.params_np)
-        workers = [self._worker(rank, spec.layout(), costs, data.train_x, data.train_y)
+        self.servers = self._servers(layout, costs, model.params_np)
+        workers = [self._worker(rank, layout, costs, data.train_x, data.train_y)
                    for rank in range(cfg.cluster.workers)]
         per_epoch = workers[0].shard.iterations_per_epoch
         for server in self.servers:  # schedules by epoch: as the coordinator's Start tells them

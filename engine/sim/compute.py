@@ -62,7 +62,7 @@ def cache_path() -> Path:
 def costs_for(config: RunConfig, model: FlatModel, inputs: np.ndarray,
               targets: np.ndarray) -> Costs:
     """The run's costs: given ones as given, the rest measured (or read from the cache)."""
-    sim, num_keys = config.sim, model.spec.num_keys
+    sim, num_keys = config.sim, model.num_keys
     compute_s = (sim.compute_ms / 1e3 if sim.compute_ms is not None
                  else _cached(_compute_key(config, model), lambda: _time_compute(
                      model, inputs, targets, config.train.batch_size)))
@@ -76,14 +76,14 @@ def costs_for(config: RunConfig, model: FlatModel, inputs: np.ndarray,
 def _compute_key(config: RunConfig, model: FlatModel) -> str:
     import torch
 
-    return (f"compute|widths={','.join(map(str, model.spec.widths))}|batch="
+    return (f"compute|model={model.signature}|batch="
             f"{config.train.batch_size}|threads={config.train.torch_threads}|torch="
             f"{torch.__version__}")
 
 
 def _update_key(config: RunConfig, model: FlatModel) -> str:
     opt = config.optimizer
-    return (f"push|keys={model.spec.num_keys}|optimizer={opt.name}|momentum="
+    return (f"push|keys={model.num_keys}|optimizer={opt.name}|momentum="
             f"{opt.momentum:g}|nesterov={opt.nesterov}|weight_decay={opt.weight_decay:g}")
 
 

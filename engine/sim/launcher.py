@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import RunConfig
+from engine.datasets.sources import label
 from engine.errors import PsctlError
 from engine.launcher import LaunchResult, NewRun
 from engine.recorder import Recorder
@@ -44,7 +45,7 @@ class SimLauncher(NewRun):
         cfg = self.config
         recorder.start_run(self.run_id, self.name, cfg.to_json_dict(), sync=cfg.sync.model,
                            workers=cfg.cluster.workers, servers=cfg.cluster.servers,
-                           dataset=cfg.data.dataset, started_at=epoch)
+                           dataset=label(cfg.data.dataset), started_at=epoch)
         self._thread = threading.Thread(target=self._simulate, args=(recorder, epoch),
                                         name="psctl-sim", daemon=True)
         self._thread.start()

@@ -25,7 +25,7 @@ from engine.config import RunConfig, build_config
 from engine.datasets import load_dataset
 from engine.errors import ConnectionClosed
 from engine.roles.coordination import Coordinator
-from engine.roles.coordinator import model_spec
+from engine.roles.coordinator import model_layout
 from engine.roles.evaluator import run_evaluator
 from engine.roles.server import run_server
 from engine.roles.worker import run_worker
@@ -137,7 +137,7 @@ def run_cluster(overrides: dict[str, Any], *, timeout: float = 60.0) -> Outcome:
                 config,
                 run_id=uuid.uuid4().hex,
                 token=TOKEN,
-                layout=model_spec(config).layout(),
+                layout=model_layout(config),
                 recorder=sink,
             )
             return coordinator, await coordinator.start(transport, "coordinator", 0)
@@ -327,7 +327,7 @@ def test_a_worker_cannot_join_as_another_and_the_run_goes_on() -> None:
 
     async def impostor() -> tuple[str, bool, list[str]]:
         coordinator = Coordinator(config, run_id=uuid.uuid4().hex, token=TOKEN,
-                                  layout=model_spec(config).layout(), recorder=sink)
+                                  layout=model_layout(config), recorder=sink)
         address = await coordinator.start(transport, "coordinator", 0)
         connection = await transport.connect(address, token=credential(TOKEN, "worker", 1),
                                              timeout=5)

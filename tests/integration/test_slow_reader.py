@@ -37,7 +37,7 @@ from websockets.asyncio.client import connect
 
 from engine.keys import KeyRange
 from engine.launcher import Launcher
-from engine.roles.coordinator import model_spec
+from engine.roles.coordinator import model_layout
 from engine.transport.websocket import TOKEN_HEADER
 from engine.wire.protocol import ANY_CLOCK, Frame, MsgType, Role, decode, encode
 from engine.wire.records import RunStatus
@@ -178,7 +178,7 @@ def _attack(launcher: Launcher, sampler: RssSampler) -> dict[str, Any]:
              "training to start")
     address, token = server_address(db), launcher.join_token
     run = bytes.fromhex(launcher.run_id)[:16]
-    shard = KeyRange(0, model_spec(launcher.config).num_keys)  # one server holds every key
+    shard = KeyRange(0, model_layout(launcher.config).num_keys)  # one server holds every key
     windows: dict[str, tuple[float, float]] = {}
     out: dict[str, Any] = {"windows": windows, "shard_keys": len(shard)}
 

@@ -11,7 +11,7 @@ from engine.config import RunConfig, build_config
 from engine.errors import LaunchError
 from engine.keys import KeyRange
 from engine.recorder import Recorder
-from engine.roles.coordinator import model_spec
+from engine.roles.coordinator import model_layout
 from engine.roles.server import build_shard
 from engine.server.checkpoint import save
 from engine.wire.records import EventRecord, RunStatus
@@ -37,7 +37,7 @@ def _record(db: Path, run_id: str, status: RunStatus, folder: Path | None) -> No
 
 def _save_shards(folder: Path, workers: int) -> None:
     config = _config(workers)
-    layout = model_spec(config).layout()
+    layout = model_layout(config)
     half = layout.num_keys // 2
     for index, keys in enumerate((KeyRange(0, half), KeyRange(half, layout.num_keys))):
         state = build_shard(config, keys, layout)

@@ -149,7 +149,7 @@ def digits() -> Dataset:
 
 def test_digits_shapes_and_split(digits: Dataset) -> None:
     assert digits.source == "sklearn" == locate("digits")
-    assert digits.train_x.shape == (1438, 64) and digits.test_x.shape == (359, 64)
+    assert digits.train_x.shape == (1438, 1, 8, 8) and digits.test_x.shape == (359, 1, 8, 8)
     assert digits.train_y.shape == (1438,) and digits.test_y.shape == (359,)
     assert set(np.unique(digits.test_y)) == set(range(10))
 
@@ -158,7 +158,7 @@ def test_digits_split_is_a_partition_of_the_original(digits: Dataset) -> None:
     from sklearn.datasets import load_digits
 
     original = load_digits()
-    restored = np.concatenate([digits.train_x, digits.test_x]) * digits.pixel_std
+    restored = np.concatenate([digits.train_x, digits.test_x]).reshape(-1, 64) * digits.pixel_std
     restored = np.rint(restored + digits.pixel_mean).astype(np.int64)
     labels = np.concatenate([digits.train_y, digits.test_y])
     assert restored.min() == 0 and restored.max() == 16
@@ -171,7 +171,7 @@ def test_digits_split_is_a_partition_of_the_original(digits: Dataset) -> None:
 
 def test_digits_is_deterministic_and_limitable(digits: Dataset) -> None:
     again = load_dataset("digits", train_limit=100)
-    assert again.train_x.shape == (100, 64)
+    assert again.train_x.shape == (100, 1, 8, 8)
     np.testing.assert_array_equal(again.train_y, digits.train_y[:100])
     np.testing.assert_array_equal(again.test_y, digits.test_y)
 
@@ -191,7 +191,7 @@ def test_real_mnist() -> None:
     assert SHARED is not None
     data = load_dataset("mnist", SHARED, allow_download=False)
     assert data.source == str(SHARED / "mnist")
-    assert data.train_x.shape == (60000, 784) and data.test_x.shape == (10000, 784)
+    assert data.train_x.shape == (60000, 1, 28, 28) and data.test_x.shape == (10000, 1, 28, 28)
     assert data.train_y.shape == (60000,) and data.test_y.shape == (10000,)
     assert np.bincount(data.train_y).tolist() == MNIST_TRAIN_COUNTS
     assert data.pixel_mean == pytest.approx(0.1307 * 255, rel=1e-3)
@@ -202,7 +202,7 @@ def test_real_mnist() -> None:
 def test_real_fashion_mnist_through_the_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, str(SHARED))
     data = load_dataset("fashion-mnist", allow_download=False, train_limit=500)
-    assert data.train_x.shape == (500, 784) and data.test_x.shape == (10000, 784)
+    assert data.train_x.shape == (500, 1, 28, 28) and data.test_x.shape == (10000, 1, 28, 28)
     assert np.bincount(data.test_y).tolist() == [1000] * 10
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -100,8 +102,9 @@ def test_module_output_follows_a_full_copy_into_the_buffer() -> None:
 
 
 def reference_grads(flat: FlatModel, inputs: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
-    module = MLP(flat.spec)
-    module.load_state_dict(flat.module.state_dict())
+    module = copy.deepcopy(flat.module)  # its own storage, the same values
+    for parameter in module.parameters():
+        parameter.grad = None
     nn.functional.cross_entropy(module(inputs), targets).backward()
     return torch.cat([p.grad.reshape(-1) for p in module.parameters()]).numpy()  # type: ignore[union-attr]
 

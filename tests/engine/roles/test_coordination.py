@@ -18,7 +18,7 @@ from engine.roles.coordination import (
     join_deadline_s,
     join_failure,
 )
-from engine.roles.coordinator import model_spec
+from engine.roles.coordinator import model_layout
 from engine.transport import MemoryTransport
 from engine.wire.messages import Hello, Welcome, dump_control, parse_control
 from engine.wire.records import RunStatus
@@ -93,7 +93,7 @@ def test_a_failing_recorder_ends_the_run_instead_of_hanging_it() -> None:
     async def scenario() -> tuple[RunStatus, str | None]:
         transport = MemoryTransport()
         coordinator = Coordinator(run, run_id=uuid.uuid4().hex, token=TOKEN,
-                                  layout=model_spec(run).layout(), recorder=sink)
+                                  layout=model_layout(run), recorder=sink)
         address = await coordinator.start(transport, "coordinator", 0)
         ending = asyncio.create_task(coordinator.run())
         # A server joins: its process_joined event is the first write, and it fails.
@@ -112,7 +112,7 @@ def test_fail_settles_the_run_even_when_it_cannot_be_recorded() -> None:
 
     async def scenario() -> tuple[RunStatus, str | None]:
         coordinator = Coordinator(run, run_id=uuid.uuid4().hex, token=TOKEN,
-                                  layout=model_spec(run).layout(), recorder=BrokenSink())
+                                  layout=model_layout(run), recorder=BrokenSink())
         coordinator.fail("worker 1 failed: out of memory")
         return await asyncio.wait_for(coordinator.outcome, 1)
 
@@ -125,7 +125,7 @@ def test_roles_wait_for_their_peers_as_long_as_the_run_lets_them_join() -> None:
     async def welcome_config() -> dict[str, Any]:
         transport = MemoryTransport()
         coordinator = Coordinator(large, run_id=uuid.uuid4().hex, token=TOKEN,
-                                  layout=model_spec(large).layout(), recorder=QuietSink())
+                                  layout=model_layout(large), recorder=QuietSink())
         address = await coordinator.start(transport, "coordinator", 0)
         connection = await transport.connect(address, token=TOKEN, timeout=5)
         await connection.send(dump_control(Hello(role="server", rank=0, pid=1)))
@@ -167,7 +167,7 @@ def test_a_diverged_model_fails_the_run_and_records_no_nan() -> None:
 
     async def scenario() -> tuple[RunStatus, str | None]:
         coordinator = Coordinator(run, run_id=uuid.uuid4().hex, token=TOKEN,
-                                  layout=model_spec(run).layout(), recorder=Keeping())
+                                  layout=model_layout(run), recorder=Keeping())
         row = EvaluationRecord(at=1.0, elapsed_s=1.0, step=40, accuracy=0.1135,
                                loss=float("nan"), epoch=1.5)
         coordinator._on_evaluation(Evaluation(row=row, final=False))

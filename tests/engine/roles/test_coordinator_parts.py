@@ -49,7 +49,7 @@ class _Events:
 
 def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once() -> None:
     from engine.config import build_config
-    from engine.roles.coordinator import model_spec
+    from engine.roles.coordinator import model_layout
     from engine.roles.peer import Peer
     from engine.wire.messages import Chain, Promote, parse_control
 
@@ -64,7 +64,7 @@ def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once()
                                    "cluster.servers": 2, "cluster.replicas": 1})
         events = _Events()
         coordinator = Coordinator(config, run_id="f" * 32, token="t",
-                                  layout=model_spec(config).layout(), recorder=events,
+                                  layout=model_layout(config), recorder=events,
                                   kill=kill)
         silent, backup = _Connection(), _Connection()
         peers = [Peer("server", 0, silent, welcomed=True, pid=4242),  # type: ignore[arg-type]
@@ -91,13 +91,13 @@ def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once()
 def test_moves_are_refused_where_a_snapshot_cannot_carry_a_ranges_whole_state(
         settings: dict[str, str], says: str | None, tmp_path: Path) -> None:
     from engine.config import build_config
-    from engine.roles.coordinator import model_spec
+    from engine.roles.coordinator import model_layout
 
     async def refusal() -> str | None:
         config = build_config({}, {"data.dataset": "digits", "cluster.workers": 2,
                                    "cluster.servers": 2, "cluster.replicas": 1, **settings})
         coordinator = Coordinator(config, run_id="e" * 32, token="t",
-                                  layout=model_spec(config).layout(), recorder=_Events(),
+                                  layout=model_layout(config), recorder=_Events(),
                                   folder=tmp_path)
         first = coordinator.move_refusal()
         coordinator.membership.scale_to(3)  # a job whose workers changed cannot move ranges
@@ -111,12 +111,12 @@ def test_moves_are_refused_where_a_snapshot_cannot_carry_a_ranges_whole_state(
 
 def test_without_a_run_folder_nothing_moves() -> None:
     from engine.config import build_config
-    from engine.roles.coordinator import model_spec
+    from engine.roles.coordinator import model_layout
 
     async def refusal() -> str | None:
         config = build_config({}, {"data.dataset": "digits"})
         return Coordinator(config, run_id="e" * 32, token="t",
-                           layout=model_spec(config).layout(),
+                           layout=model_layout(config),
                            recorder=_Events()).move_refusal()
 
     assert "no folder" in str(asyncio.run(refusal()))

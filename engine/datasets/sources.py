@@ -1,0 +1,170 @@
+"""Data sets a user brings: ``path/to/file.py:load`` and ``libsvm:PATH``.
+
+A loader file defines ``load() -> (train_x, train_y, test_x, test_y)``: numpy arrays (or anything
+``numpy.asarray`` takes), inputs of any sample shape, labels integers 0..K-1. Its arrays are used
+as given (cast to float32, never normalised: the loader knows its data). ``libsvm:PATH`` reads an
+svmlight/libsvm text file with scikit-learn; ``PATH.t`` beside it, as LIBSVM's own data sets ship,
+is the test set, otherwise a seeded fifth of the file is held out. Labels of either kind of file
+are mapped, in sorted order, to 0..K-1 (libsvm's -1/+1 become 0/1).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.datasets.dataset import Dataset
+from engine.datasets.registry import DatasetSpec
+from engine.errors import ConfigError, DataError, DatasetFormatError
+from engine.userfiles import parse_file_ref
+
+LIBSVM = "libsvm:"
+HOLDOUT_SEED = 0
+HOLDOUT_FRACTION = 0.2
+# Dense float32 inputs beyond this are refused with the size they would take, not swapped to.
+MAX_DENSE_BYTES = 4 << 30
+
+
+def is_user_source(text: str) -> bool:
+    name = text.strip()
+    return name.startswith(LIBSVM) or name.rpartition(":")[0].endswith(".py") \
+        or name.endswith(".py")
+
+
+def label(text: str) -> str:
+    """A short name for run names and tables: the file's stem for a user data set."""
+    name = text.strip()
+    if name.startswith(LIBSVM):
+        return Path(name.removeprefix(LIBSVM)).name
+    if is_user_source(name):
+        return Path(name.rpartition(":")[0] if ":" in name else name).stem
+    return name
+
+
+def check_source(text: str) -> str:
+    """A ``--dataset`` value made canonical: user files get absolute paths (and must exist)."""
+    name = text.strip()
+    if name.startswith(LIBSVM):
+        return LIBSVM + str(_libsvm_path(name))
+    ref = parse_file_ref(name, what="dataset", default_function="load")
+    return name if ref is None else str(ref)
+
+
+def locate_user_source(text: str) -> str:
+    """Where a user data set comes from (checked to exist; nothing is loaded)."""
+    return check_source(text).removeprefix(LIBSVM)
+
+
+def load_user_source(text: str, *, train_limit: int | None = None) -> Dataset:
+    name = check_source(text)
+    if name.startswith(LIBSVM):
+        path = Path(name.removeprefix(LIBSVM))
+        arrays, source = _load_libsvm(path), str(path)
+    else:
+        arrays, source = _call_loader(name), name.rpartition(":")[0]
+    train_x, train_y, test_x, test_y = arrays
+    train_x, train_y = train_x[:train_limit], train_y[:train_limit]
+    shape = tuple(int(n) for n in train_x.shape[1:])
+    spec = DatasetSpec(name=name, description=f"user data set {name}",
+                       input_dim=math.prod(shape), num_classes=int(max(train_y.max(),
+                                                                       test_y.max())) + 1,
+                       input_shape=shape)
+    return Dataset(spec=spec, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
+                   source=source)
+
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _call_loader(name: str) -> Arrays:
+    from engine.userfiles import call_user_function
+
+    result = call_user_function(name, what="dataset")
+    if not isinstance(result, tuple | list) or len(result) != 4:
+        raise DatasetFormatError(f"dataset {name}: load() must return (train_x, train_y, "
+                                 f"test_x, test_y), got {type(result).__name__}")
+    train_x, test_x = (_inputs(name, part, value) for part, value in
+                       (("train_x", result[0]), ("test_x", result[2])))
+    train_y, test_y = _integer_labels(name, result[1], result[3])
+    _check_split(name, "train", train_x, train_y)
+    _check_split(name, "test", test_x, test_y)
+    if train_x.shape[1:] != test_x.shape[1:]:
+        raise DatasetFormatError(f"dataset {name}: train samples have shape "
+                                 f"{train_x.shape[1:]}, test samples {test_x.shape[1:]}")
+    return train_x, train_y, test_x, test_y
+
+
+def _inputs(name: str, part: str, value: Any) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise DatasetFormatError(f"dataset {name}: {part} is not an array: {exc}") from exc
+    if array.ndim < 2 or array.dtype.kind not in "biuf":
+        raise DatasetFormatError(f"dataset {name}: {part} must be numbers of shape (N, ...), "
+                                 f"got {array.dtype} {array.shape}")
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if not np.isfinite(array).all():
+        raise DatasetFormatError(f"dataset {name}: {part} holds NaN or infinite values")
+    return array
+
+
+def _integer_labels(name: str, *parts: Any) -> tuple[np.ndarray, np.ndarray]:
+    arrays = [np.asarray(part) for part in parts]
+    for array in arrays:
+        if array.ndim != 1 or array.dtype.kind not in "iu" or (array.size and array.min() < 0):
+            raise DatasetFormatError(f"dataset {name}: labels must be a 1-d array of integers "
+                                     f"0..K-1, got {array.dtype} {array.shape}")
+    train, test = (array.astype(np.int64) for array in arrays)
+    return train, test
+
+
+def _check_split(name: str, part: str, inputs: np.ndarray, labels: np.ndarray) -> None:
+    if len(inputs) != len(labels) or not len(labels):
+        raise DatasetFormatError(f"dataset {name}: {len(inputs)} {part} samples and "
+                                 f"{len(labels)} labels (they must match and not be empty)")
+
+
+def _libsvm_path(name: str) -> Path:
+    path = Path(name.removeprefix(LIBSVM)).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(f"dataset {name!r}: {path} is not a file")
+    return path
+
+
+def _load_libsvm(path: Path) -> Arrays:
+    try:
+        from sklearn.datasets import load_svmlight_file, load_svmlight_files
+    except ImportError as exc:
+        raise DataError("libsvm files are read by scikit-learn: pip install scikit-learn") \
+            from exc
+    test_path = path.with_name(path.name + ".t")
+    try:
+        if test_path.is_file():
+            train_x, train_y, test_x, test_y = load_svmlight_files([str(path), str(test_path)])
+        else:
+            x, y = load_svmlight_file(str(path))
+            order = np.random.default_rng(HOLDOUT_SEED).permutation(x.shape[0])
+            cut = x.shape[0] - round(x.shape[0] * HOLDOUT_FRACTION)
+            train_x, train_y, test_x, test_y = x[order[:cut]], y[order[:cut]], \
+                x[order[cut:]], y[order[cut:]]
+    except (OSError, ValueError) as exc:
+        raise DatasetFormatError(f"{path}: not a readable libsvm file: {exc}") from exc
+    features = max(train_x.shape[1], test_x.shape[1])
+    needed = (train_x.shape[0] + test_x.shape[0]) * features * 4
+    if needed > MAX_DENSE_BYTES:
+        raise DatasetFormatError(
+            f"{path}: {train_x.shape[0] + test_x.shape[0]} samples x {features} features would "
+            f"take {needed / 2**30:.1f} GiB as dense float32 inputs (limit "
+            f"{MAX_DENSE_BYTES / 2**30:.0f} GiB)")
+    labels = np.unique(np.concatenate([train_y, test_y]))
+    return (_dense(train_x, features), np.searchsorted(labels, train_y).astype(np.int64),
+            _dense(test_x, features), np.searchsorted(labels, test_y).astype(np.int64))
+
+
+def _dense(matrix: Any, features: int) -> np.ndarray:
+    dense = np.zeros((matrix.shape[0], features), dtype=np.float32)
+    dense[:, :matrix.shape[1]] = matrix.toarray()
+    return dense

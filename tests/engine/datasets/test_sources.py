@@ -1,0 +1,99 @@
+"""User data sets: a loader file's arrays checked and used as given, libsvm files read by
+scikit-learn with their test file or a held-out fifth, labels mapped to 0..K-1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.datasets import describe, load_dataset, locate
+from engine.datasets.sources import check_source, is_user_source, label
+from engine.errors import ConfigError, DatasetFormatError
+from tests.conftest import REPO
+
+BLOBS = REPO / "docs" / "examples" / "blobs.py"
+
+
+def test_the_example_loader_file() -> None:
+    data = load_dataset(f"{BLOBS}:load", train_limit=1000)
+    assert data.train_x.shape == (1000, 20) and data.train_x.dtype == np.float32
+    assert data.test_x.shape == (600, 20) and data.test_y.dtype == np.int64
+    assert data.spec.num_classes == 3 and data.spec.sample_shape == (20,)
+    assert describe(f"{BLOBS}:load").input_dim == 20
+    assert locate(str(BLOBS)) == f"{BLOBS.resolve()}:load"  # :load is the default function
+    assert label(f"{BLOBS}:load") == "blobs"
+
+
+def _loader(tmp_path: Path, returns: str) -> str:
+    path = tmp_path / "mydata.py"
+    path.write_text("import numpy as np\n\ndef load():\n    return " + returns + "\n")
+    return f"{path}:load"
+
+
+def test_image_shapes_are_kept(tmp_path: Path) -> None:
+    name = _loader(tmp_path, "np.zeros((6, 3, 4, 5)), np.arange(6) % 2, np.ones((2, 3, 4, 5)), "
+                             "np.array([0, 1])")
+    data = load_dataset(name)
+    assert data.train_x.shape == (6, 3, 4, 5) and data.spec.sample_shape == (3, 4, 5)
+    assert data.spec.input_dim == 60 and data.spec.num_classes == 2
+
+
+@pytest.mark.parametrize(("returns", "says"), [
+    ("np.zeros((4, 2)), np.zeros(4, int)", "must return .*got tuple"),
+    ("np.zeros((4, 2)), np.zeros(4, int), np.zeros((2, 3)), np.zeros(2, int)",
+     r"train samples have shape \(2,\), test samples \(3,\)"),
+    ("np.zeros((4, 2)), np.zeros(3, int), np.zeros((2, 2)), np.zeros(2, int)",
+     "4 train samples and 3 labels"),
+    ("np.zeros((4, 2)), np.zeros(4), np.zeros((2, 2)), np.zeros(2, int)",
+     "labels must be a 1-d array of integers"),
+    ("np.zeros((4, 2)), -np.ones(4, int), np.zeros((2, 2)), np.zeros(2, int)",
+     "labels must be a 1-d array of integers"),
+    ("np.full((4, 2), np.nan), np.zeros(4, int), np.zeros((2, 2)), np.zeros(2, int)",
+     "train_x holds NaN"),
+    ("np.zeros(4), np.zeros(4, int), np.zeros((2, 2)), np.zeros(2, int)",
+     r"train_x must be numbers of shape \(N, ...\)"),
+    ("1 / 0", r"load\(\) raised ZeroDivisionError"),
+])
+def test_a_bad_loader_says_what_is_wrong(tmp_path: Path, returns: str, says: str) -> None:
+    with pytest.raises((DatasetFormatError, ConfigError), match=says):
+        load_dataset(_loader(tmp_path, returns))
+
+
+LINES = ["+1 1:0.5 3:1", "-1 2:2.0", "+1 1:1.5 4:0.25", "-1 3:-1", "+1 2:1", "-1 1:3"]
+
+
+def test_a_libsvm_file_holds_out_a_fifth_and_maps_labels(tmp_path: Path) -> None:
+    path = tmp_path / "small.svm"
+    path.write_text("\n".join(LINES * 5) + "\n")
+    data = load_dataset(f"libsvm:{path}")
+    assert len(data.train_y) == 24 and len(data.test_y) == 6
+    assert data.train_x.shape == (24, 4) and data.train_x.dtype == np.float32
+    assert set(np.unique(np.concatenate([data.train_y, data.test_y]))) == {0, 1}
+    assert data.spec.num_classes == 2 and label(f"libsvm:{path}") == "small.svm"
+    rows = {(*x.tolist(), int(y)) for x, y in zip(data.train_x, data.train_y, strict=True)}
+    assert (0.5, 0.0, 1.0, 0.0, 1) in rows  # "+1 1:0.5 3:1": 1-based indices, +1 -> 1
+
+
+def test_a_libsvm_test_file_beside_it_is_the_test_set(tmp_path: Path) -> None:
+    path = tmp_path / "a9"
+    path.write_text("\n".join(LINES) + "\n")
+    (tmp_path / "a9.t").write_text("+1 5:1\n-1 1:1\n")  # a feature the training file lacks
+    data = load_dataset(f"libsvm:{path}")
+    assert data.train_x.shape == (6, 5) and data.test_x.shape == (2, 5)
+    assert data.test_y.tolist() == [1, 0]
+
+
+def test_bad_libsvm_sources(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a file"):
+        check_source(f"libsvm:{tmp_path / 'none'}")
+    broken = tmp_path / "broken.svm"
+    broken.write_text("+1 this is not libsvm\n")
+    with pytest.raises(DatasetFormatError, match="not a readable libsvm file"):
+        load_dataset(f"libsvm:{broken}")
+
+
+def test_named_data_sets_are_not_user_sources() -> None:
+    assert not is_user_source("mnist") and check_source("mnist") == "mnist"
+    assert is_user_source("x.py") and is_user_source("x.py:fn") and is_user_source("libsvm:x")

@@ -1,0 +1,67 @@
+"""Real launches of the other workloads: the built-in CNN on MNIST images, a user's model file
+on a user's data file, and a model file that builds something else in one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import REPO, psctl
+from tests.integration.support import query
+
+
+def _run(db: Path) -> tuple[str, float, dict[str, object]]:
+    run_id, best, config = query(db, "SELECT r.id, max(e.accuracy), r.config_json FROM runs r "
+                                     "JOIN evaluations e ON e.run_id = r.id")[0]
+    return run_id, best, json.loads(config)
+
+
+def test_the_cnn_learns_mnist_images_under_bsp(tmp_path: Path, mnist_dir: Path) -> None:
+    db = tmp_path / "runs.db"
+    done = psctl("launch", "--model", "cnn", "--dataset", "mnist", "--data-dir", str(mnist_dir),
+                 "--train-limit", "3000", "--epochs", "1", "--workers", "2", "--servers", "2",
+                 "--lr", "0.05", "--no-live", db=db)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id, best, config = _run(db)
+    assert best >= 0.85  # 1 epoch of 3000 images; it reached 0.90 when this test was written
+    assert config["model"] == {"name": "cnn", "hidden": [512, 512, 512]}
+    assert config["train"]["device"] == "auto"  # type: ignore[index]
+    # The keys are LeNet's 431,080 parameters, split over the two servers.
+    ranges = query(db, "SELECT detail FROM events WHERE run_id = ? AND kind = 'process_joined' "
+                       "AND detail LIKE '%server%'", run_id)
+    assert ranges, "the servers joined"
+    assert "bsp-w2s2-mnist" in query(db, "SELECT name FROM runs")[0][0]
+
+
+def test_a_user_model_file_on_a_user_data_file(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    model = tmp_path / "net.py"
+    model.write_text("from torch import nn\n\ndef build(shape, classes):\n"
+                     "    return nn.Sequential(nn.Linear(shape[0], 16), nn.BatchNorm1d(16), "
+                     "nn.ReLU(), nn.Linear(16, classes))\n")
+    done = psctl("launch", "--model", f"{model.name}:build", "--dataset",
+                 str(REPO / "docs" / "examples" / "blobs.py") + ":load", "--epochs", "2",
+                 "--workers", "2", "--servers", "1", "--no-live", db=db, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, best, config = _run(db)
+    assert best >= 0.95
+    assert config["model"]["name"] == f"{model}:build"  # type: ignore[index]  # absolute
+    assert query(db, "SELECT dataset FROM runs") == [("blobs",)]
+
+
+def test_a_model_file_that_builds_differently_fails_the_run_with_the_difference(
+        tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    model = tmp_path / "moody.py"
+    # The coordinator's process is the first to build; the workers see a different width.
+    model.write_text("import sys\nfrom torch import nn\n\ndef build(shape, classes):\n"
+                     "    width = 8 if 'coordinator' in sys.argv else 9\n"
+                     "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), "
+                     "nn.Linear(width, classes))\n")
+    done = psctl("launch", "--model", str(model), "--dataset", "digits", "--epochs", "1",
+                 "--workers", "1", "--servers", "1", "--no-live", db=db)
+    assert done.returncode != 0
+    says = ("the model built here differs from the coordinator's: ('1.weight', (9, 64)) here, "
+            "('1.weight', (8, 64)) there")
+    assert says in done.stdout + done.stderr
+    assert says in query(db, "SELECT reason FROM runs")[0][0]

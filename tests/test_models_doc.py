@@ -1,0 +1,68 @@
+"""docs/models.md: its tables state what the code builds, and its commands run as written, from
+the repository's root, with the output the page shows."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.config import ModelConfig, TrainConfig
+from engine.datasets import get_spec
+from engine.models.spec import BUILTIN_MODELS, builtin_layout
+from tests.conftest import REPO
+
+DOC = (REPO / "docs" / "models.md").read_text()
+BASH = re.findall(r"```bash\n(.*?)```", DOC, flags=re.S)
+TEXT = re.findall(r"```text\n(.*?)```", DOC, flags=re.S)
+
+
+def _row(first_cell: str) -> list[str]:
+    match = re.search(rf"^\| {re.escape(first_cell)} \|(.*)\|$", DOC, flags=re.M)
+    assert match is not None, f"no row {first_cell!r}"
+    return [cell.strip() for cell in match.group(1).split("|")]
+
+
+def test_the_model_table_states_the_key_counts() -> None:
+    mnist = get_spec("mnist")
+    assert ModelConfig().name == "mlp" and TrainConfig().device == "auto"
+    for model in BUILTIN_MODELS:
+        layout = builtin_layout(model, ModelConfig().hidden, mnist.sample_shape, 10)
+        assert layout is not None
+        cell = _row(f"`{model}` (default)" if model == "mlp" else f"`{model}`")[-1]
+        assert cell == f"{layout.num_keys:,}"
+
+
+def test_the_examples_named_exist() -> None:
+    for example in re.findall(r"docs/examples/\w+\.py", DOC):
+        assert (REPO / example).is_file(), example
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_the_commands_run_and_say_what_the_page_says(tmp_path: Path) -> None:
+    assert len(BASH) == 2 and len(TEXT) == 1
+    env = {**os.environ, "PSCTL_DB": str(tmp_path / "experiments.db"), "NO_COLOR": "1",
+           "COLUMNS": "400", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    runs = subprocess.run(["bash", "-ec", BASH[0]], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=360, check=False)
+    assert runs.returncode == 0, runs.stdout[-3000:] + runs.stderr[-3000:]
+    claimed = re.findall(r"(\d+\.\d+) %", DOC.split("Each ends with")[1].split("\n\n")[0])
+    got = re.findall(r"best test accuracy (\d+\.\d+)%", runs.stdout)
+    assert len(got) == 2 == len(claimed)
+    for mine, theirs in zip(got, claimed, strict=True):  # the runs are seeded; threads may vary
+        assert abs(float(mine) - float(theirs)) <= 2.0, (got, claimed)
+    gpu = subprocess.run(["bash", "-c", BASH[1]], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    said = gpu.stdout + gpu.stderr
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the error the page shows cannot happen")
+    for line in TEXT[0].strip().splitlines():
+        assert line in said, said
+    assert "psctl run" not in said  # nothing was started
