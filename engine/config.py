@@ -224,6 +224,9 @@ class OptimizerConfig(_Frozen):
         "rmsprop: decay rate of the running mean of the squared gradient"))
     eps: float | None = Field(None, gt=0, le=1, description=(
         "added to the denominator [adagrad 1e-10, adam and rmsprop 1e-8, as torch.optim]"))
+    l1: float = Field(0.0, ge=0, description=(
+        "L1 penalty: after each update the servers soft-threshold the updated keys by their step "
+        "size times this (a proximal step; sgd with momentum 0, or adagrad) [0: off]"))
     clip_norm: float | None = Field(None, gt=0, description=(
         "servers scale a pushed gradient whose L2 norm (of the part on one shard) exceeds this "
         "down to it; off by default"))
@@ -239,6 +242,15 @@ class OptimizerConfig(_Frozen):
         if not all(0 <= beta < 1 for beta in value):
             raise ValueError(f"betas are decay rates in [0, 1), got {list(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _proximal(self) -> OptimizerConfig:
+        if self.l1 and not ((self.name == "sgd" and self.momentum == 0) or self.name == "adagrad"):
+            extra = f" with momentum {self.momentum:g} (add --momentum 0)" \
+                if self.name == "sgd" else ""
+            raise ValueError(f"l1 is a proximal step for sgd with momentum 0 or for adagrad, "
+                             f"not for {self.name}{extra}")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -336,6 +348,9 @@ class CommConfig(_Frozen):
         "push filter per layer: none, topk:P% (e.g. topk:1%), sigma:K or dynamic [none]"))
     error_feedback: bool = Field(True, description=(
         "add what the filter did not send to the next gradient (error feedback) [on]"))
+    kkt_filter: bool = Field(True, description=(
+        "sparse logistic regression with l1: leave out keys whose weight is 0 and |gradient| <= "
+        "l1, which the proximal step would keep at 0 (seed 003) [on]"))
     momentum_correction: float = Field(0.0, ge=0, lt=1, description=(
         "Deep Gradient Compression's momentum correction on the worker, with this momentum "
         "[0: off]"))
@@ -534,9 +549,10 @@ class RunConfig(_Frozen):
         if self.train.downpour and self.train.overlap:
             raise ValueError("train.overlap and Downpour's fetch_every/push_every/warm_start "
                              "are two different loops: choose one")
-        if (loop == "delayed") != (model == "bounded-delay") and loop != "auto":
+        if (loop == "delayed") != (model == "bounded-delay") and loop not in ("auto", "sparse"):
             raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
                              "runs the delayed loop, and only it does")
+        _sparse_fits(self)
         if self.cluster.backend == "sim":
             _simulable(self)
         _killable(self)
@@ -558,6 +574,32 @@ class RunConfig(_Frozen):
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _sparse_fits(config: RunConfig) -> None:
+    """Sparse samples train in their own loop (engine.worker.sparse), which has none of the
+    dense loops' options."""
+    from engine.datasets.sparse import is_sparse_synthetic
+
+    sparse, loop = is_sparse_synthetic(config.data.dataset), config.train.loop
+    if not sparse:
+        if loop == "sparse":
+            raise ValueError("train.loop sparse trains sparse data sets (sparse-synthetic:...)")
+        return
+    if config.model.name != "logreg":
+        raise ValueError(f"sparse data sets train model logreg, not {config.model.name}")
+    comm, train = config.comm, config.train
+    unsupported = [name for name, used in (
+        ("train.loop " + loop, loop not in ("auto", "sparse")),
+        ("train.overlap", train.overlap), ("train fetch_every/push_every/warm_start",
+                                           train.downpour),
+        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
+        ("comm.schedule", comm.schedule != "none"), ("comm.range_size",
+                                                     comm.range_size is not None),
+        ("cluster.backend sim", config.cluster.backend == "sim")) if used]
+    if unsupported:
+        raise ValueError(f"the sparse logistic-regression loop does not take "
+                         f"{', '.join(unsupported)}")
 
 
 def _killable(config: RunConfig) -> None:

@@ -124,6 +124,12 @@ def launch(
     range_size: Annotated[int | None, typer.Option(
         help="split every push and pull into pipelined frames of at most KEYS keys [off]")] =
         None,
+    kkt_filter: Annotated[bool | None, typer.Option(
+        "--kkt-filter/--no-kkt-filter", help="sparse logistic regression with --l1: skip "
+        "pushing keys the proximal step would keep at 0 [on]")] = None,
+    l1: Annotated[float | None, typer.Option(
+        help="L1 penalty applied by the servers as a proximal (soft-threshold) step; sgd with "
+        "--momentum 0, or adagrad [0: off]")] = None,
     clip_norm: Annotated[float | None, typer.Option(
         help="servers scale each pushed gradient down to this L2 norm (per shard) [off]")] = None,
     aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,

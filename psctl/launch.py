@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from engine.backends import BACKENDS, RunHandle
 from engine.config import RunConfig, build_config
-from engine.datasets import get_spec, locate
+from engine.datasets import describe, locate
 from engine.datasets.sources import is_user_source
 from engine.db import open_engine
 from engine.db.queries import progress
@@ -43,12 +43,13 @@ def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     source = locate(config.data.dataset, data_dir, allow_download=True)
     if not is_user_source(config.data.dataset):  # a user's data is loaded by the coordinator
-        spec = get_spec(config.data.dataset)
+        spec = describe(config.data.dataset)
         builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
-                       spec.num_classes)  # a model that cannot take these samples says so now
+                       spec.num_classes, sparse=spec.sparse)  # a model that cannot take these
+        # samples says so now
     if config.cluster.backend == "local":  # a Ray cluster's GPUs are on its nodes, not here
         check_device(config.train.device)
-    if source != "sklearn" and not is_user_source(config.data.dataset):
+    if source not in ("sklearn", "generated") and not is_user_source(config.data.dataset):
         pinned = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
         config = config.model_copy(update={"data": pinned})
     return config

@@ -139,7 +139,7 @@ def _pinned(config: RunConfig, located: dict[tuple[str, str | None], str]) -> Ru
         data_dir = Path(config.data.data_dir) if config.data.data_dir else None
         located[key] = locate(config.data.dataset, data_dir, allow_download=True)
     source = located[key]
-    if source == "sklearn" or is_user_source(config.data.dataset):
+    if source in ("sklearn", "generated") or is_user_source(config.data.dataset):
         return config
     pinned = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
     return config.model_copy(update={"data": pinned})

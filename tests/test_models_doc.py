@@ -42,10 +42,18 @@ def test_the_examples_named_exist() -> None:
         assert (REPO / example).is_file(), example
 
 
+def test_the_sparse_command_is_the_one_the_benchmark_measured() -> None:
+    from bench.workloads import sparse_command
+
+    measured = sparse_command("x", kkt=True)
+    shown = TEXT[0].split()
+    assert shown[0] == "psctl" and shown[1:] == measured[:measured.index("--name")]
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_the_commands_run_and_say_what_the_page_says(tmp_path: Path) -> None:
-    assert len(BASH) == 2 and len(TEXT) == 1
+    assert len(BASH) == 2 and len(TEXT) == 2
     env = {**os.environ, "PSCTL_DB": str(tmp_path / "experiments.db"), "NO_COLOR": "1",
            "COLUMNS": "400", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     runs = subprocess.run(["bash", "-ec", BASH[0]], cwd=REPO, env=env, capture_output=True,
@@ -63,6 +71,6 @@ def test_the_commands_run_and_say_what_the_page_says(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the error the page shows cannot happen")
-    for line in TEXT[0].strip().splitlines():
+    for line in TEXT[1].strip().splitlines():
         assert line in said, said
     assert "psctl run" not in said  # nothing was started

@@ -19,7 +19,14 @@ from engine.datasets.dataset import Dataset
 from engine.datasets.idx import read_idx
 from engine.datasets.registry import DatasetSpec, get_spec
 from engine.datasets.resolve import find_files
-from engine.datasets.sources import is_user_source, load_user_source, locate_user_source
+from engine.datasets.sources import (
+    check_source,
+    is_user_source,
+    load_user_source,
+    locate_user_source,
+    sparse_spec,
+)
+from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import ConfigError, DataError, DatasetFormatError
 
 # The digits split: a permutation from numpy.random.default_rng(DIGITS_SEED); its last
@@ -27,6 +34,7 @@ from engine.errors import ConfigError, DataError, DatasetFormatError
 DIGITS_SEED = 0
 DIGITS_TEST_FRACTION = 0.2
 SKLEARN_SOURCE = "sklearn"
+GENERATED = "generated"  # a synthetic data set, made from its seed by each process
 
 
 def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = False) -> str:
@@ -38,6 +46,9 @@ def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = Fa
     """
     if is_user_source(name):
         return locate_user_source(name)
+    if is_sparse_synthetic(name):
+        check_source(name)
+        return GENERATED
     spec = get_spec(name)
     if spec.files is None:
         _require_sklearn()
@@ -51,6 +62,8 @@ def describe(name: str, data_dir: Path | None = None, *,
     its sample shape and classes."""
     if is_user_source(name):
         return load_user_source(name, train_limit=_check_limit(train_limit)).spec
+    if is_sparse_synthetic(name):
+        return sparse_spec(name)
     return get_spec(name)
 
 
@@ -64,6 +77,9 @@ def load_dataset(
     """Load, verify and normalise ``name``; ``train_limit`` keeps the first N training samples."""
     if is_user_source(name):
         return load_user_source(name, train_limit=_check_limit(train_limit))
+    if is_sparse_synthetic(name):
+        raise ConfigError(f"{name} has sparse samples: they train --model logreg on the "
+                          "local or ray backend (not the simulator)")
     spec = get_spec(name)
     limit = _check_limit(train_limit)
     if spec.files is None:

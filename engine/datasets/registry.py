@@ -50,6 +50,8 @@ class DatasetSpec:
     mirrors: tuple[str, ...] = ()
     # The shape of one sample, (channels, height, width) for images; () means (input_dim,).
     input_shape: tuple[int, ...] = ()
+    # Samples are sparse rows (``engine.datasets.sparse``): only --model logreg takes them.
+    sparse: bool = False
 
     @property
     def needs_files(self) -> bool:

@@ -11,6 +11,7 @@ are mapped, in sorted order, to 0..K-1 (libsvm's -1/+1 become 0/1).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,14 @@ import numpy as np
 
 from engine.datasets.dataset import Dataset
 from engine.datasets.registry import DatasetSpec
+from engine.datasets.sparse import (
+    PREFIX,
+    SparseSplit,
+    canonical,
+    generate,
+    is_sparse_synthetic,
+    parse,
+)
 from engine.errors import ConfigError, DataError, DatasetFormatError
 from engine.userfiles import parse_file_ref
 
@@ -41,12 +50,15 @@ def label(text: str) -> str:
         return Path(name.removeprefix(LIBSVM)).name
     if is_user_source(name):
         return Path(name.rpartition(":")[0] if ":" in name else name).stem
-    return name
+    return PREFIX if is_sparse_synthetic(name) else name
 
 
 def check_source(text: str) -> str:
-    """A ``--dataset`` value made canonical: user files get absolute paths (and must exist)."""
+    """A ``--dataset`` value made canonical: user files get absolute paths (and must exist), a
+    synthetic data set every parameter."""
     name = text.strip()
+    if is_sparse_synthetic(name):
+        return canonical(parse(name))
     if name.startswith(LIBSVM):
         return LIBSVM + str(_libsvm_path(name))
     ref = parse_file_ref(name, what="dataset", default_function="load")
@@ -168,3 +180,30 @@ def _dense(matrix: Any, features: int) -> np.ndarray:
     dense = np.zeros((matrix.shape[0], features), dtype=np.float32)
     dense[:, :matrix.shape[1]] = matrix.toarray()
     return dense
+
+
+@dataclass(frozen=True, eq=False)
+class SparseDataset:
+    """A data set of sparse rows (``engine.datasets.sparse``)."""
+
+    spec: DatasetSpec
+    train: SparseSplit
+    test: SparseSplit
+    source: str
+
+
+def sparse_spec(text: str) -> DatasetSpec:
+    synthetic = parse(text)
+    return DatasetSpec(name=canonical(synthetic), description="synthetic sparse data, power-law "
+                       "feature frequencies", input_dim=synthetic.features, num_classes=2,
+                       input_shape=(synthetic.features,), sparse=True)
+
+
+def load_sparse(text: str, *, train_limit: int | None = None) -> SparseDataset:
+    """The sparse data set ``text`` names, generated from its seed."""
+    if not is_sparse_synthetic(text):
+        raise ConfigError(f"{text!r} is not a sparse data set (sparse-synthetic:...)")
+    train, test, _ = generate(parse(text))
+    if train_limit is not None and train_limit < len(train):
+        train = train.rows(np.arange(train_limit))
+    return SparseDataset(sparse_spec(text), train, test, "generated")

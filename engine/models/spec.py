@@ -130,9 +130,15 @@ class CNNSpec:
 
 
 def builtin_layout(model: str, hidden: tuple[int, ...], input_shape: tuple[int, ...],
-                   num_classes: int) -> KeyLayout | None:
-    """The layout of a built-in model; None for a model from a user's file."""
+                   num_classes: int, *, sparse: bool = False) -> KeyLayout | None:
+    """The layout of a built-in model; None for a model from a user's file. On sparse samples
+    the model is binary logistic regression: one weight per feature, the keys a worker's
+    mini-batch touches being its working set (``engine.worker.sparse``)."""
     input_dim = math.prod(input_shape)
+    if sparse:
+        if model != "logreg" or num_classes != 2:
+            raise ConfigError(f"sparse data sets train --model logreg (binary), not {model}")
+        return KeyLayout((Segment("weight", (input_dim,), KeyRange(0, input_dim)),))
     if model == "mlp":
         return MLPSpec(input_dim, hidden, num_classes).layout()
     if model == "logreg":

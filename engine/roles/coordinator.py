@@ -37,7 +37,7 @@ def model_layout(config: RunConfig) -> KeyLayout:
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     data = describe(config.data.dataset, data_dir, train_limit=config.data.train_limit)
     layout = builtin_layout(config.model.name, config.model.hidden, data.sample_shape,
-                            data.num_classes)
+                            data.num_classes, sparse=data.sparse)
     if layout is None:
         from engine.models.build import build_module, layout_of
 

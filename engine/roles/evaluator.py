@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
+import numpy as np
 import torch
 
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
+from engine.datasets.sources import SparseDataset, load_sparse
+from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
 from engine.models import device as devices
@@ -23,10 +28,11 @@ from engine.roles.control import Lost, SyncControl
 from engine.roles.lifecycle import hello
 from engine.roles.worker import check_layout, connect_client
 from engine.transport.base import Transport
-from engine.wire.messages import Evaluate, Evaluation, Exit, Stop
+from engine.wire.messages import Evaluate, Evaluation, Exit, Stop, Welcome
 from engine.wire.protocol import ANY_CLOCK, Role
 from engine.wire.records import EvaluationRecord
 from engine.worker.client import ParameterClient
+from engine.worker.sparse import accuracy, objective
 
 
 class Evaluator:
@@ -52,7 +58,52 @@ class Evaluator:
                                 loss=loss, epoch=epoch)
 
 
-def serve_requests(evaluator: Evaluator, control: SyncControl) -> None:
+class SparseEvaluator:
+    """Sparse logistic regression: the objective the run minimises over the training set (as
+    ``loss``) and the test accuracy, from the whole weight vector."""
+
+    def __init__(self, features: int, data: SparseDataset, l1: float, client: ParameterClient,
+                 started_at: float) -> None:
+        self.weights = np.zeros(features, dtype=np.float32)
+        self.data, self.l1, self.client, self.started_at = data, l1, client, started_at
+
+    def measure(self, epoch: float) -> EvaluationRecord:
+        pulled = self.client.wait(self.client.pull(KeyRange(0, len(self.weights)), self.weights,
+                                                   clock=ANY_CLOCK))
+        loss = objective(self.weights, self.data.train, self.l1)
+        now = time.time()
+        return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0),
+                                step=max(pulled.versions.values()),
+                                accuracy=accuracy(self.weights, self.data.test), loss=loss,
+                                epoch=epoch)
+
+
+class Measures(Protocol):
+    def measure(self, epoch: float) -> EvaluationRecord: ...
+
+
+Build = Callable[[ParameterClient], Measures]
+
+
+def _evaluator(config: RunConfig, welcome: Welcome) -> Build:
+    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+    dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
+    model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
+                              device=devices.resolve(config.train.device))
+    check_layout(model, welcome)
+    calibration = calibration_sample(model, dataset.train_x, config.train.seed)
+    return lambda client: Evaluator(model, torch.from_numpy(dataset.test_x),
+                                    torch.from_numpy(dataset.test_y), client,
+                                    welcome.started_at, calibration)
+
+
+def _sparse_evaluator(config: RunConfig, welcome: Welcome) -> Build:
+    data = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
+    return lambda client: SparseEvaluator(data.spec.input_dim, data, config.optimizer.l1,
+                                          client, welcome.started_at)
+
+
+def serve_requests(evaluator: Measures, control: SyncControl) -> None:
     """Answer Evaluate requests until the coordinator says exit (or goes away)."""
     while True:
         try:
@@ -79,12 +130,8 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str,
     config = RunConfig.model_validate(welcome.config)
     torch.set_num_threads(config.train.torch_threads)
     with control.reporting():
-        data_dir = Path(config.data.data_dir) if config.data.data_dir else None
-        dataset = load_dataset(config.data.dataset, data_dir,
-                               train_limit=config.data.train_limit)
-        model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
-                                  device=devices.resolve(config.train.device))
-        check_layout(model, welcome)
+        make = _sparse_evaluator if is_sparse_synthetic(config.data.dataset) else _evaluator
+        build = make(config, welcome)
     try:
         client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io,
                                 control=control)
@@ -97,9 +144,7 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str,
         if stopped:
             return
         raise
-    evaluator = Evaluator(model, torch.from_numpy(dataset.test_x),
-                          torch.from_numpy(dataset.test_y), client, welcome.started_at,
-                          calibration_sample(model, dataset.train_x, config.train.seed))
+    evaluator = build(client)
     try:
         serve_requests(evaluator, control)
     finally:

@@ -10,6 +10,8 @@ import torch
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
+from engine.datasets.sources import load_sparse
+from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import RunFailed
 from engine.faults import FaultPlan
 from engine.keys import KeyRange
@@ -28,7 +30,8 @@ from engine.worker.client import (
     ShardAddress,
     WireFormat,
 )
-from engine.worker.loops import Worker, shard_for
+from engine.worker.loops import Shard, Worker, shard_for
+from engine.worker.sparse import SparseLogReg
 
 
 def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
@@ -41,16 +44,7 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
     config = RunConfig.model_validate(welcome.config)
     torch.set_num_threads(config.train.torch_threads)
     with control.reporting():  # a bad data or model file fails the run with its reason
-        data_dir = Path(config.data.data_dir) if config.data.data_dir else None
-        dataset = load_dataset(config.data.dataset, data_dir,
-                               train_limit=config.data.train_limit)
-        # A worker that joined a scaled job may have a rank past the count it was given.
-        shard = shard_for(dataset.train_x, dataset.train_y, rank=rank % config.cluster.workers,
-                          workers=config.cluster.workers, seed=config.train.seed,
-                          batch_size=config.train.batch_size)
-        model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
-                                  device=devices.resolve(config.train.device))
-        check_layout(model, welcome)
+        shard, model = _shard_and_model(config, rank, welcome)
     client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io,
                             wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress,
                                                keeps_copy=config.comm.pull_filter != "none",
@@ -67,6 +61,23 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
         client.close()
         control.close()
         io.stop()
+
+
+def _shard_and_model(config: RunConfig, rank: int,
+                     welcome: Welcome) -> tuple[Shard, FlatModel | SparseLogReg]:
+    # A worker that joined a scaled job may have a rank past the count it was given.
+    where = {"rank": rank % config.cluster.workers, "workers": config.cluster.workers,
+             "seed": config.train.seed, "batch_size": config.train.batch_size}
+    if is_sparse_synthetic(config.data.dataset):
+        sparse = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
+        return (shard_for(sparse.train, sparse.train.labels, **where),
+                SparseLogReg(sparse.spec.input_dim))
+    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+    dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
+    model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
+                              device=devices.resolve(config.train.device))
+    check_layout(model, welcome)
+    return shard_for(dataset.train_x, dataset.train_y, **where), model
 
 
 def check_layout(model: FlatModel, welcome: Welcome) -> None:

@@ -35,6 +35,7 @@ class ServerOptimizer(Protocol):
         ...
 
 
+
 class SGD:
     """SGD with optional (Nesterov) momentum and L2 weight decay, per key.
 
@@ -317,5 +318,73 @@ def default_lr(name: str) -> float:
     return SERVER_OPTIMIZERS.get(name).default_lr
 
 
+class Proximal:
+    """An L1 penalty applied as a proximal step (seed 003's sparse logistic regression): after
+    the inner optimizer's step, each updated key is soft-thresholded by its own step size times
+    ``l1``: p = sign(p) * max(|p| - rate * l1, 0). The penalty never enters the gradient, so
+    weights reach exactly zero and stay there while |g| <= l1 (the KKT condition a worker's KKT
+    filter tests to skip them). Only optimizers whose step is a per-key rate times the gradient
+    have one: SGD without momentum (rate = lr) and Adagrad (rate = lr / (sqrt(sum) + eps)).
+
+    Every update is one step of the stochastic method, and the penalty's step applies to every
+    key at every step, pushed or not. A key nobody pushes has no loss gradient, so its steps are
+    pure shrinkage, and such steps compose into one soft-threshold by the sum of their rates
+    times l1 (exact: a key's own rate does not change while it is not pushed; the schedule's
+    factor of each step is summed). They are taken lazily: a key's debt is settled when it is
+    next updated or read (``bring_current``), so that pulls and checkpoints see current values.
+    The running sum of the steps' factors, and each key's sum when it was last settled, are a
+    slot; its last entry is the running sum itself.
+    """
+
+    def __init__(self, inner: SGD | Adagrad, l1: float, size: int) -> None:
+        self.inner, self.l1 = inner, np.float32(l1)
+        self._last = np.zeros(size + 1, dtype=np.float32)
+        # What the next update counts for of one step of the method: a push applied on arrival
+        # under the mean rule is 1/workers of one (its gradient was scaled so), and so is its
+        # share of the penalty; the shard sets it (engine.server.shard).
+        self.share = 1.0
+
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        self._settle(params, update.span, update.index)
+        self.inner.apply(params, update, scale)
+        factor = np.float32(scale * self.share)
+        self._shrink(params, update.index if update.index is not None else update.span, factor)
+        self._last[-1] += factor
+        self._mark(update.span, update.index)
+
+    def bring_current(self, params: np.ndarray, span: slice, index: np.ndarray | None) -> None:
+        self._settle(params, span, index)
+
+    def slots(self) -> tuple[np.ndarray, ...]:
+        return (*self.inner.slots(), self._last)
+
+    def _settle(self, params: np.ndarray, span: slice, index: np.ndarray | None) -> None:
+        where = span if index is None else index
+        owed = self._last[-1] - self._last[:-1][where]
+        if np.any(owed):
+            self._shrink(params, where, owed)
+        self._mark(span, index)
+
+    def _mark(self, span: slice, index: np.ndarray | None) -> None:
+        self._last[:-1][span if index is None else index] = self._last[-1]
+
+    def _shrink(self, params: np.ndarray, where: slice | np.ndarray,
+                factors: np.float32 | np.ndarray) -> None:
+        """Soft-threshold ``params[where]`` by lr * factors * l1 (per key for Adagrad)."""
+        rate: np.float32 | np.ndarray = self.inner.lr
+        if isinstance(self.inner, Adagrad):
+            rate = rate / (np.sqrt(self.inner.slots()[0][where]) + self.inner.eps)
+        moved = params[where]
+        params[where] = np.sign(moved) * np.maximum(np.abs(moved) - factors * rate * self.l1,
+                                                    np.float32(0))
+
+
 def make_optimizer(config: OptimizerConfig, size: int) -> ServerOptimizer:
-    return SERVER_OPTIMIZERS.get(config.name).build(config, size)
+    optimizer = SERVER_OPTIMIZERS.get(config.name).build(config, size)
+    if not config.l1:
+        return optimizer
+    if (isinstance(optimizer, SGD) and not config.momentum) or isinstance(optimizer, Adagrad):
+        return Proximal(optimizer, config.l1, size)
+    raise ConfigError(f"optimizer.l1 (--l1) is a proximal step for sgd with --momentum 0 or for "
+                      f"adagrad, not for {config.name}"
+                      + (f" with momentum {config.momentum:g}" if config.name == "sgd" else ""))

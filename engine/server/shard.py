@@ -23,7 +23,7 @@ from engine.errors import BadPayload, ProtocolError, UnsafeUpdate
 from engine.keys import KeyRange, RangeIndex
 from engine.server.aggregation import Aggregator, make_aggregator
 from engine.server.learning import PLAIN, Learning
-from engine.server.optimizers import ServerOptimizer
+from engine.server.optimizers import Proximal, ServerOptimizer
 from engine.server.update import Update
 from engine.wire.protocol import ANY_CLOCK
 
@@ -150,6 +150,9 @@ class ShardState:
 
     def read(self, keys: KeyRange, index: np.ndarray | None = None) -> np.ndarray:
         self._check_owned(keys)
+        if isinstance(self.optimizer, Proximal):  # owes unpushed keys their penalty steps
+            self.optimizer.bring_current(self.params, self.keys.local(keys),
+                                         None if index is None else index - self.keys.start)
         if index is None:
             return self.params[self.keys.local(keys)]
         values: np.ndarray = self.params[index - self.keys.start]
@@ -215,6 +218,8 @@ class ShardState:
             return self.aggregator.weight * self.learning.scale(step, clock=clock)
         scaled = self.aggregator.immediate(update)
         scale = self.learning.scale(step, (worker, staleness, scaled), clock=clock)
+        if isinstance(self.optimizer, Proximal):  # a push is this share of one step
+            self.optimizer.share = self.aggregator.weight
         self._apply(scaled, scale=scale)
         return self.aggregator.weight * scale
 
@@ -227,6 +232,8 @@ class ShardState:
         complete = self.controller.on_commit(worker, clock, ranges)
         refused: list[str] = []
         if complete:
+            if isinstance(self.optimizer, Proximal):  # a round is one step
+                self.optimizer.share = 1.0
             for update in self.aggregator.release(complete):
                 try:
                     self._apply(update, count=False,

@@ -46,6 +46,7 @@ class SharedModel:
         from engine.models.flat import train_step_np
 
         np.copyto(self.model.params_np, params)
+        assert isinstance(shard.inputs, np.ndarray)  # the simulator refuses sparse data sets
         loss = train_step_np(self.model, shard.inputs[batch], shard.targets[batch])
         return loss, self.model.grads_np.copy()
 

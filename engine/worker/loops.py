@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.config import RunConfig
+from engine.datasets.sparse import SparseSplit
 from engine.errors import RunFailed, ShuttingDown
 from engine.keys import KeyRange
 from engine.roles.control import Lost, SyncControl
@@ -40,6 +41,7 @@ from engine.worker.heterogeneity import Slowdown
 
 if TYPE_CHECKING:  # torch is imported by the worker role, not by whoever lists the loops
     from engine.models.flat import FlatModel
+    from engine.worker.sparse import SparseLogReg
 
 REPORT_EVERY_S = 0.5
 
@@ -48,7 +50,7 @@ REPORT_EVERY_S = 0.5
 class Shard:
     """This worker's part of the training set, and how it is cut into batches."""
 
-    inputs: np.ndarray
+    inputs: np.ndarray | SparseSplit
     targets: np.ndarray
     batch_size: int
 
@@ -61,7 +63,8 @@ class Shard:
         return [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
 
-def shard_for(inputs: np.ndarray, targets: np.ndarray, *, rank: int, workers: int, seed: int,
+def shard_for(inputs: np.ndarray | SparseSplit, targets: np.ndarray, *, rank: int, workers: int,
+              seed: int,
               batch_size: int) -> Shard:
     """Equal-sized disjoint shards, so every worker runs the same number of iterations (which
     BSP needs); at most ``workers - 1`` samples are left out."""
@@ -70,7 +73,8 @@ def shard_for(inputs: np.ndarray, targets: np.ndarray, *, rank: int, workers: in
         raise RunFailed(f"{len(targets)} training samples cannot feed {workers} workers")
     order = np.random.default_rng(seed).permutation(len(targets))
     mine = np.sort(order[rank * per_worker:(rank + 1) * per_worker])
-    return Shard(inputs[mine], targets[mine], batch_size)
+    rows = inputs.rows(mine) if isinstance(inputs, SparseSplit) else inputs[mine]
+    return Shard(rows, targets[mine], batch_size)
 
 
 class Worker:
@@ -87,12 +91,12 @@ class Worker:
         self._stopping: str | None = None
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
 
-    def run(self, shard: Shard, model: FlatModel) -> int:
+    def run(self, shard: Shard, model: FlatModel | SparseLogReg) -> int:
         """Train until the epochs are done or the coordinator says stop; returns iterations.
         A restarted (or resumed) worker starts at the clock the servers hold for it."""
         if self.rank == 0:  # the servers keep the first INIT: a restarted worker 0's is ignored
             self.client.wait(self.client.init(model.params_np))
-        loop = self._loop_class()(self, model)
+        loop = self._loop_class()(self, model)  # type: ignore[arg-type]  # each loop its model
         base = self.clock_base
         first = loop.resume_iteration(max(self.client.clock() - base, 0))
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
@@ -341,6 +345,7 @@ def merge_pushes(results: list[PushResult]) -> PushResult:
 def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
     from engine.models.flat import train_step_np
 
+    assert isinstance(shard.inputs, np.ndarray), "sparse rows train in engine.worker.sparse"
     return train_step_np(model, shard.inputs[batch], shard.targets[batch])
 
 

@@ -9,11 +9,13 @@ one class (usually a ``PlainLoop`` subclass) plus a line here.
 from __future__ import annotations
 
 from engine.config import RunConfig
+from engine.datasets.sparse import is_sparse_synthetic
 from engine.registry import Registry
 from engine.worker.delayed import DelayedLoop
 from engine.worker.downpour import DownpourLoop
 from engine.worker.loops import LayeredLoop, OverlappedLoop, PlainLoop
 from engine.worker.scheduled import ScheduledLoop
+from engine.worker.sparse import SparseLoop
 
 WORKER_LOOPS: Registry[type[PlainLoop]] = Registry("worker loop")
 WORKER_LOOPS.register("plain", PlainLoop, "pull, compute, push the whole model, each waited for")
@@ -25,6 +27,9 @@ WORKER_LOOPS.register("delayed", DelayedLoop,
                       "bounded delay: up to --delay own iterations in flight")
 WORKER_LOOPS.register("downpour", DownpourLoop,
                       "asp: fetch every --fetch-every, push the sum every --push-every iterations")
+WORKER_LOOPS.register("sparse", SparseLoop,
+                      "sparse logistic regression: pull and push each batch's working set, KKT "
+                      "filter, bounded delay")
 WORKER_LOOPS.register("scheduled", ScheduledLoop,
                       "per-layer pulls and pushes through a request pool, in --schedule's order")
 
@@ -32,6 +37,8 @@ WORKER_LOOPS.register("scheduled", ScheduledLoop,
 def loop_name(config: RunConfig) -> str:
     if config.train.loop != "auto":
         return config.train.loop
+    if is_sparse_synthetic(config.data.dataset):
+        return "sparse"
     if config.train.overlap:
         return "overlapped"
     if config.train.downpour:

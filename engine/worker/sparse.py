@@ -1,0 +1,185 @@
+"""Sparse logistic regression on a parameter server (seed 003, OSDI'14's evaluation workload).
+
+The keys are one weight per feature. A mini-batch touches a few thousand of a million features:
+its **working set**. A worker pulls only those keys, computes the logistic-loss gradient on them
+(numpy and scipy; no torch), and pushes only them. With an L1 penalty the servers take a
+proximal step (``engine.server.optimizers.Proximal``), and the **KKT filter** leaves out every
+key whose weight is 0 and whose gradient satisfies |g| <= l1: the proximal step would leave that
+weight at exactly 0, so sending it changes nothing (it is exact, not an approximation, for plain
+SGD and Adagrad steps from 0).
+
+The loop is bounded delay's (``engine.worker.delayed``): a task is compute, push, then pull the
+next batch's working set right behind the push; task c computes once the pushes of tasks older
+than c - T are acknowledged. Under the clocked models (bsp, ssp, dssp) T is 0 and each pull asks
+for its clock; under bounded delay and asp pulls take the newest values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.datasets.sparse import SparseSplit
+from engine.errors import ShuttingDown
+from engine.wire.protocol import ANY_CLOCK
+from engine.wire.records import IterationRecord
+from engine.worker.client import PullHandle, PushHandle
+from engine.worker.loops import PlainLoop, Shard, iteration_row, push_bytes
+
+if TYPE_CHECKING:
+    from engine.worker.loops import Worker
+
+
+class SparseLogReg:
+    """Binary logistic regression over ``features`` weights; ``params_np`` is the whole model
+    (the initial values worker 0 sends, and what the evaluator pulls into)."""
+
+    def __init__(self, features: int) -> None:
+        self.params_np = np.zeros(features, dtype=np.float32)
+
+    @staticmethod
+    def gradient(rows: SparseSplit, keys: np.ndarray,
+                 weights: np.ndarray) -> tuple[float, np.ndarray]:
+        """(mean logistic loss, its gradient on ``keys``) for ``rows``, whose features all lie
+        in ``keys`` (sorted), with ``weights`` the values of ``keys``."""
+        from scipy.sparse import csr_matrix
+        from scipy.special import expit
+
+        local = np.searchsorted(keys, rows.indices)
+        matrix = csr_matrix((rows.values, local, rows.indptr), shape=(len(rows), len(keys)))
+        margins = matrix @ weights.astype(np.float64)
+        labels = rows.labels
+        loss = float(np.mean(np.logaddexp(0.0, margins) - labels * margins))
+        grad = matrix.T @ ((expit(margins) - labels) / len(rows))
+        return loss, np.asarray(grad, dtype=np.float32)
+
+
+def objective(weights: np.ndarray, rows: SparseSplit, l1: float) -> float:
+    """Mean logistic loss over ``rows`` plus l1 * |w|_1: what the run minimises."""
+    margins = rows.matrix(len(weights)) @ weights.astype(np.float64)
+    loss = np.mean(np.logaddexp(0.0, margins) - rows.labels * margins)
+    return float(loss + l1 * np.abs(weights, dtype=np.float64).sum())
+
+
+def accuracy(weights: np.ndarray, rows: SparseSplit) -> float:
+    margins = rows.matrix(len(weights)) @ weights.astype(np.float64)
+    return float(np.mean((margins > 0) == (rows.labels == 1)))
+
+
+def working_set(rows: SparseSplit) -> np.ndarray:
+    """The sorted distinct features of ``rows``: the keys a batch pulls and pushes."""
+    return np.unique(rows.indices).astype(np.int64)
+
+
+def kkt_mask(weights: np.ndarray, grad: np.ndarray, l1: float) -> np.ndarray:
+    """True where a key must be pushed: not (weight 0 and |g| <= l1)."""
+    mask: np.ndarray = (weights != 0) | (np.abs(grad) > np.float32(l1))
+    return mask
+
+
+@dataclass
+class _Task:
+    clock: int
+    pushes: list[PushHandle]
+    row: IterationRecord  # provisional until the push is acknowledged
+
+
+@dataclass
+class _Pull:
+    keys: np.ndarray
+    values: np.ndarray
+    handle: PullHandle
+
+
+class SparseLoop(PlainLoop):
+    def __init__(self, worker: Worker, model: SparseLogReg) -> None:
+        self.worker, self.sparse = worker, model
+        self.client = worker.client
+        self.last_clock, self.first_clock, self.filter = -1, 0, None
+        config = worker.config
+        self.l1 = config.optimizer.l1
+        self.kkt = config.comm.kkt_filter and self.l1 > 0
+        newest = config.sync.model in ("bounded-delay", "asp")
+        self.delay = config.sync.delay if config.sync.model == "bounded-delay" else 0
+        self.newest = newest
+        self.keys_computed = self.keys_pushed = 0
+
+    def train(self, shard: Shard, start: int = 0, base: int = 0) -> int:
+        cfg, done = self.worker.config.train, start
+        per_epoch = shard.iterations_per_epoch
+        self.last_clock = base + cfg.epochs * per_epoch - 1
+        self.first_clock = base + start
+        self._tasks: deque[_Task] = deque()
+        self._next: _Pull | None = None
+        rows = shard.inputs
+        assert isinstance(rows, SparseSplit)
+        try:
+            for epoch in range(start // per_epoch, cfg.epochs):
+                rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
+                batches = [rows.rows(np.sort(b)) for b in
+                           shard.batches(rng)[done - epoch * per_epoch:]]
+                for index, batch in enumerate(batches):
+                    if self.worker.should_stop():
+                        return done
+                    following = batches[index + 1] if index + 1 < len(batches) else None
+                    self._tasks.append(self._task(batch, following, epoch, base + done))
+                    done += 1
+                self.worker.epoch_done(epoch)
+            return done
+        except ShuttingDown as exc:
+            self.worker._stopping = self.worker._stopping or str(exc)
+            return done
+        finally:
+            with contextlib.suppress(ShuttingDown):
+                while self._tasks:
+                    self._finish(self._tasks.popleft())
+                if self._next is not None:
+                    self.client.wait(self._next.handle)
+
+    def _pull(self, batch: SparseSplit, clock: int) -> _Pull:
+        keys = working_set(batch)
+        values = np.empty(len(keys), dtype=np.float32)
+        return _Pull(keys, values, self.client.pull(
+            keys, values, clock=ANY_CLOCK if self.newest else clock))
+
+    def _task(self, batch: SparseSplit, following: SparseSplit | None, epoch: int,
+              clock: int) -> _Task:
+        started, t0 = time.time(), time.perf_counter()
+        while self._tasks and self._tasks[0].clock < clock - self.delay:
+            self._finish(self._tasks.popleft())
+        pull = self._next or self._pull(batch, clock)
+        pulled = self.client.wait(pull.handle)
+        t1 = time.perf_counter()
+        loss, grad = self.sparse.gradient(batch, pull.keys, pull.values)
+        self.worker.slowdown.stretch(time.perf_counter() - t1)
+        keys, values = pull.keys, grad
+        if self.kkt:
+            mask = kkt_mask(pull.values, grad, self.l1)
+            keys, values = keys[mask], grad[mask]
+        self.keys_computed += len(grad)
+        self.keys_pushed += len(keys)
+        t2 = time.perf_counter()
+        pushed_at = time.time()
+        pushes = [self.client.push(keys, values, clock=clock, base_versions=pulled.versions,
+                                   pushed_at=pushed_at, waited_s=0.0,
+                                   final=clock == self.last_clock, span=self.worker.keys)]
+        # The next batch's working set, right behind this push on the same connections.
+        self._next = self._pull(following, clock + 1) if following is not None else None
+        t3 = time.perf_counter()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                            t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
+        return _Task(clock, pushes, row.model_copy(update={"pushed_at": pushed_at}))
+
+    def _finish(self, task: _Task) -> None:
+        pushed = self.settle(task.pushes)
+        self.worker.record(task.row.model_copy(update={
+            "staleness": pushed.staleness, "lr_scale": pushed.lr_scale, **push_bytes(pushed),
+            "bytes_sent": task.row.bytes_sent + pushed.bytes_sent,
+            "bytes_received": task.row.bytes_received + pushed.bytes_received,
+            "acked_at": pushed.answered_at}))
