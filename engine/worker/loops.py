@@ -163,6 +163,7 @@ class PlainLoop:
     def __init__(self, worker: Worker, model: FlatModel) -> None:
         self.worker, self.model = worker, model
         self.client = worker.client
+        self.next_batch: np.ndarray | None = None
         self.last_clock = -1
         self.first_clock = 0  # above 0 for a restarted or resumed worker
         self.filter = make_filter(worker.config.comm,
@@ -229,9 +230,12 @@ class PlainLoop:
             for epoch in range(start // per_epoch, cfg.epochs):
                 rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
                 # The same batches in the same order as before a restart, from where it was.
-                for batch in shard.batches(rng)[done - epoch * per_epoch:]:
+                batches = shard.batches(rng)[done - epoch * per_epoch:]
+                for index, batch in enumerate(batches):
                     if self.worker.should_stop():
                         return done
+                    # Loops that prefetch what the next batch needs look here (None: the last).
+                    self.next_batch = batches[index + 1] if index + 1 < len(batches) else None
                     self.step(shard, batch, epoch, base + done)
                     done += 1
                 self.worker.epoch_done(epoch)

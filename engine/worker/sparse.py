@@ -100,46 +100,30 @@ class SparseLoop(PlainLoop):
     def __init__(self, worker: Worker, model: SparseLogReg) -> None:
         self.worker, self.sparse = worker, model
         self.client = worker.client
+        self.next_batch: np.ndarray | None = None
         self.last_clock, self.first_clock, self.filter = -1, 0, None
         config = worker.config
         self.l1 = config.optimizer.l1
         self.kkt = config.comm.kkt_filter and self.l1 > 0
-        newest = config.sync.model in ("bounded-delay", "asp")
+        self.newest = config.sync.model in ("bounded-delay", "asp")  # else pulls wait a clock
         self.delay = config.sync.delay if config.sync.model == "bounded-delay" else 0
-        self.newest = newest
-        self.keys_computed = self.keys_pushed = 0
 
-    def train(self, shard: Shard, start: int = 0, base: int = 0) -> int:
-        cfg, done = self.worker.config.train, start
-        per_epoch = shard.iterations_per_epoch
-        self.last_clock = base + cfg.epochs * per_epoch - 1
-        self.first_clock = base + start
+    def begin(self) -> None:
         self._tasks: deque[_Task] = deque()
         self._next: _Pull | None = None
+
+    def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
         rows = shard.inputs
         assert isinstance(rows, SparseSplit)
-        try:
-            for epoch in range(start // per_epoch, cfg.epochs):
-                rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
-                batches = [rows.rows(np.sort(b)) for b in
-                           shard.batches(rng)[done - epoch * per_epoch:]]
-                for index, batch in enumerate(batches):
-                    if self.worker.should_stop():
-                        return done
-                    following = batches[index + 1] if index + 1 < len(batches) else None
-                    self._tasks.append(self._task(batch, following, epoch, base + done))
-                    done += 1
-                self.worker.epoch_done(epoch)
-            return done
-        except ShuttingDown as exc:
-            self.worker._stopping = self.worker._stopping or str(exc)
-            return done
-        finally:
-            with contextlib.suppress(ShuttingDown):
-                while self._tasks:
-                    self._finish(self._tasks.popleft())
-                if self._next is not None:
-                    self.client.wait(self._next.handle)
+        following = None if self.next_batch is None else rows.rows(np.sort(self.next_batch))
+        self._tasks.append(self._task(rows.rows(np.sort(batch)), following, epoch, clock))
+
+    def end(self) -> None:
+        with contextlib.suppress(ShuttingDown):
+            while self._tasks:
+                self._finish(self._tasks.popleft())
+            if self._next is not None:  # a stop came between a prefetch and its batch
+                self.client.wait(self._next.handle)
 
     def _pull(self, batch: SparseSplit, clock: int) -> _Pull:
         keys = working_set(batch)
@@ -161,8 +145,6 @@ class SparseLoop(PlainLoop):
         if self.kkt:
             mask = kkt_mask(pull.values, grad, self.l1)
             keys, values = keys[mask], grad[mask]
-        self.keys_computed += len(grad)
-        self.keys_pushed += len(keys)
         t2 = time.perf_counter()
         pushed_at = time.time()
         pushes = [self.client.push(keys, values, clock=clock, base_versions=pulled.versions,
