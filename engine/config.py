@@ -531,6 +531,24 @@ class RunConfig(_Frozen):
     fault: FaultConfig = FaultConfig()
     ray: RayConfig = RayConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sparse_defaults(cls, data: Any) -> Any:
+        """Sparse data sets default to their workload's settings (seed 003): logistic regression
+        under bounded delay, unless the run says otherwise."""
+        from engine.datasets.sparse import is_sparse_synthetic
+
+        section = data.get("data") if isinstance(data, dict) else None
+        dataset = section.get("dataset") if isinstance(section, dict) else None
+        if not isinstance(dataset, str) or not is_sparse_synthetic(dataset):
+            return data
+        data = dict(data)
+        for name, key, value in (("sync", "model", "bounded-delay"), ("model", "name", "logreg")):
+            part = data.get(name, {})
+            if isinstance(part, dict) and key not in part:
+                data[name] = {**part, key: value}
+        return data
+
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
         if self.train.overlap and self.sync.model != "asp":
