@@ -3,8 +3,10 @@ the repository's root, with the output the page shows."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +66,13 @@ def test_the_commands_run_and_say_what_the_page_says(tmp_path: Path) -> None:
     assert len(got) == 2 == len(claimed)
     for mine, theirs in zip(got, claimed, strict=True):  # the runs are seeded; threads may vary
         assert abs(float(mine) - float(theirs)) <= 2.0, (got, claimed)
+    stored = dict(sqlite3.connect(tmp_path / "experiments.db").execute(
+        "SELECT dataset, config_json FROM runs").fetchall())
+    assert set(stored) == {"digits", "blobs"}  # a user's data set is named by its file's stem
+    user_model = json.loads(stored["digits"])["model"]["name"]
+    assert user_model == f"{REPO / 'docs' / 'examples' / 'small_cnn.py'}:build"  # made absolute
+    assert json.loads(stored["blobs"])["data"]["dataset"] == \
+        f"{REPO / 'docs' / 'examples' / 'blobs.py'}:load"
     gpu = subprocess.run(["bash", "-c", BASH[1]], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120, check=False)
     said = gpu.stdout + gpu.stderr

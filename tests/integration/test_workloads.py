@@ -1,12 +1,13 @@
-"""Real launches of the other workloads: the built-in CNN on MNIST images, a user's model file
-on a user's data file, and a model file that builds something else in one process."""
+"""Real launches of the other workloads: the built-in CNN on MNIST images, a model file that
+builds something else in one process, and sparse logistic regression against scikit-learn (the
+user's model and data files of docs/models.md run in tests/test_models_doc.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.conftest import REPO, psctl
+from tests.conftest import psctl
 from tests.integration.support import query
 
 
@@ -31,22 +32,6 @@ def test_the_cnn_learns_mnist_images_under_bsp(tmp_path: Path, mnist_dir: Path) 
                        "AND detail LIKE '%server%'", run_id)
     assert ranges, "the servers joined"
     assert "bsp-w2s2-mnist" in query(db, "SELECT name FROM runs")[0][0]
-
-
-def test_a_user_model_file_on_a_user_data_file(tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
-    model = tmp_path / "net.py"
-    model.write_text("from torch import nn\n\ndef build(shape, classes):\n"
-                     "    return nn.Sequential(nn.Linear(shape[0], 16), nn.BatchNorm1d(16), "
-                     "nn.ReLU(), nn.Linear(16, classes))\n")
-    done = psctl("launch", "--model", f"{model.name}:build", "--dataset",
-                 str(REPO / "docs" / "examples" / "blobs.py") + ":load", "--epochs", "2",
-                 "--workers", "2", "--servers", "1", "--no-live", db=db, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    _, best, config = _run(db)
-    assert best >= 0.95
-    assert config["model"]["name"] == f"{model}:build"  # type: ignore[index]  # absolute
-    assert query(db, "SELECT dataset FROM runs") == [("blobs",)]
 
 
 def test_a_model_file_that_builds_differently_fails_the_run_with_the_difference(
