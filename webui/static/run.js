@@ -193,8 +193,10 @@
     top(cards.acc, [{ type: "scatter", mode: "lines+markers", name: "test accuracy", x: S.evals.map(ex), y: S.evals.map((e) => 100 * e.accuracy) }],
       PS.layout("Test accuracy", mode, "accuracy (%)", { showlegend: false, shapes }));
     PS.setCount(cards.acc, S.evals.length, S.evals.length);
-    top(cards.tloss, [{ type: "scatter", mode: "lines+markers", name: "test loss", x: S.evals.map(ex), y: S.evals.map((e) => e.loss) }],
-      PS.layout("Test loss", mode, "cross-entropy", { showlegend: false, shapes }));
+    // Sparse logistic regression records its training objective as the evaluation's loss.
+    const objective = sum.dataset === "sparse-synthetic";
+    top(cards.tloss, [{ type: "scatter", mode: "lines+markers", name: objective ? "objective" : "test loss", x: S.evals.map(ex), y: S.evals.map((e) => e.loss) }],
+      PS.layout(objective ? "Training objective" : "Test loss", mode, objective ? "logistic loss + l1 |w|" : "cross-entropy", { showlegend: false, shapes }));
     PS.setCount(cards.tloss, S.evals.length, S.evals.length);
     const [thrAll, nAll] = lineTraces(groups, mode, "throughput", { only: "all" });
     const [thrW, nW] = lineTraces(groups, mode, "throughput", {});
