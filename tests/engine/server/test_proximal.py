@@ -70,3 +70,23 @@ def test_l1_is_refused_where_it_is_no_proximal_step(settings: dict[str, object],
                                                      says: str) -> None:
     with pytest.raises(ValidationError, match=says):
         OptimizerConfig.model_validate(settings)
+
+
+def test_a_shard_settles_the_penalty_on_reads_and_a_mean_push_carries_its_share() -> None:
+    from engine.consistency.base import ASP
+    from engine.keys import KeyRange
+    from engine.server.shard import ShardState
+
+    keys = KeyRange(10, 14)
+    optimizer = make_optimizer(OptimizerConfig(name="sgd", lr=1.0, momentum=0, l1=0.1), 4)
+    state = ShardState(keys, ASP(2), optimizer, workers=2)
+    assert state.init(keys, np.array([1.0, -1.0, 1.0, 0.5], dtype=np.float32))
+    # Two workers under the mean rule: each push is half a step, of gradient and of penalty.
+    for worker in (0, 1):
+        state.push(worker, 0, keys, np.array([0.2], dtype=np.float32),
+                   index=np.array([10], dtype=np.uint32))
+    # Key 10 took two half steps: 1 - 2 * (0.1 + 0.05) = 0.7. Keys 11-13 owe two half steps of
+    # penalty, 0.1 in all, settled by the read itself.
+    np.testing.assert_allclose(state.read(keys), [0.7, -0.9, 0.9, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(state.params, [0.7, -0.9, 0.9, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(state.read(keys), [0.7, -0.9, 0.9, 0.4], rtol=1e-6)  # paid once
