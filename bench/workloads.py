@@ -163,7 +163,9 @@ def sparse_run(args: argparse.Namespace, kkt: bool, name: str) -> dict[str, Any]
         args.db, "SELECT avg(bytes_sent), avg(bytes_received), avg(push_bytes), "
                  "avg(push_bytes_dense) FROM iterations WHERE run_id = ?", run_id)[0]
     outcome = C.training_outcome(args.db, run_id)
+    models = C.run_events(args.db, run_id, "sparse_model")
     row = {"kkt": kkt, "run_id": run_id, "status": status, "objective": final[0],
+           "nonzero": models[-1][1]["nonzero"] if models else None,
            "accuracy": final[1], "bytes_per_iteration": sent + received,
            "push_bytes": pushed, "dense_frame_bytes": dense,
            "training_s": outcome["training_s"],
@@ -202,16 +204,16 @@ def sparse_docs(payload: dict[str, Any]) -> str:
         f"{ref['fit_s']:.0f} s). Dense model: a push and a pull of all 1,000,000 float32 "
         "values (the dense push frame, measured). Reproduce: "
         "`python bench/workloads.py --part sparse`."), "",
-        "| pass | KKT filter | status | final objective | / reference | test accuracy | "
-        "bytes per iteration | / dense | push bytes | training s |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        "| pass | KKT filter | status | final objective | / reference | nonzero weights | "
+        "test accuracy | bytes per iteration | / dense | push bytes | training s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
     for number, one in enumerate(payload["passes"], start=1):
         for run in one["runs"]:
             dense = 2 * run["dense_frame_bytes"]
             lines.append(
                 f"| {number} | {'on' if run['kkt'] else 'off'} | {run['status']} | "
                 f"{run['objective']:.5f} | {run['objective'] / ref['objective']:.4f} | "
-                f"{run['accuracy']:.2%} | {run['bytes_per_iteration']:.0f} | "
+                f"{run['nonzero']:,} | {run['accuracy']:.2%} | {run['bytes_per_iteration']:.0f} | "
                 f"{run['bytes_per_iteration'] / dense:.2%} | {run['push_bytes']:.0f} | "
                 f"{run['training_s']:.0f} |")
     saved = [1 - by["on"] / by["off"] for by in (

@@ -28,9 +28,9 @@ from engine.roles.control import Lost, SyncControl
 from engine.roles.lifecycle import hello
 from engine.roles.worker import check_layout, connect_client
 from engine.transport.base import Transport
-from engine.wire.messages import Evaluate, Evaluation, Exit, Stop, Welcome
+from engine.wire.messages import Evaluate, Evaluation, Event, Exit, Stop, Welcome
 from engine.wire.protocol import ANY_CLOCK, Role
-from engine.wire.records import EvaluationRecord
+from engine.wire.records import EvaluationRecord, EventRecord
 from engine.worker.client import ParameterClient
 from engine.worker.sparse import accuracy, objective
 
@@ -66,11 +66,13 @@ class SparseEvaluator:
                  started_at: float) -> None:
         self.weights = np.zeros(features, dtype=np.float32)
         self.data, self.l1, self.client, self.started_at = data, l1, client, started_at
+        self.nonzero = 0  # weights not exactly 0 at the last measurement
 
     def measure(self, epoch: float) -> EvaluationRecord:
         pulled = self.client.wait(self.client.pull(KeyRange(0, len(self.weights)), self.weights,
                                                    clock=ANY_CLOCK))
         loss = objective(self.weights, self.data.train, self.l1)
+        self.nonzero = int(np.count_nonzero(self.weights))
         now = time.time()
         return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0),
                                 step=max(pulled.versions.values()),
@@ -116,6 +118,9 @@ def serve_requests(evaluator: Measures, control: SyncControl) -> None:
             return
         if isinstance(message, Evaluate):
             row = evaluator.measure(message.epoch)
+            if isinstance(evaluator, SparseEvaluator):  # how sparse the solution is, too
+                control.send(Event(row=EventRecord(at=row.at, kind="sparse_model", detail={
+                    "epoch": row.epoch, "objective": row.loss, "nonzero": evaluator.nonzero})))
             control.send(Evaluation(row=row, final=message.final))
         elif not isinstance(message, Stop):
             raise RunFailed(f"the evaluator got an unexpected {message.type} message")

@@ -81,6 +81,9 @@ def test_sparse_logistic_regression_moves_working_sets_and_nears_the_optimum(
             data.train.matrix(5000), data.train.labels)
     best = objective(model.coef_.ravel().astype(np.float32), data.train, 1e-3)
     assert objectives[-1] < objectives[0]
+    models = [json.loads(d) for (d,) in query(db, "SELECT detail FROM events WHERE kind = "
+                                                  "'sparse_model' ORDER BY at")]
+    assert len(models) == len(objectives) and 0 < models[-1]["nonzero"] <= 5000
     assert objectives[-1] <= 1.05 * best, (objectives, best)
     pushed, dense, pulled_keys = query(
         db, "SELECT avg(push_bytes), avg(push_bytes_dense), avg(bytes_received) FROM "
