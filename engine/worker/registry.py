@@ -27,11 +27,11 @@ WORKER_LOOPS.register("delayed", DelayedLoop,
                       "bounded delay: up to --delay own iterations in flight")
 WORKER_LOOPS.register("downpour", DownpourLoop,
                       "asp: fetch every --fetch-every, push the sum every --push-every iterations")
+WORKER_LOOPS.register("scheduled", ScheduledLoop,
+                      "per-layer pulls and pushes through a request pool, in --schedule's order")
 WORKER_LOOPS.register("sparse", SparseLoop,
                       "sparse logistic regression: pull and push each batch's working set, KKT "
                       "filter, bounded delay")
-WORKER_LOOPS.register("scheduled", ScheduledLoop,
-                      "per-layer pulls and pushes through a request pool, in --schedule's order")
 
 
 def loop_name(config: RunConfig) -> str:
