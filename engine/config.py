@@ -230,6 +230,13 @@ class OptimizerConfig(_Frozen):
     clip_norm: float | None = Field(None, gt=0, description=(
         "servers scale a pushed gradient whose L2 norm (of the part on one shard) exceeds this "
         "down to it; off by default"))
+    history: int = Field(10, ge=1, le=20, description=(
+        "lbfgs: correction pairs kept (L-BFGS's m)"))
+    portions: int | None = Field(None, ge=1, le=65536, description=(
+        "lbfgs: data portions per pass over the training set [8 per worker]"))
+    backups: bool = Field(True, description=(
+        "lbfgs: idle workers take a copy of the portion that has run longest; the first copy "
+        "to finish counts (Sandblaster's backup tasks)"))
 
     @field_validator("name")
     @classmethod
@@ -549,6 +556,19 @@ class RunConfig(_Frozen):
                 data[name] = {**part, key: value}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lbfgs_defaults(cls, data: Any) -> Any:
+        """Sandblaster L-BFGS applies pushes as they come, summed (its own tasks say when):
+        asp and the sum rule, unless the run says otherwise (and is then refused)."""
+        section = data.get("optimizer") if isinstance(data, dict) else None
+        if not isinstance(section, dict) or section.get("name") != "lbfgs":
+            return data
+        sync = data.get("sync", {})
+        if isinstance(sync, dict):
+            data = {**data, "sync": {"model": "asp", "push_scale": "sum", **sync}}
+        return data
+
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
         if self.train.overlap and self.sync.model != "asp":
@@ -571,6 +591,7 @@ class RunConfig(_Frozen):
             raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
                              "runs the delayed loop, and only it does")
         _sparse_fits(self)
+        _lbfgs_fits(self)
         if self.cluster.backend == "sim":
             _simulable(self)
         _killable(self)
@@ -617,6 +638,42 @@ def _sparse_fits(config: RunConfig) -> None:
         ("cluster.backend sim", config.cluster.backend == "sim")) if used]
     if unsupported:
         raise ValueError(f"the sparse logistic-regression loop does not take "
+                         f"{', '.join(unsupported)}")
+
+
+def _lbfgs_fits(config: RunConfig) -> None:
+    """Sandblaster L-BFGS moves the parameters itself: nothing may scale, filter, delay or
+    change the gradient sums its line search compares."""
+    from engine.datasets.sparse import is_sparse_synthetic
+
+    loop = config.train.loop
+    if config.optimizer.name != "lbfgs":
+        if loop == "sandblaster":
+            raise ValueError("train.loop sandblaster is Sandblaster L-BFGS's: it needs "
+                             "optimizer.name lbfgs (--optimizer lbfgs)")
+        return
+    opt, comm, train, learning = config.optimizer, config.comm, config.train, config.learning
+    unsupported = [name for name, used in (
+        ("sync.model " + config.sync.model, config.sync.model != "asp"),
+        ("sync.push_scale " + config.sync.push_scale, config.sync.push_scale != "sum"),
+        ("train.loop " + loop, loop not in ("auto", "sandblaster")),
+        ("train.overlap", train.overlap),
+        ("train fetch_every/push_every/warm_start", train.downpour),
+        ("optimizer.weight_decay", opt.weight_decay > 0), ("optimizer.l1", opt.l1 > 0),
+        ("optimizer.clip_norm", opt.clip_norm is not None),
+        ("learning.schedule " + learning.schedule, learning.schedule != "constant"),
+        ("learning.rule " + learning.rule, learning.rule != "none"),
+        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
+        ("comm.schedule", comm.schedule != "none"),
+        ("comm.range_size", comm.range_size is not None),
+        ("comm.wire_dtype " + comm.wire_dtype, comm.wire_dtype != "float32"),
+        ("cluster.replicas", config.cluster.replicas > 0),
+        ("fault.checkpoint_every_s", config.fault.checkpoint_every_s is not None),
+        ("cluster.backend sim", config.cluster.backend == "sim"),
+        ("sparse data sets", is_sparse_synthetic(config.data.dataset)),
+    ) if used]
+    if unsupported:
+        raise ValueError(f"optimizer lbfgs (Sandblaster L-BFGS) does not take "
                          f"{', '.join(unsupported)}")
 
 

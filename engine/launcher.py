@@ -87,7 +87,9 @@ class LaunchResult:
 
 def default_run_name(config: RunConfig) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return (f"{config.sync.model}-w{config.cluster.workers}s{config.cluster.servers}-"
+    # Sandblaster's asp is only how its pushes land: the method is what names the run.
+    method = "lbfgs" if config.optimizer.name == "lbfgs" else config.sync.model
+    return (f"{method}-w{config.cluster.workers}s{config.cluster.servers}-"
             f"{label(config.data.dataset)}-{stamp}")
 
 

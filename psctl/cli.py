@@ -132,6 +132,14 @@ def launch(
         "--momentum 0, or adagrad [0: off]")] = None,
     clip_norm: Annotated[float | None, typer.Option(
         help="servers scale each pushed gradient down to this L2 norm (per shard) [off]")] = None,
+    lbfgs_history: Annotated[int | None, typer.Option(
+        help="--optimizer lbfgs: correction pairs kept (L-BFGS's m) [10]")] = None,
+    portions: Annotated[int | None, typer.Option(
+        help="--optimizer lbfgs: data portions per pass over the training set [8 per worker]")] \
+        = None,
+    backups: Annotated[bool | None, typer.Option(
+        "--backups/--no-backups", help="--optimizer lbfgs: idle workers take copies of the "
+        "portions that have run longest; the first to finish counts [on]")] = None,
     aggregation: Annotated[str | None, typer.Option(help=policies.AGGREGATION_HELP)] = None,
     loop: Annotated[str | None, typer.Option(help=policies.LOOP_HELP)] = None,
     seed: Annotated[int | None, typer.Option(help="seed for initialisation and shuffling [0]")] =

@@ -26,6 +26,7 @@ from engine.errors import (
     ConnectionClosed,
     ProtocolError,
     PsctlError,
+    RunFailed,
     StoreError,
 )
 from engine.faults import FaultPlan
@@ -38,6 +39,7 @@ from engine.roles.peer import Peer, Progress
 from engine.roles.placement import Placement
 from engine.roles.recovery import Recovery
 from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
+from engine.roles.sandblaster import Sandblaster
 from engine.roles.scaling import Scaling
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
@@ -59,6 +61,9 @@ from engine.wire.messages import (
     Start,
     Stop,
     Syncs,
+    TaskDone,
+    TaskPushed,
+    VectorResults,
     Welcome,
     dump_control,
     layout_info,
@@ -195,6 +200,10 @@ class Coordinator(Recovery, Scaling, Moves):
         self._all_done = asyncio.Event()
         self._listener: Listener | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        # Sandblaster L-BFGS (--optimizer lbfgs): made when training starts.
+        self.sandblaster: Sandblaster | None = None
+        self._sandblaster_task: asyncio.Task[None] | None = None
+        self._train_samples = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -260,6 +269,8 @@ class Coordinator(Recovery, Scaling, Moves):
         except ConnectionClosed as exc:
             if peer.leaving or self.outcome.done():
                 return
+            if peer.role == "worker" and self.sandblaster is not None:
+                self.sandblaster.lost(peer.rank)  # its tasks go to the others
             if self._restartable(peer):
                 self._lose(peer)
             elif peer.role == "server" and self.config.cluster.replicas and peer.welcomed:
@@ -401,8 +412,11 @@ class Coordinator(Recovery, Scaling, Moves):
             self._event("worker_ready", rank=peer.rank,
                         iterations_per_epoch=message.iterations_per_epoch,
                         first_iteration=message.first_iteration)
+            self._train_samples = message.train_samples
             if self.training.is_set():  # a restarted worker: the others are training already
                 self._spawn(self._send(peer, Start()))
+                if self.sandblaster is not None:
+                    self.sandblaster.joined(peer.rank)
             elif len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
                 planned = self.config.train.epochs * sum(
                     self.progress.iterations_per_epoch.values())
@@ -420,6 +434,14 @@ class Coordinator(Recovery, Scaling, Moves):
             self._on_epoch_done(peer.rank, message.epoch)
         elif isinstance(message, Done):
             self._on_done(peer, message)
+        elif isinstance(message, VectorResults | TaskDone | TaskPushed):
+            if self.sandblaster is None or (peer.role == "server") != isinstance(
+                    message, VectorResults):
+                raise ProtocolError(f"{peer} may not send {message.type}")
+            try:
+                self.sandblaster.on_message(peer, message)
+            except RunFailed as exc:
+                self.fail(str(exc))
         elif isinstance(message, Fatal):
             self._event("process_error", role=peer.role, rank=peer.rank,
                         message=message.message, traceback=message.traceback[-4000:])
@@ -492,6 +514,7 @@ class Coordinator(Recovery, Scaling, Moves):
             self.fail(f"no worker completed an iteration before the run stopped "
                       f"({self._stop_reason})")
             return
+        await self._settle_sandblaster()
         self._final = asyncio.get_running_loop().create_future()
         self._request_evaluation(self.progress.epoch(self.config.cluster.workers), final=True)
         try:
@@ -563,6 +586,41 @@ class Coordinator(Recovery, Scaling, Moves):
         await asyncio.gather(*(self._send(server, Start(clocks_per_epoch=clocks))
                                for server in by_role["server"]))
         await asyncio.gather(*(self._send(worker, Start()) for worker in by_role["worker"]))
+        if self.config.optimizer.name == "lbfgs":
+            self._sandblaster_task = asyncio.create_task(self._run_sandblaster())
+            self._tasks.append(self._sandblaster_task)
+
+    async def _run_sandblaster(self) -> None:
+        """The coordinator's L-BFGS: its end (epochs spent, converged) stops the run."""
+        try:
+            self.sandblaster = Sandblaster(
+                self.config, samples=self._train_samples,
+                peers=lambda role: [p for p in self.peers.values() if p.role == role],
+                send=self._send, event=self._event,
+                stopping=lambda: self._stop_reason is not None)
+            reason = await self.sandblaster.minimise(self.config.train.epochs)
+        except RunFailed as exc:
+            self.fail(str(exc))
+            return
+        except Exception as exc:  # a bug must end the run, not leave it waiting forever
+            log.exception("the L-BFGS driver failed")
+            self.fail(f"the L-BFGS driver failed: {exc!r}")
+            return
+        self._begin_stop(reason)
+
+    async def _settle_sandblaster(self) -> None:
+        """Before the final test: a line search cut off by the stop leaves a trial point in
+        the shards; the last accepted iterate goes back."""
+        task, self._sandblaster_task = self._sandblaster_task, None
+        if task is None or self.sandblaster is None:
+            return
+        task.cancel()  # it ends by itself once it sees the stop; this covers a round trip
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:
+            await self.sandblaster.settle()
+        except RunFailed as exc:
+            self.fail(f"could not put the last L-BFGS iterate back: {exc}")
 
     async def _send(self, peer: Peer, message: Message) -> None:
         if peer.lost:  # a dead worker or server: its replacement gets its own messages

@@ -24,6 +24,7 @@ from engine.server.optimizers import make_optimizer
 from engine.server.pull_filter import make_pull_filter
 from engine.server.service import ServerLimits, ShardServer
 from engine.server.shard import ShardState
+from engine.server.vectors import ShardVectors
 from engine.transport.admission import credential
 from engine.transport.base import Transport
 from engine.wire.messages import Event, ShardInfo
@@ -53,6 +54,8 @@ class Copies:
         self.servers: dict[int, ShardServer] = {}
         self.clocks_per_epoch: float | None = None  # the Start's, for copies built later
         self._reports: set[asyncio.Future[None]] = set()
+        # Sandblaster L-BFGS's named vectors, per key range served (engine.server.vectors).
+        self.vectors: dict[int, ShardVectors] = {}
 
     async def add(self, info: ShardInfo, *, primary: bool,
                   restore_from: Path | None = None) -> ShardServer:

@@ -18,6 +18,7 @@ from engine.roles import copy_orders as orders
 from engine.roles.control import ControlChannel
 from engine.roles.copies import Copies, Endpoint, build_shard
 from engine.roles.lifecycle import hello
+from engine.server.vectors import ShardVectors
 from engine.transport.base import Transport
 from engine.wire.messages import (
     Adopt,
@@ -38,6 +39,8 @@ from engine.wire.messages import (
     Start,
     Stop,
     Syncs,
+    VectorOps,
+    VectorResults,
     layout_of,
 )
 from engine.wire.records import EventRecord, SyncRecord
@@ -97,6 +100,8 @@ async def _obey(channel: ControlChannel, copies: Copies,
             for index, server in copies.primaries().items():
                 await channel.send(Event(row=await orders.save(server, index, copies.rank,
                                                                message)))
+        elif isinstance(message, VectorOps):
+            await channel.send(_vector_ops(copies, message))
         elif isinstance(message, Heartbeat):
             await channel.send(message)  # answered from the loop that serves the frames
         elif isinstance(message, Members):
@@ -112,6 +117,21 @@ async def _obey(channel: ControlChannel, copies: Copies,
             return
         else:
             await channel.send(Event(row=await _copy_order(copies, message)))
+
+
+def _vector_ops(copies: Copies, message: VectorOps) -> VectorResults:
+    """Sandblaster's vector operations on every key range this server serves; the dot
+    products' parts are summed over them (the coordinator sums over servers)."""
+    try:
+        totals = [0.0] * sum(op.op == "dot" for op in message.ops)
+        for index, server in copies.primaries().items():
+            vectors = copies.vectors.get(index)
+            if vectors is None or vectors.state is not server.state:
+                vectors = copies.vectors[index] = ShardVectors(server.state)
+            totals = [t + v for t, v in zip(totals, vectors.apply(message.ops), strict=True)]
+    except PsctlError as exc:
+        return VectorResults(seq=message.seq, error=f"server {copies.rank}: {exc}")
+    return VectorResults(seq=message.seq, values=totals)
 
 
 async def _copy_order(copies: Copies, message: Message) -> EventRecord:

@@ -31,6 +31,8 @@ from engine.worker.client import (
     WireFormat,
 )
 from engine.worker.loops import Shard, Worker, shard_for
+from engine.worker.registry import loop_name
+from engine.worker.sandblaster import sandblaster_shard
 from engine.worker.sparse import SparseLogReg
 
 
@@ -77,6 +79,8 @@ def _shard_and_model(config: RunConfig, rank: int,
     model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
                               device=devices.resolve(config.train.device))
     check_layout(model, welcome)
+    if loop_name(config) == "sandblaster":  # any worker may be given any rows
+        return sandblaster_shard(dataset.train_x, dataset.train_y, config), model
     return shard_for(dataset.train_x, dataset.train_y, **where), model
 
 

@@ -276,6 +276,26 @@ class RMSprop(_Accumulating):
         params -= step
 
 
+class GradientSum:
+    """Sandblaster L-BFGS's servers (seed 004): pushes are summed into ``total`` and the
+    parameters do not move. The coordinator's L-BFGS moves them, and reads the sum, through
+    vector operations on the shard (engine.server.vectors), after each full pass."""
+
+    def __init__(self, size: int) -> None:
+        self.total = np.zeros(size, dtype=np.float32)
+
+    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
+        # A schedule's factor would scale the gradient and break the line search's sums, so
+        # the config refuses schedules for lbfgs; ``scale`` is 1 here.
+        if update.index is None:
+            self.total[update.span] += update.values
+        else:
+            self.total[update.index] += update.values  # sorted, unique keys
+
+    def slots(self) -> tuple[np.ndarray, ...]:
+        return (self.total,)
+
+
 @dataclass(frozen=True)
 class OptimizerKind:
     """How to build an optimizer from the settings, and the learning rate it uses when the run
@@ -313,6 +333,10 @@ SERVER_OPTIMIZERS.register(
         default_lr=0.0005),  # 0.001 took 1.6-1.9x the iterations, with dips (docs/learning.md)
     "RMSprop without momentum, as torch.optim.RMSprop")
 
+SERVER_OPTIMIZERS.register(
+    "lbfgs", OptimizerKind(lambda config, size: GradientSum(size), default_lr=1.0),
+    "Sandblaster L-BFGS: the shards sum full-pass gradients, the coordinator's L-BFGS moves "
+    "the parameters by vector operations on the shards; lr is each line search's first step")
 
 def default_lr(name: str) -> float:
     return SERVER_OPTIMIZERS.get(name).default_lr

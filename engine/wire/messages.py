@@ -263,6 +263,79 @@ class Replicas(Message):
     copies: dict[int, list[str]] = Field(max_length=4096)
 
 
+
+# -- Sandblaster L-BFGS (seed 004): the coordinator's tasks and vector operations ---------------
+
+VectorName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,15}$")]
+MAX_VECTOR_OPS = 256
+
+
+class VectorOp(Message):
+    """One operation on every shard's part of named vectors (``x``: the parameters, ``g``: the
+    summed gradient, any other name: a vector the shard keeps for the run):
+    zero a; copy a <- b; scale a *= c; axpy a += c * b; dot a . b (answers the shard's part)."""
+
+    op: Literal["zero", "copy", "scale", "axpy", "dot"]
+    a: VectorName
+    b: VectorName | None = None
+    c: float = Field(0.0, allow_inf_nan=False)
+
+
+class VectorOps(Message):
+    """Coordinator -> server: apply ``ops`` in order on each key range it serves; answered by
+    ``vector_results`` with the same ``seq``."""
+
+    type: Literal["vector_ops"] = "vector_ops"
+    seq: int = Field(ge=0)
+    ops: list[VectorOp] = Field(min_length=1, max_length=MAX_VECTOR_OPS)
+
+
+class VectorResults(Message):
+    """Server -> coordinator: one value per ``dot`` of the ops, summed over its key ranges; or
+    why they could not be applied (nothing after the failing op was)."""
+
+    type: Literal["vector_results"] = "vector_results"
+    seq: int = Field(ge=0)
+    values: list[float] = Field(default_factory=list, max_length=MAX_VECTOR_OPS)
+    error: str | None = Field(None, max_length=2000)
+
+
+class Task(Message):
+    """Coordinator -> worker: sum the loss and gradient over training rows [start, end) at the
+    parameters of pass ``evaluation``; report ``task_done``."""
+
+    type: Literal["task"] = "task"
+    task: int = Field(ge=0)
+    evaluation: int = Field(ge=0)
+    iteration: int = Field(ge=0)  # the worker's row for it: its tasks numbered one by one
+    start: int = Field(ge=0)
+    end: int = Field(ge=1)
+
+
+class TaskDone(Message):
+    """Worker -> coordinator: the task's sums are ready; it waits for a ``verdict``."""
+
+    type: Literal["task_done"] = "task_done"
+    task: int = Field(ge=0)
+    loss_sum: float = Field(allow_inf_nan=False)
+    samples: int = Field(ge=1)
+
+
+class Verdict(Message):
+    """Coordinator -> worker: push the task's gradient (the first copy to finish), or drop it
+    (a backup copy finished first)."""
+
+    type: Literal["verdict"] = "verdict"
+    task: int = Field(ge=0)
+    commit: bool
+
+
+class TaskPushed(Message):
+    """Worker -> coordinator: the committed task's gradient is on every shard (acknowledged)."""
+
+    type: Literal["task_pushed"] = "task_pushed"
+    task: int = Field(ge=0)
+
 ControlMessage = Annotated[
     Hello
     | Welcome
@@ -290,7 +363,13 @@ ControlMessage = Annotated[
     | Demote
     | Release
     | Drop
-    | Replicas,
+    | Replicas
+    | VectorOps
+    | VectorResults
+    | Task
+    | TaskDone
+    | Verdict
+    | TaskPushed,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

@@ -189,12 +189,17 @@ class ParameterClient:
     def clock(self) -> int:
         """The next clock the servers expect from this worker on every key (the smallest over
         shards and clock ranges): where a restarted worker picks up."""
+        return min(self.shard_clocks().values(), default=0)
+
+    def shard_clocks(self) -> dict[KeyRange, int]:
+        """Per shard (its keys), the next clock it expects from this worker on every key."""
         frames = [(shard.index, encode(Frame(
             MsgType.CLOCKS, rid, shard.keys, run=self._run, role=self._role, rank=self._rank,
             clock=0)), rid) for shard, rid in zip(self._shards, self._ids, strict=False)]
         replies = self._io.call(self._ask_all(frames), self.request_timeout_s,
                                 "asking the shards for this worker's clock")
-        return min((reply.clock for reply, _ in replies), default=0)
+        return {shard.keys: reply.clock for shard, (reply, _) in
+                zip(self._shards, replies, strict=True)}
 
     async def _ask_all(self, frames: list[tuple[int, bytearray, int]]) -> list[tuple[Frame, int]]:
         return list(await asyncio.gather(*(self._connections[index].request(rid, data)

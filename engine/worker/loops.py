@@ -24,6 +24,7 @@ from engine.errors import RunFailed, ShuttingDown
 from engine.keys import KeyRange
 from engine.roles.control import Lost, SyncControl
 from engine.wire.messages import (
+    ControlMessage,
     Done,
     EpochDone,
     Exit,
@@ -31,6 +32,8 @@ from engine.wire.messages import (
     Ready,
     Start,
     Stop,
+    Task,
+    Verdict,
     Welcome,
     layout_of,
 )
@@ -89,6 +92,8 @@ class Worker:
         self._pending_layers: list[LayerRecord] = []
         self._last_report = time.monotonic()
         self._stopping: str | None = None
+        # Messages for the loop itself that came with or before the start (a Sandblaster task).
+        self._backlog: list[ControlMessage | Lost] = []
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
 
     def run(self, shard: Shard, model: FlatModel | SparseLogReg) -> int:
@@ -117,10 +122,15 @@ class Worker:
         limit = self.config.cluster.connect_timeout_s
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
-            for message in self.control.poll():
+            messages = self.control.poll()
+            for index, message in enumerate(messages):
                 if isinstance(message, Start):
+                    self._backlog.extend(messages[index + 1:])
                     return
-                self._obey(message)
+                if isinstance(message, Task | Verdict):
+                    self._backlog.append(message)
+                else:
+                    self._obey(message)
             if self._stopping is not None:
                 return
             time.sleep(0.005)
@@ -128,9 +138,27 @@ class Worker:
                         "connect_timeout_s): another worker never became ready")
 
     def should_stop(self) -> bool:
-        for message in self.control.poll():
-            self._obey(message)
+        self._backlog = list(self.inbox())  # the loop's own messages wait for it
         return self._stopping is not None
+
+    def inbox(self) -> list[ControlMessage]:
+        """The messages for the loop itself (a Sandblaster task or verdict); the run's own
+        (stop, exit, a lost coordinator) are obeyed on the way."""
+        mine: list[ControlMessage] = []
+        for message in self._take():
+            if isinstance(message, Task | Verdict):
+                mine.append(message)
+            else:
+                self._obey(message)
+        return mine
+
+    def put_back(self, messages: list[ControlMessage]) -> None:
+        """Messages the loop took but is not ready for: the next ``inbox`` returns them first."""
+        self._backlog[:0] = messages
+
+    def _take(self) -> list[ControlMessage | Lost]:
+        messages, self._backlog = [*self._backlog, *self.control.poll()], []
+        return messages
 
     def _obey(self, message: object) -> None:
         if isinstance(message, Lost):

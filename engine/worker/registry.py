@@ -2,8 +2,9 @@
 
 ``train.loop = "auto"`` picks what the run's settings need (``overlapped`` for ``train.overlap``,
 ``downpour`` for fetch_every / push_every / warm_start, ``scheduled`` for comm.schedule,
-``delayed`` for bounded delay, else ``plain``); any other name is looked up here. A new loop is
-one class (usually a ``PlainLoop`` subclass) plus a line here.
+``delayed`` for bounded delay, ``sandblaster`` for the lbfgs optimizer, else ``plain``); any
+other name is looked up here. A new loop is one class (usually a ``PlainLoop`` subclass) plus a
+line here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from engine.registry import Registry
 from engine.worker.delayed import DelayedLoop
 from engine.worker.downpour import DownpourLoop
 from engine.worker.loops import LayeredLoop, OverlappedLoop, PlainLoop
+from engine.worker.sandblaster import SandblasterLoop
 from engine.worker.scheduled import ScheduledLoop
 from engine.worker.sparse import SparseLoop
 
@@ -32,6 +34,9 @@ WORKER_LOOPS.register("scheduled", ScheduledLoop,
 WORKER_LOOPS.register("sparse", SparseLoop,
                       "sparse logistic regression: pull and push each batch's working set, KKT "
                       "filter, bounded delay")
+WORKER_LOOPS.register("sandblaster", SandblasterLoop,
+                      "Sandblaster L-BFGS (--optimizer lbfgs): sum the loss and gradient over the "
+                      "coordinator's data portions, push committed sums")
 
 
 def loop_name(config: RunConfig) -> str:
@@ -39,6 +44,8 @@ def loop_name(config: RunConfig) -> str:
         return config.train.loop
     if is_sparse_synthetic(config.data.dataset):
         return "sparse"
+    if config.optimizer.name == "lbfgs":
+        return "sandblaster"
     if config.train.overlap:
         return "overlapped"
     if config.train.downpour:

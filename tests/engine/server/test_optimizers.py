@@ -225,7 +225,7 @@ def test_make_optimizer_builds_sgd_from_the_config() -> None:
 def test_make_optimizer_refuses_an_unknown_name() -> None:
     config = OptimizerConfig.model_construct(name="lamb", lr=0.1)
     with pytest.raises(ConfigError, match=r"^unknown server optimizer 'lamb' "
-                                          r"\(known: sgd, adagrad, adam, rmsprop\)$"):
+                                          r"\(known: sgd, adagrad, adam, rmsprop, lbfgs\)$"):
         make_optimizer(config, 3)
 
 
@@ -501,7 +501,8 @@ def test_eps_defaults_to_torchs(name: str, eps: float) -> None:
 
 def test_each_optimizer_has_its_own_default_learning_rate() -> None:
     defaults = {name: default_lr(name) for name in SERVER_OPTIMIZERS.names()}
-    assert defaults == {"sgd": 0.1, "adagrad": 0.005, "adam": 0.001, "rmsprop": 0.0005}
+    assert defaults == {"sgd": 0.1, "adagrad": 0.005, "adam": 0.001, "rmsprop": 0.0005,
+                        "lbfgs": 1.0}
     assert OptimizerConfig(name="adam").lr == SERVER_OPTIMIZERS.get("adam").default_lr == 0.001
 
 

@@ -160,8 +160,15 @@ def test_every_worker_loop_has_a_simulated_twin() -> None:
     from engine.worker.registry import WORKER_LOOPS
 
     # scheduled is refused on the sim backend (comm.schedule), as the config test above shows;
-    # sparse trains sparse data sets, which the simulator refuses (test_sparse_synthetic.py)
-    assert set(WORKER_LOOPS.names()) - {"scheduled", "sparse"} == set(SIM_LOOPS.names())
+    # sparse trains sparse data sets, which the simulator refuses (test_sparse_synthetic.py);
+    # sandblaster is --optimizer lbfgs's, which the simulator refuses too (below)
+    assert set(WORKER_LOOPS.names()) - {"scheduled", "sparse", "sandblaster"} == \
+        set(SIM_LOOPS.names())
+
+
+def test_lbfgs_is_refused_on_the_simulated_cluster() -> None:
+    with pytest.raises(ConfigError, match="does not take cluster.backend sim"):
+        config(**{"optimizer.name": "lbfgs", "cluster.backend": "sim"})
 
 
 def test_a_diverging_run_fails_at_its_virtual_time_with_its_rows() -> None:
