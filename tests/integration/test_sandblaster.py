@@ -76,18 +76,21 @@ def test_lbfgs_refuses_settings_that_would_change_its_sums_before_starting(
 
 def test_a_killed_worker_s_portions_go_to_the_others_and_it_rejoins(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
+    # 150 passes last well past the restart (digits' passes take a quarter of a second).
     done = psctl("launch", "--optimizer", "lbfgs", "--dataset", "digits", "--workers", "2",
-                 "--servers", "2", "--epochs", "40", "--fault", "kill:worker:1@6s",
+                 "--servers", "2", "--epochs", "150", "--fault", "kill:worker:1@6s",
                  "--eval-interval", "2", "--no-live", db=db)
     assert done.returncode == 0, done.stdout + done.stderr
     kinds = [kind for (kind,) in query(db, "SELECT kind FROM events ORDER BY at")]
     assert "worker_lost" in kinds and "worker_rejoined" in kinds
     passes = _details(db, "lbfgs_pass")
     redone = _details(db, "lbfgs_pass_redone")
-    assert len(passes) == 40 and len(redone) <= 1
+    assert len(passes) == 150 and len(redone) <= 1
     assert all(sum(p["by_worker"].values()) == p["portions"]  # type: ignore[union-attr]
                for p in passes)
-    # Worker 1 computed again after its restart.
+    # Worker 1 computed again after its restart (it was ready before the last pass).
+    ready = query(db, "SELECT max(at) FROM events WHERE kind = 'worker_ready'")[0][0]
+    assert ready < query(db, "SELECT max(at) FROM events WHERE kind = 'lbfgs_pass'")[0][0]
     later = query(db, "SELECT count(*) FROM iterations WHERE worker = 1 AND started_at > "
                       "(SELECT at FROM events WHERE kind = 'worker_rejoined')")[0][0]
     assert later > 0
