@@ -23,8 +23,9 @@ def test_quick_run_writes_results(tmp_path: Path) -> None:
     assert bench_zipline.C.DOCS.read_text() == docs_before  # quick runs leave the docs alone
     rows = payload["results"]
     sizes = {(n, r) for n in bench_zipline.QUICK_WORKERS for r in bench_zipline.QUICK_WIDTHS}
-    assert {(row["n"], row["R"], row["variant"]) for row in rows} == {
-        (n, r, v) for n, r in sizes for v in VARIANTS
+    assert {(row["scenario"], row["n"], row["R"], row["variant"]) for row in rows} == {
+        (scenario, n, r, v) for scenario in ("straggler", "paper") for n, r in sizes
+        for v in VARIANTS
     }
     for row in rows:
         if row["status"] == "measured":
@@ -36,14 +37,19 @@ def test_quick_run_writes_results(tmp_path: Path) -> None:
     skipped = {(row["n"], row["variant"]) for row in rows if row["status"] == "skipped"}
     assert skipped == {(16, "brute")}  # 15**16 choices; 15**4 is measured
     assert set(payload["exponents_of_n"]) == set(VARIANTS) - {"brute"}
-    assert payload["goal"] is None  # n = 1000, R = 150 is not part of a quick run
+    assert payload["goals"] == []  # n = 1000, R = 150 is not part of a quick run
 
 
-def test_goal_line_reports_the_default_at_the_goal_size() -> None:
-    goal = bench_zipline.GOAL
-    row = {"n": goal["n"], "R": goal["R"], "variant": goal["variant"], "status": "measured"}
-    result = bench_zipline.goal_result([{**row, "median_ms": 0.5, "speedup_vs_zipline": 400.0}])
-    assert result is not None and result["met"] is True
-    (line,) = [x for x in bench_zipline._goal_lines(result) if x]
+def test_goal_lines_report_the_default_at_the_goal_size_on_each_input() -> None:
+    rows = [{"scenario": goal["scenario"], "n": goal["n"], "R": goal["R"],
+             "variant": goal["variant"], "status": "measured", "median_ms": median,
+             "speedup_vs_zipline": 400.0}
+            for goal, median in zip(bench_zipline.GOALS, (0.5, 44.0), strict=True)]
+    met, missed = bench_zipline.goal_results(rows)
+    assert (met["scenario"], met["met"], missed["scenario"], missed["met"]) == (
+        "straggler", True, "paper", False)
+    (line,) = [x for x in bench_zipline._goal_lines(met) if x]
     assert "measured 0.50 ms, met; 400.00x the speed of zipline" in line
-    assert bench_zipline.goal_result([{**row, "n": 4}]) is None
+    (line,) = [x for x in bench_zipline._goal_lines(missed) if x]
+    assert line.startswith("Goal on the paper input") and "measured 44.00 ms, not met" in line
+    assert bench_zipline.goal_results([{**rows[0], "n": 4}]) == []
