@@ -43,7 +43,7 @@ def test_lbfgs_learns_digits_and_backups_take_over_the_straggler_s_portions(
                              "ON e.run_id = r.id")[0]
     assert reason == "all epochs done"
     assert query(db, "SELECT name FROM runs")[0][0].startswith("lbfgs-w3s2-digits-")
-    assert best >= 0.85  # 12 passes; it reached 0.92-0.94 when this test was written
+    assert best >= 0.85  # 12 passes; it reached 0.897 when this test was written
     steps, passes = _details(db, "lbfgs_step"), _details(db, "lbfgs_pass")
     assert len(passes) == 12 and steps[-1]["evaluations"] == 12
     assert steps[-1]["loss"] < 0.5 * passes[0]["loss"]  # type: ignore[operator]
