@@ -425,6 +425,9 @@ class _NoOptimizer:
     def slots(self) -> tuple[Any, ...]:
         return ()
 
+    def step_bound(self, params: Any, update: Any, scale: float) -> float | None:
+        return None  # as the checked path of every optimizer but SGD
+
 
 async def _echo_server(args: argparse.Namespace) -> dict[str, Any]:
     from websockets.asyncio.server import serve

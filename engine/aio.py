@@ -8,13 +8,46 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from engine.errors import RequestTimeout
 
 T = TypeVar("T")
+
+# While work runs on a thread beside an event loop, the thread is asked to hand the GIL back
+# every millisecond rather than every 5 (Python's default): numpy keeps the GIL between its
+# calls, so with 5 ms slices the loop would wait up to 5 ms for each (bench/zipline.py).
+OFF_LOOP_SWITCH_S = 0.001
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = sys.getswitchinterval()
+
+
+async def off_loop(work: Callable[[], T]) -> T:
+    """Run ``work`` on a worker thread; the loop goes on meanwhile."""
+    with _short_switches():
+        return await asyncio.to_thread(work)
+
+
+@contextlib.contextmanager
+def _short_switches() -> Iterator[None]:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, OFF_LOOP_SWITCH_S))
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
 
 
 class LoopThread:

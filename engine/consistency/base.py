@@ -18,8 +18,9 @@ every model in ``engine.consistency.registry``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from engine.errors import ConfigError, DuplicatePush, ProtocolError
 
 if TYPE_CHECKING:
     from engine.wire.records import SyncRecord
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,16 @@ class PushTiming:
 
 
 NO_TIMING = PushTiming()
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred(Generic[T]):
+    """Work a controller hands to its caller to run off the event loop: ``run`` reads no
+    controller state (it may run on another thread); ``finish`` takes its result back, on the
+    loop. Until then the controller holds back whatever waits on the result."""
+
+    run: Callable[[], T]
+    finish: Callable[[T], None]
 
 
 class ConsistencyController(Protocol):
@@ -67,6 +80,16 @@ class ConsistencyController(Protocol):
 
     def take_syncs(self) -> list[SyncRecord]:
         """Barrier decisions and completions since the last call (ElasticBSP), oldest first."""
+        ...
+
+    def offload(self, min_size: int) -> None:
+        """From now on, hand decisions of at least ``min_size`` steps of work to the caller
+        through ``take_deferred`` instead of taking them in place (a shard server runs them
+        on a thread, so that its event loop is never held up by one)."""
+        ...
+
+    def take_deferred(self) -> Deferred[Any] | None:
+        """The decision waiting to be run off the loop, once; None when there is none."""
         ...
 
     def join(self, worker: int) -> list[int] | None:
@@ -135,7 +158,17 @@ class RangeClocks:
         return [int(c) for c in self.next.min(axis=1)]
 
 
-class ImmediateController:
+class DecidesInPlace:
+    """A controller whose decisions are a few comparisons: nothing to run off the loop."""
+
+    def offload(self, min_size: int) -> None:
+        return None
+
+    def take_deferred(self) -> Deferred[Any] | None:
+        return None
+
+
+class ImmediateController(DecidesInPlace):
     """Shared by the models that apply every push on arrival: nothing to release on commit."""
 
     name = "immediate"
@@ -166,7 +199,7 @@ def fixed_membership(model: str) -> ConfigError:
                        "dssp and bounded-delay")
 
 
-class BSP:
+class BSP(DecidesInPlace):
     """Bulk synchronous: per clock range, one update per clock, the mean of every worker's
     contributions to it.
 

@@ -12,18 +12,27 @@ twice (one interval) before the first prediction. With ``sync.history`` (a previ
 intervals) the first barrier is predicted before training starts, counting from time 0.
 
 Every input to a decision is worker-stamped (push times and waits), so every shard reaches the
-same decisions; only shard 0 reports them. A worker's last push carries a flag: a finished worker
-counts as arrived and takes no part in later barriers, so the others never wait for it.
+same decisions; only shard 0 reports them. A shard server offloads the decisions of large jobs
+(``offload``): the prediction and the search run on a thread while every worker waits at its
+barrier, so no push comes in meanwhile, and the barriers move when the result is back. A
+decision records each worker's predicted times up to its chosen iteration, the last
+``RECORDED_AHEAD`` of them at most: n x R times (R may be 10,000) would make a record of
+megabytes, whose encoding alone would hold the loop up.
+
+A worker's last push carries a flag: a finished worker counts as arrived and takes no part in
+later barriers, so the others never wait for it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.consistency.base import ImmediateController, PushTiming, fixed_membership
-from engine.consistency.timings import TimingHistory, predict_end_times
+from engine.consistency.base import Deferred, ImmediateController, PushTiming, fixed_membership
+from engine.consistency.timings import TimingHistory, estimate_interval, predict_end_times
 from engine.consistency.zipline import search
 
 if TYPE_CHECKING:
@@ -32,6 +41,32 @@ from engine.errors import ProtocolError
 from engine.wire.records import SyncRecord
 
 MONITOR_CLOCK = 1  # the first barrier without history: two pushes per worker
+RECORDED_AHEAD = 16  # predicted times kept per worker in a decision's record, the chosen last
+
+
+@dataclass(frozen=True)
+class Decision:
+    """ZipLine's answer for the active workers, in their order: the chosen future iteration of
+    each, the predicted spread of their end times, and the predicted times kept for the record
+    (up to the chosen iteration's, the last ``RECORDED_AHEAD``)."""
+
+    chosen: list[int]
+    spread: float
+    predicted: list[list[float]]
+
+
+def decide(start: float, histories: list[list[float]], predictor: str,
+           lookahead: int) -> Decision:
+    """Estimate each worker's iteration time from its recent busy intervals (none: 0), predict
+    its next ``lookahead`` end times from ``start`` and let ZipLine choose. Pure: it may run
+    on another thread."""
+    intervals = np.array([estimate_interval(h, predictor) if h else 0.0 for h in histories])
+    times = predict_end_times(np.full(len(intervals), start), intervals, lookahead)
+    chosen, spread = search(times)
+    picks = [int(c) for c in chosen]
+    return Decision(picks, float(spread),
+                    [times[row, max(0, c + 1 - RECORDED_AHEAD):c + 1].tolist()
+                     for row, c in enumerate(picks)])
 
 
 class ElasticBSP(ImmediateController):
@@ -48,6 +83,9 @@ class ElasticBSP(ImmediateController):
         self._arrivals: list[float | None] = [None] * workers
         self._participants = list(range(workers))
         self._reports: list[SyncRecord] = []
+        self._offload_from: int | None = None
+        self._deferred: Deferred[Decision] | None = None
+        self._awaited: int | None = None  # the index of the decision running off the loop
         if sync.history is None:
             self._barrier = [MONITOR_CLOCK] * workers
             self._current = self._record(0, 0.0, [-1] * workers, [[] for _ in range(workers)],
@@ -57,7 +95,7 @@ class ElasticBSP(ImmediateController):
             for worker in range(workers):
                 self.timings.seed(worker, seeds[worker % len(seeds)])
             self._barrier = [-1] * workers
-            self._current = self._decide(0, start=0.0)
+            self._decide(0, start=0.0)
 
     def pull_ready(self, worker: int, clock: int, ranges: range) -> bool:
         return clock <= self._barrier[worker]
@@ -80,6 +118,13 @@ class ElasticBSP(ImmediateController):
         reports, self._reports = self._reports, []
         return reports
 
+    def offload(self, min_size: int) -> None:
+        self._offload_from = min_size
+
+    def take_deferred(self) -> Deferred[Any] | None:
+        deferred, self._deferred = self._deferred, None
+        return deferred
+
     def join(self, worker: int) -> list[int] | None:
         raise fixed_membership(self.name)
 
@@ -91,6 +136,7 @@ class ElasticBSP(ImmediateController):
         start, since the timing history is gone. Decisions are numbered past any taken before
         (there were at most min(clocks) + 1), so none overwrites a recorded one."""
         self.timings = TimingHistory(self.workers)
+        self._deferred = self._awaited = None  # a decision still running is dropped on return
         self._finished = list(finished)  # those take no part in barriers, as before
         self._arrivals = [None] * self.workers
         self._participants = [w for w in range(self.workers) if not finished[w]]
@@ -112,19 +158,32 @@ class ElasticBSP(ImmediateController):
             return
         for worker in self._participants:
             self._arrivals[worker] = None
-        self._current = self._decide(self._current.sync_index + 1, start=released)
+        self._decide(self._current.sync_index + 1, start=released)
 
-    def _decide(self, index: int, *, start: float) -> SyncRecord:
-        active = self._participants
-        interval = np.array([self.timings.estimate(w, self.predictor) or 0.0 for w in active])
-        times = predict_end_times(np.full(len(active), start), interval, self.lookahead)
-        chosen, spread = search(times)
+    def _decide(self, index: int, *, start: float) -> None:
+        """Take decision ``index`` now, or hand it to the caller to run off the loop (every
+        worker then waits at its barrier until ``_conclude``)."""
+        active = list(self._participants)
+        histories = [self.timings.intervals(w) for w in active]
+        work = functools.partial(decide, start, histories, self.predictor, self.lookahead)
+        finish = functools.partial(self._conclude, index, start, active)
+        self._awaited = index
+        if self._offload_from is not None and len(active) * self.lookahead >= self._offload_from:
+            self._deferred = Deferred(work, finish)
+        else:
+            finish(work())
+
+    def _conclude(self, index: int, start: float, active: list[int], decision: Decision) -> None:
+        if index != self._awaited:  # overtaken by a resume from a checkpoint
+            return
+        self._awaited = None
         base = list(self._barrier)
         predicted: list[list[float]] = [[] for _ in base]
         for row, worker in enumerate(active):
-            predicted[worker] = times[row].tolist()
-            self._barrier[worker] = base[worker] + 1 + int(chosen[row])
-        return self._record(index, start, base, predicted, float(spread), self.predictor)
+            predicted[worker] = decision.predicted[row]
+            self._barrier[worker] = base[worker] + 1 + decision.chosen[row]
+        self._current = self._record(index, start, base, predicted, decision.spread,
+                                     self.predictor)
 
     def _record(self, index: int, decided_at: float, base: list[int],
                 predicted: list[list[float]], spread: float, predictor: str) -> SyncRecord:

@@ -177,9 +177,9 @@ def _bucketed_window(times: Times) -> Window:
     latest = np.full(buckets, -np.inf)
     earliest = np.full(buckets, np.inf)
     reach = np.full(buckets, -np.inf)
-    np.maximum.at(latest, key, lefts)
-    np.minimum.at(earliest, key, lefts)
-    np.maximum.at(reach, key, follow)
+    _scatter(np.maximum, latest, key, lefts)
+    _scatter(np.minimum, earliest, key, lefts)
+    _scatter(np.maximum, reach, key, follow)
     floor = np.maximum(np.concatenate(([-np.inf], np.maximum.accumulate(reach)[:-1])),
                        first_max)
     used = np.isfinite(earliest)
@@ -187,6 +187,16 @@ def _bucketed_window(times: Times) -> Window:
     hopeful = used & (floor - latest <= upper)
     chosen = hopeful[key]
     return _sweep(lefts[chosen], follow[chosen], floor[key[chosen]])
+
+
+SCATTER_CHUNK = 1 << 16
+
+
+def _scatter(ufunc: np.ufunc, out: np.ndarray, key: np.ndarray, values: Times) -> None:
+    """``ufunc.at(out, key, values)`` in chunks: ``at`` holds the GIL throughout (10 ms at
+    2.56 M values), and a search on a shard server's thread must let the loop in between."""
+    for start in range(0, len(key), SCATTER_CHUNK):
+        ufunc.at(out, key[start:start + SCATTER_CHUNK], values[start:start + SCATTER_CHUNK])
 
 
 def _sweep(lefts: Times, follow: Times, floor: Times) -> Window:

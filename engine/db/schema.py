@@ -199,7 +199,7 @@ syncs = Table(
     Column("predictor", Text, nullable=False),
     Column("lookahead", Integer, nullable=False),
     Column("base_clocks", Text, nullable=False),  # JSON [n]: each worker's last clock before it
-    Column("predicted", Text, nullable=False),  # JSON [n][R]: predicted end times (unix s)
+    Column("predicted", Text, nullable=False),  # JSON [n][<=16]: predicted end times (unix s)
     Column("chosen", Text, nullable=False),  # JSON [n]: r_i, the chosen future iteration index
     Column("barrier_clocks", Text, nullable=False),  # JSON [n]: the clock each worker stops after
     Column("predicted_wait", REAL, nullable=False),  # d: predicted spread of arrivals (s)

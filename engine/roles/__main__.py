@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 import traceback
@@ -76,6 +77,9 @@ def _run(args: argparse.Namespace, token: str) -> int:
     if args.role == "server":
         from engine.roles.server import run_server
 
+        # The modules' objects (about 57k) never die: out of the collector's sight, a full
+        # collection takes microseconds instead of holding the shard's event loop 10-35 ms.
+        gc.freeze()
         asyncio.run(run_server(transport, args.coordinator, args.rank, token=token,
                                host=args.host))
     elif args.role == "worker":

@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.errors import ConfigError
 from engine.registry import Registry
+from engine.server import kernels
 from engine.server.update import Update
 
 if TYPE_CHECKING:  # engine.config reads this registry for its default lr: no import cycle
@@ -32,6 +33,13 @@ class ServerOptimizer(Protocol):
     def slots(self) -> tuple[np.ndarray, ...]:
         """The per-key state arrays (shard-sized, like momentum buffers) that ``apply`` changes,
         so that the shard can roll an update back when it would leave them non-finite."""
+        ...
+
+    def step_bound(self, params: np.ndarray, update: Update, scale: float) -> float | None:
+        """An upper bound on the absolute value of every parameter and slot entry a dense
+        ``update`` changes, after its step (NaN or inf when a value before it is not finite).
+        None when there is none worked out: the shard then copies what the step changes and
+        checks the result, rolling it back if it is not finite (engine.server.shard)."""
         ...
 
 
@@ -51,6 +59,7 @@ class SGD:
         momentum: float = 0.0,
         nesterov: bool = False,
         weight_decay: float = 0.0,
+        fused: bool = True,
     ) -> None:
         if nesterov and momentum == 0:
             raise ConfigError("nesterov momentum needs momentum > 0")
@@ -59,20 +68,46 @@ class SGD:
         self._buf = np.zeros(size, dtype=np.float32) if momentum else None
         # Reused for every dense step: fresh 2 MB temporaries cost page faults on each update.
         self._scratch = np.empty(size, dtype=np.float32)
+        # BLAS kernels for plain (heavy-ball) momentum; False keeps numpy's ops, the reference
+        # that tests and bench/update.py compare them with.
+        self.fused = fused and not nesterov and not weight_decay
 
     def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
         lr = self.lr * np.float32(scale)
-        if update.index is None:
-            self._dense(params[update.span], update.values, update.span, lr)
-        else:
+        if update.index is not None:
             self._sparse(params, update.values, update.index, lr)
+        elif self.fused:
+            self._fused(params[update.span], update.values, update.span, lr)
+        else:
+            self._dense(params[update.span], update.values, update.span, lr)
 
     def slots(self) -> tuple[np.ndarray, ...]:
         return () if self._buf is None else (self._buf,)
 
+    def step_bound(self, params: np.ndarray, update: Update, scale: float) -> float:
+        # Every entry is at most its vector's L2 norm, so the step's terms bound it.
+        weights = kernels.norm(params[update.span])
+        grad = kernels.norm(update.values) if update.norm is None else update.norm
+        direction = grad + float(self.weight_decay) * weights
+        buf = 0.0
+        if self._buf is not None:
+            buf = float(self.momentum) * kernels.norm(self._buf[update.span]) + direction
+            direction = direction + float(self.momentum) * buf if self.nesterov else buf
+        return float(np.max([weights + float(self.lr) * scale * direction, buf]))  # NaN stays
+
+    def _fused(self, params: np.ndarray, grad: np.ndarray, span: slice, lr: np.float32) -> None:
+        """buf = m * buf + g; p -= lr * buf, in three in-place BLAS passes."""
+        if self._buf is None:
+            kernels.axpy(grad, params, -float(lr))
+            return
+        buf = self._buf[span]
+        kernels.scal(float(self.momentum), buf)
+        kernels.axpy(grad, buf, 1.0)
+        kernels.axpy(buf, params, -float(lr))
+
     def step(self, params: np.ndarray, grad: np.ndarray) -> None:
         """A dense step over the whole shard (the optimizer's original interface)."""
-        self._dense(params, grad, slice(0, len(params)), self.lr)
+        self.apply(params, Update(slice(0, len(params)), grad))
 
     def _dense(self, params: np.ndarray, grad: np.ndarray, span: slice, lr: np.float32) -> None:
         scratch = self._scratch[: len(params)]
@@ -108,7 +143,15 @@ def _decayed(params: np.ndarray, grad: np.ndarray, weight_decay: np.float32,
     return decayed
 
 
-class _Accumulating:
+class _Checked:
+    """An optimizer with no bound on its step worked out (``ServerOptimizer.step_bound``): the
+    shard copies what each step changes and checks the result."""
+
+    def step_bound(self, params: np.ndarray, update: Update, scale: float) -> float | None:
+        return None
+
+
+class _Accumulating(_Checked):
     """An optimizer with one per-key accumulator of squared gradients (Adagrad, RMSprop): the
     dense and sparse bookkeeping they share; ``_step`` is each one's arithmetic."""
 
@@ -170,7 +213,7 @@ class Adagrad(_Accumulating):
         params -= step
 
 
-class Adam:
+class Adam(_Checked):
     """Adam with L2 weight decay, per key: the same update as ``torch.optim.Adam`` (amsgrad off,
     weight decay added to the gradient, not decoupled as in AdamW).
 
@@ -276,7 +319,7 @@ class RMSprop(_Accumulating):
         params -= step
 
 
-class GradientSum:
+class GradientSum(_Checked):
     """Sandblaster L-BFGS's servers (seed 004): pushes are summed into ``total`` and the
     parameters do not move. The coordinator's L-BFGS moves them, and reads the sum, through
     vector operations on the shard (engine.server.vectors), after each full pass."""
@@ -342,7 +385,7 @@ def default_lr(name: str) -> float:
     return SERVER_OPTIMIZERS.get(name).default_lr
 
 
-class Proximal:
+class Proximal(_Checked):
     """An L1 penalty applied as a proximal step (seed 003's sparse logistic regression): after
     the inner optimizer's step, each updated key is soft-thresholded by its own step size times
     ``l1``: p = sign(p) * max(|p| - rate * l1, 0). The penalty never enters the gradient, so

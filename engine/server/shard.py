@@ -10,6 +10,8 @@ Values are checked in the shard's float32, not in the sender's dtype: a float64 
 the wire and infinite here. A pushed gradient whose squared norm overflows float32 (a norm above
 about 1.8e19, far beyond any real gradient) is refused, and so is an update that would leave a
 parameter or an optimizer slot non-finite: it is rolled back, so the parameters stay bit-identical.
+A dense step whose optimizer bounds its result far from overflow (SGD: from the L2 norms of the
+gradient, the parameters and the momentum) cannot be such an update, and runs with no copy.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from engine.server.update import Update
 from engine.wire.protocol import ANY_CLOCK
 
 UpdateHook = Callable[[Update], None]
+# Far below float32's largest value (3.4e38): a step bounded by this cannot overflow, with room
+# for the rounding of the float32 norms the bound is computed from.
+SAFE_BOUND = 1e37
 
 
 class ShardState:
@@ -185,7 +190,7 @@ class ShardState:
         staleness = max(0, accepted_at - base_version) if base_version is not None else 0
         self.last_scale = None
         if len(grad):
-            update = self._local(keys, self._gradient(grad), index, ranges)
+            update = self._local(keys, *self._gradient(grad), index, ranges)
             self.last_scale = self._contribute(update, worker, clock, staleness)
         self.pushes += 1
         if commit and len(ranges):
@@ -194,9 +199,9 @@ class ShardState:
                 self.finished[worker] = True
         return accepted_at
 
-    def _gradient(self, grad: np.ndarray) -> np.ndarray:
-        """The pushed values in the shard's dtype, refused when their norm is not finite there,
-        and scaled down to ``clip_norm`` when it is set and exceeded."""
+    def _gradient(self, grad: np.ndarray) -> tuple[np.ndarray, float]:
+        """The pushed values in the shard's dtype and their L2 norm, refused when the norm is
+        not finite there, and scaled down to ``clip_norm`` when it is set and exceeded."""
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is what is checked here
             values = np.asarray(grad, dtype=self.params.dtype)
             # A float32 dot overflows when the squared norm does, and is NaN when a value is.
@@ -206,8 +211,8 @@ class ShardState:
                              "the shard's float32 (no gradient has a norm near 1.8e19)")
         norm = squared ** 0.5
         if self.clip_norm is not None and norm > self.clip_norm:
-            return values * np.float32(self.clip_norm / norm)
-        return values
+            return values * np.float32(self.clip_norm / norm), self.clip_norm * (1 + 1e-6)
+        return values, norm
 
     def _contribute(self, update: Update, worker: int, clock: int, staleness: int) -> float:
         """Hand a push to the aggregator (and apply it, on arrival); returns its scale."""
@@ -248,6 +253,25 @@ class ShardState:
             raise UnsafeUpdate(f"the round this push completed was not applied: {refused[0]}")
 
     def _apply(self, update: Update, *, count: bool = True, scale: float = 1.0) -> None:
+        if self._bounded(update, scale):
+            self.optimizer.apply(self.params, update, scale)
+        else:
+            self._apply_checked(update, scale)
+        if count:
+            self.versions[update.ranges.start:update.ranges.stop] += 1
+        for hook in self.hooks:
+            hook(update)
+
+    def _bounded(self, update: Update, scale: float) -> bool:
+        """Whether the optimizer's bound proves a dense step leaves every value finite: then
+        it runs in place with no copy to roll back to, and no check after (a 932k-key SGD
+        step: three norms, 0.24 ms, against two copies and two checks, 0.5 ms)."""
+        if update.index is not None:  # a sparse step's copies are as small as the step
+            return False
+        bound = self.optimizer.step_bound(self.params, update, scale)
+        return bound is not None and bound < SAFE_BOUND
+
+    def _apply_checked(self, update: Update, scale: float) -> None:
         arrays = (self.params, *self.optimizer.slots())
         saved = [self._snapshot(i, array, update) for i, array in enumerate(arrays)]
         with np.errstate(over="ignore", invalid="ignore"):  # checked just below
@@ -257,17 +281,13 @@ class ShardState:
                 _restore(array, update, before)
             raise UnsafeUpdate("this update would make parameters non-finite; refused, "
                                "the parameters are unchanged")
-        if count:
-            self.versions[update.ranges.start:update.ranges.stop] += 1
-        for hook in self.hooks:
-            hook(update)
 
-    def _local(self, keys: KeyRange, grad: np.ndarray, index: np.ndarray | None,
+    def _local(self, keys: KeyRange, grad: np.ndarray, norm: float, index: np.ndarray | None,
                ranges: range) -> Update:
         span = self.keys.local(keys)
         if index is None:
-            return Update(span, grad, None, ranges)
-        return Update(span, grad, index.astype(np.int64) - self.keys.start, ranges)
+            return Update(span, grad, None, ranges, norm)
+        return Update(span, grad, index.astype(np.int64) - self.keys.start, ranges, norm)
 
     def _snapshot(self, slot: int, array: np.ndarray, update: Update) -> np.ndarray:
         """A copy of what ``update`` may change in ``array``; dense copies reuse one buffer per

@@ -11,12 +11,14 @@ import numpy as np
 class Update:
     """``values`` for the shard-local keys ``span`` (all of them when ``index`` is None, else
     the sorted unique local keys ``index``, all inside ``span``). ``ranges`` are the clock ranges
-    it touches."""
+    it touches. ``norm``: the L2 norm of ``values`` where it is known already (the shard
+    measured it to refuse a non-finite push), or None."""
 
     span: slice
     values: np.ndarray
     index: np.ndarray | None = None
     ranges: range = range(0)
+    norm: float | None = None
 
     @property
     def size(self) -> int:

@@ -38,6 +38,12 @@ def test_quick_run_writes_results(tmp_path: Path) -> None:
     assert skipped == {(16, "brute")}  # 15**16 choices; 15**4 is measured
     assert set(payload["exponents_of_n"]) == set(VARIANTS) - {"brute"}
     assert payload["goals"] == []  # n = 1000, R = 150 is not part of a quick run
+    lags = payload["decision_lags"]
+    assert {(r["n"], r["R"], r["offloaded"]) for r in lags} == {
+        (n, r, offloaded) for n, r in bench_zipline.QUICK_LAG_SIZES for offloaded in (True, False)}
+    for row in lags:
+        assert len(row["max_lag_ms"]) == 2 and row["worst_lag_ms"] > 0
+        assert row["median_decision_ms"] > 0 and row["record_bytes"] > 0
 
 
 def test_goal_lines_report_the_default_at_the_goal_size_on_each_input() -> None:

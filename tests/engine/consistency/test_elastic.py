@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import HistorySeed, SyncConfig
 from engine.consistency.base import PushTiming
-from engine.consistency.elastic import ElasticBSP
+from engine.consistency.elastic import RECORDED_AHEAD, ElasticBSP, decide
 from engine.consistency.registry import make_controller
 from engine.consistency.timings import predict_end_times
 from engine.consistency.zipline import search
@@ -69,8 +69,9 @@ def test_barrier_is_where_zipline_puts_it() -> None:
     expected = predict_end_times(np.full(3, 6.0), np.array([1.0, 1.0, 3.0]), 6)
     r, d = search(expected)
     assert decision.sync_index == 1 and decision.decided_at == 6.0
-    assert decision.predicted == expected.tolist()
     assert decision.chosen == r.tolist() == [2, 2, 0]  # the fast ones run 3 while it runs 1
+    # each worker's predicted times up to its chosen iteration
+    assert decision.predicted == [expected[w, :c + 1].tolist() for w, c in enumerate(r)]
     assert decision.predicted_wait == d == 0.0
     assert run.ctl.barrier_clocks() == [4, 4, 2]
     assert run.ready(0, 4) and not run.ready(0, 5)
@@ -156,3 +157,42 @@ def test_make_controller_builds_elastic_from_its_config() -> None:
     assert isinstance(ctl, ElasticBSP)
     assert (ctl.workers, ctl.lookahead, ctl.predictor) == (3, 7, "last")
     assert ctl.barrier_clocks() == [1, 1, 1]
+
+
+def test_an_offloaded_decision_holds_the_barriers_until_it_is_finished() -> None:
+    inline, offloaded = (Elastic(3, lookahead=6, predictor="last") for _ in range(2))
+    offloaded.ctl.offload(3 * 6)  # n x R = 18: this decision goes off the loop
+    assert offloaded.ctl.take_deferred() is None
+    for run in (inline, offloaded):
+        run.monitor([1.0, 1.0, 3.0])
+    deferred = offloaded.ctl.take_deferred()
+    assert deferred is not None and offloaded.ctl.take_deferred() is None  # handed out once
+    assert offloaded.ctl.barrier_clocks() == [1, 1, 1]  # everyone waits at the old barrier
+    assert not offloaded.ready(0, 2) and inline.ready(0, 2)
+    deferred.finish(deferred.run())
+    assert offloaded.ctl.barrier_clocks() == inline.ctl.barrier_clocks() == [4, 4, 2]
+    assert offloaded.ready(0, 4) and not offloaded.ready(0, 5)
+    assert offloaded.ctl.take_syncs() == inline.ctl.take_syncs()
+
+
+def test_a_decision_finished_after_a_resume_is_dropped() -> None:
+    run = Elastic(2, lookahead=4, predictor="last")
+    run.ctl.offload(1)
+    run.monitor([1.0, 2.0])
+    deferred = run.ctl.take_deferred()
+    assert deferred is not None
+    run.ctl.resume([2, 2], [False, False])  # restored from a checkpoint meanwhile
+    deferred.finish(deferred.run())
+    assert run.ctl.barrier_clocks() == [3, 3]  # monitoring again, untouched by the late answer
+
+
+def test_a_decision_records_predicted_times_up_to_the_chosen_iteration() -> None:
+    # worker 1 is 20x faster: it runs about 20 iterations while worker 0 runs 1
+    decision = decide(0.0, [[1.0], [0.05]], "last", 40)
+    assert decision.chosen[0] == 0 and decision.chosen[1] >= RECORDED_AHEAD
+    times = predict_end_times(np.zeros(2), np.array([1.0, 0.05]), 40)
+    for worker, chosen in enumerate(decision.chosen):
+        kept = decision.predicted[worker]
+        assert kept == times[worker, :chosen + 1].tolist()[-RECORDED_AHEAD:]
+        assert kept[-1] == times[worker, chosen]
+    assert len(decision.predicted[1]) == RECORDED_AHEAD

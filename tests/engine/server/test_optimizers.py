@@ -173,7 +173,7 @@ def test_sparse_apply_equals_a_dense_step_restricted_to_its_keys(
     others = np.setdiff1d(np.arange(SIZE), index)
     sparse, dense = start.copy(), start.copy()
     sparse_sgd, dense_sgd = (SGD(SIZE, lr=0.05, momentum=momentum, nesterov=nesterov,
-                                 weight_decay=weight_decay) for _ in range(2))
+                                 weight_decay=weight_decay, fused=False) for _ in range(2))
     theirs = torch.nn.Parameter(torch.from_numpy(start.copy()))
     optimizer = torch.optim.SGD([theirs], lr=0.05, momentum=momentum, nesterov=nesterov,
                                 weight_decay=weight_decay)
@@ -511,3 +511,66 @@ def test_an_explicit_lr_wins_over_the_default(name: str) -> None:
     assert OptimizerConfig(name=name).lr == default_lr(name)
     assert OptimizerConfig(name=name, lr=0.0625).lr == 0.0625
     assert OptimizerConfig.model_validate({"name": name, "lr": None}).lr == default_lr(name)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fused_sgd_matches_the_numpy_reference(momentum: float) -> None:
+    rng = np.random.default_rng(5)
+    start = rng.standard_normal(SIZE).astype(np.float32)
+    fused, plain = (SGD(SIZE, lr=0.05, momentum=momentum, fused=f) for f in (True, False))
+    assert fused.fused and not plain.fused
+    ours, reference = start.copy(), start.copy()
+    for step in range(20):
+        grad = rng.standard_normal(SIZE).astype(np.float32)
+        span = slice(0, SIZE) if step % 2 else slice(10, 200)  # whole shard and a layer
+        for sgd, params in ((fused, ours), (plain, reference)):
+            sgd.apply(params, Update(span, grad[span]), scale=0.5 + step / 20)
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(ours[:10], start[:10]) and np.array_equal(ours[200:], ours[200:])
+
+
+@pytest.mark.parametrize(("momentum", "nesterov", "weight_decay"), CONFIGS)
+def test_sgd_step_bound_bounds_every_value_it_changes(
+    momentum: float, nesterov: bool, weight_decay: float
+) -> None:
+    rng = np.random.default_rng(9)
+    sgd = SGD(SIZE, lr=3.0, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    params = (rng.standard_normal(SIZE) * 50).astype(np.float32)
+    for _ in range(15):
+        grad = (rng.standard_normal(SIZE) * rng.uniform(0.1, 100)).astype(np.float32)
+        update = Update(slice(0, SIZE), grad)
+        bound = sgd.step_bound(params, update, scale=2.0)
+        sgd.apply(params, update, scale=2.0)
+        largest = max(float(np.abs(array).max()) for array in (params, *sgd.slots()))
+        assert largest <= bound
+        assert largest > bound / (10 * SIZE)  # a bound, but not a vacuous one
+
+
+def test_sgd_step_bound_is_not_finite_when_a_value_is_not() -> None:
+    sgd = SGD(4, lr=0.1, momentum=0.9)
+    update = Update(slice(0, 4), np.ones(4, dtype=np.float32))
+    for bad in (np.nan, np.inf):
+        params = np.array([1, bad, 0, 0], dtype=np.float32)
+        assert not np.isfinite(sgd.step_bound(params, update, 1.0))
+    sgd.slots()[0][2] = np.nan
+    assert np.isnan(sgd.step_bound(np.zeros(4, dtype=np.float32), update, 1.0))
+
+
+def test_a_bounded_dense_sgd_step_runs_without_the_rollback_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = ShardState(KeyRange(0, SIZE), ASP(1), SGD(SIZE, lr=0.1, momentum=0.9))
+    state.init(KeyRange(0, SIZE), np.ones(SIZE, dtype=np.float32))
+
+    def copied(*args: Any) -> None:
+        raise AssertionError("a bounded step took the checked path")
+
+    monkeypatch.setattr(state, "_apply_checked", copied)
+    state.push(0, 0, KeyRange(0, SIZE), np.full(SIZE, 2.0, dtype=np.float32))
+    np.testing.assert_allclose(state.params, 1 - 0.1 * 2.0)
+    assert state.version == 1
+    near = ShardState(KeyRange(0, SIZE), ASP(1), SGD(SIZE, lr=1e20, momentum=0.9))
+    near.init(KeyRange(0, SIZE), np.ones(SIZE, dtype=np.float32))
+    monkeypatch.setattr(near, "_apply_checked", copied)
+    with pytest.raises(AssertionError, match="checked path"):  # 1e20 * 1.6e19: no bound
+        near.push(0, 0, KeyRange(0, SIZE), np.full(SIZE, 1e18, dtype=np.float32))
