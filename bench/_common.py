@@ -72,6 +72,9 @@ def child_env() -> dict[str, str]:
             env.pop(key, None)
     else:
         env.update(MALLOC_ENV)
+    # As engine.launcher gives every role (train.torch_threads, default 1): a server's BLAS
+    # on one thread; OpenBLAS's idle threads otherwise spin, taking the workers' CPU.
+    env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -426,7 +429,7 @@ class _NoOptimizer:
         return ()
 
     def step_bound(self, params: Any, update: Any, scale: float) -> float | None:
-        return None  # as the checked path of every optimizer but SGD
+        return 0.0  # nothing changes: no copy, no check, as free as an update can be
 
 
 async def _echo_server(args: argparse.Namespace) -> dict[str, Any]:

@@ -323,6 +323,10 @@ class TrainConfig(_Frozen):
     overlap: bool = Field(
         False, description="prefetch the next pull during compute (asp only; adds staleness 1)"
     )
+    pipeline: bool = Field(True, description=(
+        "plain and layered loops: send the next iteration's pull right behind this one's push, "
+        "not after its ack (the servers still answer it only when the consistency model "
+        "allows)"))
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$", description=(
         "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda"))

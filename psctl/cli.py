@@ -146,6 +146,9 @@ def launch(
         None,
     overlap: Annotated[bool | None, typer.Option(
         "--overlap/--no-overlap", help="asp: prefetch the next pull during compute")] = None,
+    pipeline: Annotated[bool | None, typer.Option(
+        "--pipeline/--no-pipeline", help="send the next pull right behind each push, not "
+        "after its ack; the model still decides when it is answered [on]")] = None,
     train_limit: Annotated[int | None, typer.Option(
         help="use only the first N training samples")] = None,
     eval_interval: Annotated[float | None, typer.Option(

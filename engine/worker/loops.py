@@ -11,6 +11,7 @@ inside the compute phase.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import numpy as np
 
 from engine.config import RunConfig
 from engine.datasets.sparse import SparseSplit
-from engine.errors import RunFailed, ShuttingDown
+from engine.errors import PsctlError, RunFailed, ShuttingDown
 from engine.keys import KeyRange
 from engine.roles.control import Lost, SyncControl
 from engine.wire.messages import (
@@ -38,7 +39,13 @@ from engine.wire.messages import (
     layout_of,
 )
 from engine.wire.records import IterationRecord, LayerRecord
-from engine.worker.client import ParameterClient, PullResult, PushHandle, PushResult
+from engine.worker.client import (
+    ParameterClient,
+    PullHandle,
+    PullResult,
+    PushHandle,
+    PushResult,
+)
 from engine.worker.filters import make_filter
 from engine.worker.heterogeneity import Slowdown
 
@@ -186,7 +193,14 @@ class Worker:
 
 
 class PlainLoop:
-    """pull -> compute -> push, each waited for: the textbook loop, right for every model."""
+    """pull -> compute -> push, each waited for: the textbook loop, right for every model.
+
+    With ``train.pipeline`` (the default) the pull of clock c + 1 goes out right behind the push
+    of clock c, before its ack: the round trip of the ack no longer delays the next pull. The
+    consistency model is unchanged: a shard handles a connection's frames in order, so the pull
+    sees this worker's push, and it answers the pull only when the model lets clock c + 1 start
+    (BSP: once every worker has pushed c), as it would a pull sent after the ack.
+    """
 
     def __init__(self, worker: Worker, model: FlatModel) -> None:
         self.worker, self.model = worker, model
@@ -197,6 +211,8 @@ class PlainLoop:
         self.filter = make_filter(worker.config.comm,
                                   [segment.keys for segment in worker.layout.segments],
                                   worker.keys.end)
+        self.pipelined = worker.config.train.pipeline
+        self._next_pull: tuple[int, PullHandle] | None = None  # (clock, request) in flight
 
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
         """One gradient into ``model.grads_np``, stretched by any injected slowness."""
@@ -279,6 +295,9 @@ class PlainLoop:
 
     def end(self) -> None:
         """After the last step, also on a stop or an error: settle what is still in flight."""
+        ahead, self._next_pull = self._next_pull, None
+        if ahead is not None:
+            self._forget(ahead[1])
 
     def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
         self.worker.record(self._iteration(shard, batch, epoch, clock))
@@ -287,18 +306,38 @@ class PlainLoop:
                    clock: int) -> IterationRecord:
         started = time.time()
         t0 = time.perf_counter()
-        pulled = self.client.wait(self.client.pull(self.worker.keys, self.model.params_np,
-                                                   clock=clock))
+        pulled = self.client.wait(self._clock_pull(clock))
         t1 = time.perf_counter()
         loss = self.compute(shard, batch)
         t2 = time.perf_counter()
         wait_s = min(pulled.wait_s, t1 - t0)
         requests, pushed_at = self.push(clock, pulled, wait_s)
+        if self.pipelined and clock < self.last_clock:
+            self._next_pull = (clock + 1, self.client.pull(self.worker.keys,
+                                                           self.model.params_np,
+                                                           clock=clock + 1))
         pushed = self.settle(requests)
         t3 = time.perf_counter()
         row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, t1 -
                             t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
         return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
+
+
+    def _clock_pull(self, clock: int) -> PullHandle:
+        """This clock's pull: the one sent behind the last push, or a new one."""
+        ahead, self._next_pull = self._next_pull, None
+        if ahead is not None and ahead[0] == clock:
+            return ahead[1]
+        if ahead is not None:  # sent for another clock (cannot happen in order): drop it
+            self._forget(ahead[1])
+        return self.client.pull(self.worker.keys, self.model.params_np, clock=clock)
+
+    def _forget(self, request: PullHandle) -> None:
+        """A pull sent ahead that no step will use (the run stops before that clock): taken if
+        answered, else cancelled at once (the model may hold it back for good: BSP, with the
+        other workers stopped), so that no answer lands in the parameters later."""
+        with contextlib.suppress(PsctlError):
+            self.client.wait(request, timeout=0.0)
 
 
 class OverlappedLoop(PlainLoop):

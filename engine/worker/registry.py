@@ -20,7 +20,9 @@ from engine.worker.scheduled import ScheduledLoop
 from engine.worker.sparse import SparseLoop
 
 WORKER_LOOPS: Registry[type[PlainLoop]] = Registry("worker loop")
-WORKER_LOOPS.register("plain", PlainLoop, "pull, compute, push the whole model, each waited for")
+WORKER_LOOPS.register("plain", PlainLoop,
+                      "pull, compute, push the whole model; the next pull leaves behind the push "
+                      "(--no-pipeline: after its ack)")
 WORKER_LOOPS.register("layered", LayeredLoop,
                       "as plain, but one push per layer, last layer first, each its own clock")
 WORKER_LOOPS.register("overlapped", OverlappedLoop,

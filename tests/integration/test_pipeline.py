@@ -1,0 +1,48 @@
+"""``--pipeline`` (the default) sends each iteration's next pull right behind its push. Two real
+BSP runs, one with and one without it, must train exactly alike: with two workers a BSP round is
+the mean of two gradients whatever their order, every process seeds its own random numbers, so
+the only thing that may differ is timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import psctl
+from tests.integration.support import query
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def launch(db: Path, name: str, *flags: str) -> None:
+    done = psctl("launch", "--dataset", "digits", "--workers", "2", "--servers", "2",
+                 "--sync", "bsp", "--epochs", "2", "--straggler", "1:3x", "--name", name,
+                 "--no-live", *flags, db=db)
+    assert done.returncode == 0, done.stderr
+
+
+def run_id(db: Path, name: str) -> str:
+    return str(query(db, "SELECT id FROM runs WHERE name = ?", name)[0][0])
+
+
+@pytest.mark.parametrize("loop", ["plain", "layered"])
+def test_a_pipelined_run_trains_exactly_as_one_that_waits_for_each_ack(
+        tmp_path: Path, loop: str) -> None:
+    db = tmp_path / "experiments.db"
+    launch(db, "pipelined", "--loop", loop, "--pipeline")
+    launch(db, "waiting", "--loop", loop, "--no-pipeline")
+    ids = {name: run_id(db, name) for name in ("pipelined", "waiting")}
+    configs = {name: query(db, "SELECT config_json FROM runs WHERE id = ?", ids[name])[0][0]
+               for name in ids}
+    assert '"pipeline":true' in configs["pipelined"].replace(" ", "")
+    assert '"pipeline":false' in configs["waiting"].replace(" ", "")
+    losses = {name: query(db, "SELECT worker, iteration, loss, staleness FROM iterations "
+                              "WHERE run_id = ? ORDER BY worker, iteration", ids[name])
+              for name in ids}
+    assert len(losses["pipelined"]) > 40
+    assert losses["pipelined"] == losses["waiting"]
+    assert {row[3] for row in losses["pipelined"]} == {0}
+    finals = {name: query(db, "SELECT accuracy, loss FROM evaluations WHERE run_id = ? "
+                              "ORDER BY id DESC LIMIT 1", ids[name])[0] for name in ids}
+    assert finals["pipelined"] == finals["waiting"]
