@@ -8,7 +8,7 @@ included), and the run's own time to 98 % (the first evaluation at or above it, 
 database). Passes alternate (old, new, new, old, ...); the ratio is the median of the per-pass
 ratios new / old of the wall time.
 
-Run: ``python bench/end_to_end.py --ref cbd82af`` (about 15 minutes). Writes
+Run: ``python bench/end_to_end.py --ref cbd82af`` (about 6 minutes). Writes
 ``bench/results/end_to_end.json`` and the section of docs/benchmarks.md.
 """
 
@@ -107,7 +107,7 @@ def docs_body(payload: dict[str, Any]) -> str:
         "", *rows, "",
         C.paragraph(f"Goal: after / before <= {GOAL} (median of the passes): measured "
                     f"{payload['median_wall_ratio']:.2f}, {verdict}."), "",
-        "Reproduce: `python bench/end_to_end.py --ref cbd82af` (about 15 minutes). Raw "
+        "Reproduce: `python bench/end_to_end.py --ref cbd82af` (about 6 minutes). Raw "
         "results: `bench/results/end_to_end.json`.", "", C.machine_note(payload["machine"])])
 
 
