@@ -85,9 +85,12 @@ def test_a_killed_worker_s_portions_go_to_the_others_and_it_rejoins(tmp_path: Pa
     assert "worker_lost" in kinds and "worker_rejoined" in kinds
     passes = _details(db, "lbfgs_pass")
     redone = _details(db, "lbfgs_pass_redone")
-    # It trains digits' loss down to about 1e-9: it may stop converged before 150 passes.
+    # It trains digits' loss down to about 1e-9: it may stop converged before 150 passes, or
+    # when no step can lower a loss that small any more in the shards' float32 sums.
     reason = query(db, "SELECT reason FROM runs")[0][0]
-    assert reason == "all epochs done" or reason.startswith("converged: gradient norm"), reason
+    final_loss = _details(db, "lbfgs_step")[-1]["loss"]
+    assert (reason == "all epochs done" or reason.startswith("converged: gradient norm")
+            or (reason.startswith("line search failed") and final_loss < 1e-6)), reason
     assert len(passes) >= 60 and len(redone) <= 1
     assert all(sum(p["by_worker"].values()) == p["portions"]  # type: ignore[union-attr]
                for p in passes)
