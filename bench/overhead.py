@@ -89,9 +89,11 @@ def psctl_pass(
     data: tuple[Any, Any],
     model: Any,
     pipeline: bool = True,
+    loop: str = "auto",
 ) -> dict[str, Any]:
     """One fresh server process, one worker run of ``iterations``; seconds per iteration.
-    ``pipeline``: ``train.pipeline``, the plain loop's next pull sent behind each push."""
+    ``pipeline``: ``train.pipeline``, the plain loop's next pull sent behind each push;
+    ``loop``: ``train.loop`` (layered, wait-free: one frame per layer)."""
     from engine.aio import LoopThread
     from engine.config import RunConfig
     from engine.roles.worker import connect_client
@@ -106,7 +108,7 @@ def psctl_pass(
             "cluster": {"workers": 1, "servers": 1},
             "sync": {"model": sync},
             "train": {"epochs": 1, "batch_size": 64, "overlap": overlap, "torch_threads": 1,
-                      "pipeline": pipeline},
+                      "pipeline": pipeline, "loop": loop},
         }
     )
     inputs, targets = data
@@ -321,6 +323,10 @@ def main() -> None:
         "raw loop": lambda: raw.run_loop(iterations, data, spec),
         "psctl plain (bsp)": lambda: psctl_pass("bsp", False, iterations, data, model),
         WAITING: lambda: psctl_pass("bsp", False, iterations, data, model, pipeline=False),
+        "psctl layered (bsp)": lambda: psctl_pass("bsp", False, iterations, data, model,
+                                                  loop="layered"),
+        "psctl wait-free (bsp)": lambda: psctl_pass("bsp", False, iterations, data, model,
+                                                    loop="wait-free"),
         "psctl plain (asp)": lambda: psctl_pass("asp", False, iterations, data, model),
         "psctl overlapped (asp)": lambda: psctl_pass("asp", True, iterations, data, model),
     }
@@ -380,6 +386,9 @@ def main() -> None:
         }
     results["pipelined_vs_waiting_bsp"] = C.median(
         C.paired_ratios(per_round["psctl plain (bsp)"], per_round[WAITING])
+    )
+    results["wait_free_vs_layered_bsp"] = C.median(
+        C.paired_ratios(per_round["psctl wait-free (bsp)"], per_round["psctl layered (bsp)"])
     )
     payload = {
         "benchmark": NAME,
@@ -446,7 +455,10 @@ def _findings(results: dict[str, Any]) -> str:
         f"time, {cpu / 2 / best:.2f}x the baseline, before any waiting. The plain BSP loop with "
         f"its next pull sent behind each push (`--pipeline`, the default) takes "
         f"{results['pipelined_vs_waiting_bsp']:.2f}x the time of the same loop waiting for each "
-        "ack first (`--no-pipeline`), median of the per-round ratios."
+        "ack first (`--no-pipeline`), median of the per-round ratios. The wait-free loop (each "
+        "layer pushed from inside backward) takes "
+        f"{results['wait_free_vs_layered_bsp']:.2f}x the time of the layered loop, which sends "
+        "the same frames once backward is done."
     )
 
 
@@ -472,7 +484,8 @@ def _cpu_line(results: dict[str, Any]) -> str:
 def _doc(rows: list[str], info: dict[str, Any], rounds: int, iterations: int) -> str:
     intro = C.paragraph(f"""
         Time per training iteration of one worker and one shard server process: the real
-        `engine.worker.Worker` and its `PlainLoop` / `OverlappedLoop` (its client built by
+        `engine.worker.Worker` and its `PlainLoop` / `LayeredLoop` / `WaitFreeLoop` /
+        `OverlappedLoop` (its client built by
         `engine.roles.worker.connect_client`; no coordinator: a stand-in control channel serialises
         the worker's reports on its I/O thread and delivers nothing), MNIST MLP
         784-512-512-512-10, batch 64 of random MNIST-shaped inputs, one torch thread, a fresh

@@ -591,6 +591,10 @@ class RunConfig(_Frozen):
         if self.train.downpour and self.train.overlap:
             raise ValueError("train.overlap and Downpour's fetch_every/push_every/warm_start "
                              "are two different loops: choose one")
+        if loop == "wait-free" and (self.comm.prune != "none" or self.comm.momentum_correction):
+            raise ValueError("train.loop wait-free pushes each layer from inside backward, but "
+                             "comm.prune filters the whole gradient at once: use train.loop "
+                             "layered (or plain) with a push filter")
         if (loop == "delayed") != (model == "bounded-delay") and loop not in ("auto", "sparse"):
             raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
                              "runs the delayed loop, and only it does")
@@ -700,6 +704,7 @@ def _simulable(config: RunConfig) -> None:
         ("comm.pull_filter", comm.pull_filter != "none"),
         ("comm.range_size", comm.range_size is not None),
         ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
+        ("train.loop wait-free", config.train.loop == "wait-free"),
         ("fault.inject", bool(config.fault.inject)),
         ("cluster.replicas", config.cluster.replicas > 0),
         ("cluster.key_ranges", config.cluster.ranges != config.cluster.servers),

@@ -9,6 +9,7 @@ the gradient out after the backward pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -96,21 +97,49 @@ class FlatModel:
         if not self.on_host:
             self.grads.copy_(self._dgrads)
 
+    def watch_gradients(self, ready: Callable[[int], None]) -> Callable[[], None]:
+        """Have backward call ``ready(i)`` as soon as segment ``i``'s gradient is complete in
+        the host buffer (from an autograd post-accumulate hook, on the thread running backward;
+        a parameter that the loss does not reach is never reported). Returns what stops it."""
+        handles = [cast(Any, parameter).register_post_accumulate_grad_hook(  # untyped in torch
+            lambda _, index=index: self._segment_ready(index, ready))
+            for index, (_, parameter) in enumerate(trainable(self.module))]
 
-def train_step(model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """Forward and backward; the gradient lands in ``model.grads``. Returns the batch loss."""
+        def stop() -> None:
+            for handle in handles:
+                handle.remove()
+        return stop
+
+    def _segment_ready(self, index: int, ready: Callable[[int], None]) -> None:
+        self.segment_to_host(index)
+        ready(index)
+
+    def segment_to_host(self, index: int) -> None:
+        """Segment ``index``'s gradient into the host buffer (a copy on a GPU only)."""
+        if not self.on_host:
+            keys = self.layout.segments[index].keys
+            self.grads[keys.start:keys.end].copy_(self._dgrads[keys.start:keys.end])
+
+
+def train_step(model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor, *,
+               to_host: bool = True) -> float:
+    """Forward and backward; the gradient lands in ``model.grads`` (with ``to_host=False``, on
+    a GPU, only where ``watch_gradients`` copied it). Returns the batch loss."""
     model.values_to_device()
     model.zero_grad()
     device = model.device
     loss = nn.functional.cross_entropy(model.module(inputs.to(device)), targets.to(device))
     cast(Any, loss).backward()  # torch's stubs leave backward untyped
-    model.gradient_to_host()
+    if to_host:
+        model.gradient_to_host()
     return float(loss.detach())
 
 
-def train_step_np(model: FlatModel, inputs: np.ndarray, targets: np.ndarray) -> float:
+def train_step_np(model: FlatModel, inputs: np.ndarray, targets: np.ndarray, *,
+                  to_host: bool = True) -> float:
     """``train_step`` on numpy batches (shared memory, no copy)."""
-    return train_step(model, torch.from_numpy(inputs), torch.from_numpy(targets))
+    return train_step(model, torch.from_numpy(inputs), torch.from_numpy(targets),
+                      to_host=to_host)
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from engine.roles.copies import Copies, Endpoint, build_shard
 from engine.roles.lifecycle import hello
 from engine.server.vectors import ShardVectors
 from engine.transport.base import Transport
+from engine.wire.codecs import prepare_casts
 from engine.wire.messages import (
     Adopt,
     Chain,
@@ -54,6 +55,7 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
         transport, coordinator, hello("server", rank, host), token=token,
         timeout=60.0)
     config = RunConfig.model_validate(welcome.config)
+    prepare_casts(config.comm.wire_dtype)  # before serving: a float16 run's casts load torch
     # Every shard decides the same barriers; shard 0's copies report them, in order.
     reports: asyncio.Queue[list[SyncRecord]] = asyncio.Queue()
     copies = Copies(rank, channel, config, layout_of(welcome),

@@ -27,6 +27,7 @@ from engine.server.aggregation import Aggregator, make_aggregator
 from engine.server.learning import PLAIN, Learning
 from engine.server.optimizers import Proximal, ServerOptimizer
 from engine.server.update import Update
+from engine.wire.codecs import widen
 from engine.wire.protocol import ANY_CLOCK
 
 UpdateHook = Callable[[Update], None]
@@ -203,7 +204,7 @@ class ShardState:
         """The pushed values in the shard's dtype and their L2 norm, refused when the norm is
         not finite there, and scaled down to ``clip_norm`` when it is set and exceeded."""
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is what is checked here
-            values = np.asarray(grad, dtype=self.params.dtype)
+            values = widen(grad)
             # A float32 dot overflows when the squared norm does, and is NaN when a value is.
             squared = float(np.dot(values, values))
         if not np.isfinite(squared):

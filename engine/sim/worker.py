@@ -65,7 +65,8 @@ class WorkerContext:
 
 
 class SimWorker:
-    """The plain loop: pull, compute, push, each waited for. Subclasses change the order."""
+    """The plain loop: pull, compute, push (the next pull right behind it with
+    ``train.pipeline``). Subclasses change the order."""
 
     def __init__(self, rank: int, ctx: WorkerContext, client: SimClient, shard: Shard,
                  params: np.ndarray, grad_filter: GradientFilter | None) -> None:
@@ -78,6 +79,7 @@ class SimWorker:
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank,
                                  seed=self.config.train.seed, clock=self.loop.time)
         self.last_clock = -1
+        self._ahead: tuple[int, asyncio.Future[PullResult]] | None = None
 
     async def run(self) -> int:
         """Train until the epochs are done or the run stops; returns iterations done."""
@@ -105,7 +107,11 @@ class SimWorker:
         """Before the first step."""
 
     async def end(self) -> None:
-        """After the last step: settle what is in flight."""
+        """After the last step: settle what is in flight (a pull sent ahead for a clock that
+        will not run is dropped: BSP may hold it back for good)."""
+        if self._ahead is not None:
+            self._ahead[1].cancel()
+            self._ahead = None
 
     async def compute(self, batch: np.ndarray) -> tuple[float, np.ndarray]:
         loss, grads = self.ctx.shared.gradient(self.params, self.shard, batch)
@@ -115,8 +121,10 @@ class SimWorker:
     def push_order(self) -> list[KeyRange]:
         return [self.keys]
 
-    async def send(self, grads: np.ndarray, **header: Any) -> PushResult:
-        """Push in ``push_order``'s pieces, through the push filter when the run has one."""
+    def start_send(self, grads: np.ndarray, **header: Any) -> list[asyncio.Future[PushResult]]:
+        """Push in ``push_order``'s pieces, through the push filter when the run has one. The
+        pieces are tasks started here, so their frames take the link before any request
+        started after this call."""
         if self.filter is None:
             pushes = [self.client.push(span, grads[span.start:span.end], **header)
                       for span in self.push_order()]
@@ -127,24 +135,42 @@ class SimWorker:
                 lo, hi = np.searchsorted(keys, (span.start, span.end))
                 pushes.append(self.client.push(span, values[lo:hi], index=keys[lo:hi],
                                                **header))
-        return merge_pushes(list(await asyncio.gather(*pushes)))
+        return [asyncio.ensure_future(push) for push in pushes]
+
+    async def send(self, grads: np.ndarray, **header: Any) -> PushResult:
+        return merge_pushes(list(await asyncio.gather(*self.start_send(grads, **header))))
 
     async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
+        """As the real plain loop: with ``train.pipeline`` the pull of clock + 1 leaves right
+        behind this clock's push, before its ack."""
         started, t0 = self.client.now(), self.loop.time()
-        pulled = await self.client.pull(self.keys, self.params, clock)
+        pulled = await self._clock_pull(clock)
         t1 = self.loop.time()
         loss, grads = await self.compute(batch)
         t2 = self.loop.time()
         wait_s = min(pulled.wait_s, t1 - t0)
         pushed_at = self.client.now()
-        pushed = await self.send(grads, clock=clock, base_versions=pulled.versions,
+        pushes = self.start_send(grads, clock=clock, base_versions=pulled.versions,
                                  pushed_at=pushed_at, waited_s=wait_s,
                                  final=clock == self.last_clock)
+        if self.config.train.pipeline and clock < self.last_clock:
+            self._ahead = (clock + 1, asyncio.ensure_future(
+                self.client.pull(self.keys, self.params, clock + 1)))
+        pushed = merge_pushes(list(await asyncio.gather(*pushes)))
         t3 = self.loop.time()
         row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
                             t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
         self.ctx.record(row.model_copy(update={"pushed_at": pushed_at,
                                                "acked_at": pushed.answered_at}))
+
+    async def _clock_pull(self, clock: int) -> PullResult:
+        """This clock's pull: the one sent behind the last push, or a new one."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == clock:
+            return await ahead[1]
+        if ahead is not None:  # for another clock (cannot happen in order)
+            ahead[1].cancel()
+        return await self.client.pull(self.keys, self.params, clock)
 
 
 class LayeredWorker(SimWorker):
@@ -321,7 +347,8 @@ class DelayedWorker(SimWorker):
 
 # The simulated counterpart of each worker loop in engine.worker.registry, by the same name.
 SIM_LOOPS: Registry[type[SimWorker]] = Registry("simulated worker loop")
-SIM_LOOPS.register("plain", SimWorker, "pull, compute, push, each waited for")
+SIM_LOOPS.register("plain", SimWorker, "pull, compute, push; the next pull leaves behind the "
+                   "push (--no-pipeline: after its ack)")
 SIM_LOOPS.register("layered", LayeredWorker, "one push per layer, last layer first")
 SIM_LOOPS.register("overlapped", OverlappedWorker, "asp: the next pull in flight while computing")
 SIM_LOOPS.register("downpour", DownpourWorker, "asp: fetch every N, push the sum every M")

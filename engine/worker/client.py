@@ -31,7 +31,7 @@ from engine.errors import (
 )
 from engine.keys import KeyRange, split_by_shard, split_keys_by_shard
 from engine.transport.base import Transport
-from engine.wire.codecs import CODECS, Codec, narrow
+from engine.wire.codecs import CODECS, Codec, narrow, widen_into
 from engine.wire.protocol import (
     FLAG_COMMIT,
     FLAG_FINAL,
@@ -362,7 +362,7 @@ class ParameterClient:
             if values.shape != out.shape:
                 raise ProtocolError(f"request {request_id}: a shard answered "
                                     f"{values.shape[0]} values for {len(out)} keys")
-            np.copyto(out, values)
+            widen_into(out, values)
             if self._copy is not None and asked.index is None:
                 self._copy[asked.keys.start:asked.keys.end] = out
             return

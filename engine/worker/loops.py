@@ -214,6 +214,9 @@ class PlainLoop:
         self.pipelined = worker.config.train.pipeline
         self._next_pull: tuple[int, PullHandle] | None = None  # (clock, request) in flight
 
+    def prepare(self, clock: int, pulled: PullResult, waited_s: float) -> None:
+        """Before computing clock ``clock`` (loops that push from inside backward get ready)."""
+
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
         """One gradient into ``model.grads_np``, stretched by any injected slowness."""
         started = time.perf_counter()
@@ -308,9 +311,10 @@ class PlainLoop:
         t0 = time.perf_counter()
         pulled = self.client.wait(self._clock_pull(clock))
         t1 = time.perf_counter()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        self.prepare(clock, pulled, wait_s)
         loss = self.compute(shard, batch)
         t2 = time.perf_counter()
-        wait_s = min(pulled.wait_s, t1 - t0)
         requests, pushed_at = self.push(clock, pulled, wait_s)
         if self.pipelined and clock < self.last_clock:
             self._next_pull = (clock + 1, self.client.pull(self.worker.keys,
@@ -413,11 +417,12 @@ def merge_pushes(results: list[PushResult]) -> PushResult:
                       sum(r.dense_bytes for r in results))
 
 
-def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray) -> float:
+def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray, *,
+                     to_host: bool = True) -> float:
     from engine.models.flat import train_step_np
 
     assert isinstance(shard.inputs, np.ndarray), "sparse rows train in engine.worker.sparse"
-    return train_step_np(model, shard.inputs[batch], shard.targets[batch])
+    return train_step_np(model, shard.inputs[batch], shard.targets[batch], to_host=to_host)
 
 
 def iteration_row(rank: int, clock: int, epoch: int, started: float, wall: float, compute: float,

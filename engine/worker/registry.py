@@ -18,6 +18,7 @@ from engine.worker.loops import LayeredLoop, OverlappedLoop, PlainLoop
 from engine.worker.sandblaster import SandblasterLoop
 from engine.worker.scheduled import ScheduledLoop
 from engine.worker.sparse import SparseLoop
+from engine.worker.waitfree import WaitFreeLoop
 
 WORKER_LOOPS: Registry[type[PlainLoop]] = Registry("worker loop")
 WORKER_LOOPS.register("plain", PlainLoop,
@@ -25,6 +26,9 @@ WORKER_LOOPS.register("plain", PlainLoop,
                       "(--no-pipeline: after its ack)")
 WORKER_LOOPS.register("layered", LayeredLoop,
                       "as plain, but one push per layer, last layer first, each its own clock")
+WORKER_LOOPS.register("wait-free", WaitFreeLoop,
+                      "as layered, but each layer is pushed from inside backward as soon as its "
+                      "gradient is ready (wait-free backpropagation)")
 WORKER_LOOPS.register("overlapped", OverlappedLoop,
                       "asp: prefetch the next pull while computing (staleness at least 1)")
 WORKER_LOOPS.register("delayed", DelayedLoop,

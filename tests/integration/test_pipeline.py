@@ -46,3 +46,19 @@ def test_a_pipelined_run_trains_exactly_as_one_that_waits_for_each_ack(
     finals = {name: query(db, "SELECT accuracy, loss FROM evaluations WHERE run_id = ? "
                               "ORDER BY id DESC LIMIT 1", ids[name])[0] for name in ids}
     assert finals["pipelined"] == finals["waiting"]
+
+
+def test_a_wait_free_run_trains_exactly_as_a_layered_one(tmp_path: Path) -> None:
+    """The wait-free loop sends the layered loop's frames, only earlier (from inside backward)."""
+    db = tmp_path / "experiments.db"
+    launch(db, "wait-free", "--loop", "wait-free")
+    launch(db, "layered", "--loop", "layered")
+    ids = {name: run_id(db, name) for name in ("wait-free", "layered")}
+    losses = {name: query(db, "SELECT worker, iteration, loss, staleness FROM iterations "
+                              "WHERE run_id = ? ORDER BY worker, iteration", ids[name])
+              for name in ids}
+    assert len(losses["wait-free"]) > 40
+    assert losses["wait-free"] == losses["layered"]
+    finals = {name: query(db, "SELECT accuracy, loss FROM evaluations WHERE run_id = ? "
+                              "ORDER BY id DESC LIMIT 1", ids[name])[0] for name in ids}
+    assert finals["wait-free"] == finals["layered"]

@@ -36,6 +36,9 @@ MODELS: dict[str, dict[str, Any]] = {
     # every layer pushed as its own frame, last layer first, each committing its own clock
     "bsp-layered": {"sync__model": "bsp", "train__loop": "layered"},
     "ssp-layered": {"sync__model": "ssp", "sync__staleness": 1, "train__loop": "layered"},
+    # the same frames, each pushed from inside backward (the straggler holds its own)
+    "bsp-wait-free": {"sync__model": "bsp", "train__loop": "wait-free"},
+    "ssp-wait-free": {"sync__model": "ssp", "sync__staleness": 1, "train__loop": "wait-free"},
 }
 
 
@@ -175,14 +178,15 @@ def server_stats(db: Path, run_id: str) -> list[dict[str, Any]]:
     return sorted((json.loads(row[0]) for row in found), key=lambda s: s["rank"])
 
 
+@pytest.mark.parametrize("loop", ["layered", "wait-free"])
 def test_layered_bsp_has_staleness_zero_and_every_layer_in_lockstep(
-        runs: tuple[Path, dict[str, str]]) -> None:
+        runs: tuple[Path, dict[str, str]], loop: str) -> None:
     db, ids = runs
-    table = rows(db, ids["bsp-layered"])
+    table = rows(db, ids[f"bsp-{loop}"])
     assert {row["staleness"] for row in table.values()} == {0}
     assert lead_violations(table, 0) == 0
     clocks = max(clock for _, clock in table) + 1
-    stats = server_stats(db, ids["bsp-layered"])
+    stats = server_stats(db, ids[f"bsp-{loop}"])
     assert len(stats) == 2
     for shard in stats:
         # one completed BSP round per clock on every clock range (layer piece) of the shard
@@ -192,9 +196,11 @@ def test_layered_bsp_has_staleness_zero_and_every_layer_in_lockstep(
     assert sum(len(s["range_versions"]) for s in stats) >= 6 + 1  # 6 layers, one cut in two
 
 
-def test_layered_ssp_lead_never_exceeds_the_bound(runs: tuple[Path, dict[str, str]]) -> None:
+@pytest.mark.parametrize("loop", ["layered", "wait-free"])
+def test_layered_ssp_lead_never_exceeds_the_bound(runs: tuple[Path, dict[str, str]],
+                                                  loop: str) -> None:
     db, ids = runs
-    table = rows(db, ids["ssp-layered"])
+    table = rows(db, ids[f"ssp-{loop}"])
     assert lead_violations(table, 1) == 0
-    for shard in server_stats(db, ids["ssp-layered"]):
+    for shard in server_stats(db, ids[f"ssp-{loop}"]):
         assert len(shard["range_versions"]) > 1 and shard["duplicates"] == 0

@@ -161,8 +161,9 @@ def test_every_worker_loop_has_a_simulated_twin() -> None:
 
     # scheduled is refused on the sim backend (comm.schedule), as the config test above shows;
     # sparse trains sparse data sets, which the simulator refuses (test_sparse_synthetic.py);
-    # sandblaster is --optimizer lbfgs's, which the simulator refuses too (below)
-    assert set(WORKER_LOOPS.names()) - {"scheduled", "sparse", "sandblaster"} == \
+    # sandblaster is --optimizer lbfgs's, which the simulator refuses too (below); wait-free
+    # pushes from inside backward, which the compute model does not cut into layers (refused)
+    assert set(WORKER_LOOPS.names()) - {"scheduled", "sparse", "sandblaster", "wait-free"} == \
         set(SIM_LOOPS.names())
 
 
@@ -199,3 +200,20 @@ def test_a_diverging_delayed_loop_fails_instead_of_waiting_forever() -> None:
         "optimizer.lr": 3.0, "train.epochs": 30, "eval.interval_s": 0.5}))
     assert status is RunStatus.FAILED and virtual_s < 60
     assert any(e.kind == "run_failed" for e in sink.events)
+
+
+@pytest.mark.parametrize("loop", ["plain", "layered"])
+def test_a_pipelined_pull_saves_the_ack_round_trip_and_changes_no_result(loop: str) -> None:
+    """As the real loops: the pull of c + 1 leaves right behind the push of c. On a 20 ms link
+    a BSP iteration no longer waits for the push's ack to come back before its pull goes out:
+    the pull request travels with the push, so one round trip (40 ms) is saved."""
+    slow = {"sim.network": "10gbit:20ms", "train.loop": loop, "cluster.workers": 2}
+    status, pipelined_s, pipelined = simulate(config(**slow))
+    assert status is RunStatus.FINISHED
+    status, waiting_s, waiting = simulate(config(**slow, **{"train.pipeline": False}))
+    assert status is RunStatus.FINISHED
+    assert [(r.worker, r.iteration, r.loss) for r in pipelined.rows] == \
+        [(r.worker, r.iteration, r.loss) for r in waiting.rows]
+    iterations = len(pipelined.of(0))
+    # every iteration but the last sends its next pull ahead
+    assert waiting_s - pipelined_s == pytest.approx((iterations - 1) * 0.040, rel=0.1)

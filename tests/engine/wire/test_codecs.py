@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import BadPayload, FrameTooLarge, ProtocolError
 from engine.keys import KeyRange
-from engine.wire.codecs import BFLOAT16, CODECS, Codec, narrow
+from engine.wire.codecs import BFLOAT16, CODECS, Codec, narrow, widen, widen_into
 from engine.wire.protocol import (
     HEADER_BYTES,
     DType,
@@ -121,6 +121,37 @@ def test_float16_saturates_instead_of_overflowing() -> None:
     values = np.array([1e6, -1e6, 1.0], dtype=np.float32)
     assert narrow(values, np.dtype(np.float16)).tolist() == [65504.0, -65504.0, 1.0]
     assert np.isfinite(narrow(np.array([3e38], dtype=np.float32), BFLOAT16)).all()
+
+
+def awkward_floats(count: int) -> np.ndarray:
+    """Normal, subnormal-in-float16, exactly-halfway, overflowing, signed-zero and NaN values."""
+    rng = np.random.default_rng(7)
+    values = np.concatenate([
+        rng.normal(0, 1, count), rng.normal(0, 1e-6, count), rng.normal(0, 1e5, count // 10),
+        (np.arange(2048) + 0.5) * 2.0**-24,  # halfway between float16 subnormals
+        [0.0, -0.0, 65504.0, 65519.0, 65520.0, -7e4, 6.0e-8, 5.96e-8, 1e-9, np.nan]])
+    return values.astype(np.float32)
+
+
+def test_large_float16_casts_match_numpy_bit_for_bit() -> None:
+    values = awkward_floats(20_000)  # past the size from which torch casts
+    fast = narrow(values, np.dtype(np.float16))
+    slow = np.clip(values, -65504, 65504).astype(np.float16)  # numpy's own, value by value
+    assert fast.dtype == np.float16
+    assert np.array_equal(fast.view(np.uint16), slow.view(np.uint16))
+    assert np.isnan(fast[-1])  # kept, so that the server refuses it
+    out = np.full(len(fast), 7.0, dtype=np.float32)
+    widen_into(out, fast)
+
+    def same(a: np.ndarray, b: np.ndarray) -> bool:  # bit for bit, any NaN payload
+        nan = np.isnan(a)
+        return bool(np.array_equal(nan, np.isnan(b))
+                    and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+
+    assert same(out, slow.astype(np.float32))
+    assert same(widen(fast), out)
+    read_only = np.frombuffer(fast.tobytes(), dtype=np.float16)  # a frame's values
+    assert same(widen(read_only), out)
 
 
 def test_a_non_finite_bfloat16_push_is_refused() -> None:

@@ -1,0 +1,88 @@
+"""Wait-free backpropagation: each layer's gradient is pushed from inside backward.
+
+The layered loop pushes one frame per layer, but only once backward has finished. Here an
+autograd post-accumulate hook (``FlatModel.watch_gradients``) pushes a layer the moment its
+gradient is complete, so the last layers travel while backward is still computing the first
+ones (Poseidon's wait-free backpropagation, Zhang et al., 2017). The frames, their clocks and
+what a consistency model sees are the layered loop's: only when each frame leaves changes.
+
+``push`` is non-blocking (the client copies the values and hands the frame to its I/O thread), so
+the hook costs backward one copy of the layer. A hook's failure (a stopping run, a closed link)
+is kept and raised once backward is done, not through autograd. A worker slowed down by
+``heterogeneity`` holds its pushes until its stretched compute phase ends, as in every other
+loop: pushing early would hide the straggler it is meant to be.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from engine.worker.client import PullResult, PushHandle
+from engine.worker.loops import LayeredLoop, Shard, Worker, compute_gradient
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from engine.models.flat import FlatModel
+
+
+class WaitFreeLoop(LayeredLoop):
+    """The layered loop with each layer pushed from backward as soon as it is ready."""
+
+    def __init__(self, worker: Worker, model: FlatModel) -> None:
+        super().__init__(worker, model)
+        self._header: dict[str, Any] | None = None  # the clock's push header while armed
+        self._sent: dict[int, PushHandle] = {}
+        self._first_at: float | None = None
+        self._error: BaseException | None = None
+        self._hold = worker.slowdown.active
+        self._unwatch = model.watch_gradients(self._ready)
+
+    def end(self) -> None:
+        self._unwatch()
+        super().end()
+
+    def prepare(self, clock: int, pulled: PullResult, waited_s: float) -> None:
+        self._header = {"clock": clock, "base_versions": pulled.versions, "waited_s": waited_s,
+                        "final": clock == self.last_clock}
+        self._sent, self._first_at, self._error = {}, None, None
+
+    def compute(self, shard: Shard, batch: np.ndarray) -> float:
+        started = time.perf_counter()
+        loss = compute_gradient(self.model, shard, batch, to_host=False)
+        self.worker.slowdown.stretch(time.perf_counter() - started)
+        return loss
+
+    def push(self, clock: int, pulled: PullResult,
+             waited_s: float) -> tuple[list[PushHandle], float]:
+        """The pushes backward sent, then any layer it did not (a held worker's, or a
+        parameter the loss does not reach, whose gradient is zero), last layer first."""
+        error, self._error = self._error, None
+        if error is not None:
+            self._header = None
+            raise error
+        for index in reversed(range(len(self.worker.layout.segments))):
+            if index not in self._sent:
+                self.model.segment_to_host(index)
+                self._send(index)
+        self._header = None
+        assert self._first_at is not None  # a model has at least one segment
+        return list(self._sent.values()), self._first_at
+
+    def _ready(self, index: int) -> None:
+        """From the autograd hook: push segment ``index`` now, unless held."""
+        if self._header is None or self._hold or self._error is not None or index in self._sent:
+            return
+        try:
+            self._send(index)
+        except BaseException as exc:  # raised again by push, after backward
+            self._error = exc
+
+    def _send(self, index: int) -> None:
+        assert self._header is not None
+        keys = self.worker.layout.segments[index].keys
+        pushed_at = time.time()
+        self._first_at = self._first_at or pushed_at
+        self._sent[index] = self.client.push(keys, self.model.grads_np[keys.start:keys.end],
+                                             pushed_at=pushed_at, **self._header)
