@@ -315,20 +315,26 @@ def main() -> None:
         rng.integers(0, C.CLASSES, 64 * iterations).astype(np.int64),
     )
     model = FlatModel(spec, seed=0)
+    initial = model.params_np.copy()
+
+    def psctl(sync: str, overlap: bool, **options: Any) -> dict[str, Any]:
+        # Every pass trains from the same initial values (the worker sends its own to the
+        # server): passes that went on from the last one's diverged after enough of them.
+        np.copyto(model.params_np, initial)
+        return psctl_pass(sync, overlap, iterations, data, model, **options)
+
     loop = asyncio.new_event_loop()
 
     passes = {
         "torch": lambda: torch_pass(iterations, data, spec),
         "raw": lambda: raw.run(iterations),
         "raw loop": lambda: raw.run_loop(iterations, data, spec),
-        "psctl plain (bsp)": lambda: psctl_pass("bsp", False, iterations, data, model),
-        WAITING: lambda: psctl_pass("bsp", False, iterations, data, model, pipeline=False),
-        "psctl layered (bsp)": lambda: psctl_pass("bsp", False, iterations, data, model,
-                                                  loop="layered"),
-        "psctl wait-free (bsp)": lambda: psctl_pass("bsp", False, iterations, data, model,
-                                                    loop="wait-free"),
-        "psctl plain (asp)": lambda: psctl_pass("asp", False, iterations, data, model),
-        "psctl overlapped (asp)": lambda: psctl_pass("asp", True, iterations, data, model),
+        "psctl plain (bsp)": lambda: psctl("bsp", False),
+        WAITING: lambda: psctl("bsp", False, pipeline=False),
+        "psctl layered (bsp)": lambda: psctl("bsp", False, loop="layered"),
+        "psctl wait-free (bsp)": lambda: psctl("bsp", False, loop="wait-free"),
+        "psctl plain (asp)": lambda: psctl("asp", False),
+        "psctl overlapped (asp)": lambda: psctl("asp", True),
     }
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in passes}
     with C.servers([("echo-server", [])]) as (echo,):

@@ -366,8 +366,8 @@ class OverlappedLoop(PlainLoop):
         t1 = time.perf_counter()
         loss = self.compute(shard, batch)
         t2 = time.perf_counter()
-        self._settle(self._unacked)
-        self._unacked = None
+        unacked, self._unacked = self._unacked, None  # settled once, even if it fails
+        self._settle(unacked)
         wait_s = min(pulled.wait_s, t1 - t0)
         requests, pushed_at = self.push(clock, pulled, wait_s)
         t3 = time.perf_counter()
@@ -376,7 +376,8 @@ class OverlappedLoop(PlainLoop):
         self._unacked = (requests, pulled, provisional.model_copy(update={"pushed_at": pushed_at}))
 
     def end(self) -> None:
-        self._settle(self._unacked)
+        unacked, self._unacked = self._unacked, None
+        self._settle(unacked)
 
     def _settle(self, unacked: tuple[list[PushHandle], PullResult, IterationRecord] | None) -> None:
         """Wait for the previous push's ack and record that iteration with its staleness."""
