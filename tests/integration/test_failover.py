@@ -177,6 +177,12 @@ def test_a_server_started_again_takes_its_copies_back_and_outlives_the_other(
         handed = _events(cluster.db, "rereplicated")
         assert sorted(int(e["index"]) for e in handed) == [0, 1]  # type: ignore[call-overload]
         assert all(e["chain"] == [1, 0] and e["rank"] == 0 for e in handed)
+        # Range 0 moves back to server 0 once its copy is whole; pushes go on meanwhile. (Ten
+        # pushes were not always enough time on a loaded machine: server 1 then died while it
+        # still served range 0.)
+        deadline = time.monotonic() + 60
+        while not _events(cluster.db, "primary_moved") and time.monotonic() < deadline:
+            pusher.push()
         for _ in range(10):
             pusher.push()
         # Server 1 dies too: only the copies server 0 took back are left.
