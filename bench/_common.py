@@ -394,7 +394,7 @@ async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
     from engine.server.optimizers import make_optimizer
     from engine.server.service import ShardServer
     from engine.server.shard import ShardState
-    from engine.transport.websocket import WebSocketTransport
+    from engine.transport.schemes import SchemeTransport
 
     keys = KeyRange(args.start, args.end)
     # the default optimizer is SGD, lr 0.1, momentum 0.9; "none" (a diagnostic) applies nothing
@@ -408,9 +408,8 @@ async def _psctl_server(args: argparse.Namespace) -> dict[str, Any]:
         workers=args.workers, ranges=ranges,
     )
     server = ShardServer(state, run=RUN_ID, rank=args.rank, max_frame_bytes=MAX_FRAME_BYTES)
-    address = await server.start(
-        WebSocketTransport(max_frame_bytes=MAX_FRAME_BYTES), "127.0.0.1", 0, token=TOKEN
-    )
+    transport = SchemeTransport(max_frame_bytes=MAX_FRAME_BYTES, listens=args.transport)
+    address = await server.start(transport, "127.0.0.1", 0, token=TOKEN)
     done = asyncio.Event()
     _wait_for_stdin_eof(asyncio.get_running_loop(), done)
     print(f"READY {address}", flush=True)
@@ -471,6 +470,7 @@ def _serve_main(argv: Sequence[str]) -> None:
     psctl.add_argument("--sync", choices=("asp", "bsp"), default="asp")
     psctl.add_argument("--workers", type=int, default=1)
     psctl.add_argument("--optimizer", choices=("sgd", "none"), default="sgd")
+    psctl.add_argument("--transport", choices=("websocket", "tcp"), default="websocket")
     psctl.add_argument("--profile", help="write a cProfile of the server to this path")
     echo = sub.add_parser("echo-server", help="raw websocket server, preallocated replies")
     echo.add_argument("--profile", help="write a cProfile of the server to this path")

@@ -48,6 +48,7 @@ WARMUP = 10  # iterations of every pass left out of its timing
 # issue 20, acceptance 2: the plain BSP loop within 1.3x, the overlapped loop within 1.15x
 GOALS = {"psctl plain (bsp)": 1.3, "psctl overlapped (asp)": 1.15}
 WAITING = "psctl plain (bsp), --no-pipeline"
+WEBSOCKET = "psctl plain (bsp), --transport websocket"
 
 
 class StandInControl:
@@ -90,14 +91,16 @@ def psctl_pass(
     model: Any,
     pipeline: bool = True,
     loop: str = "auto",
+    transport: str = "tcp",
 ) -> dict[str, Any]:
     """One fresh server process, one worker run of ``iterations``; seconds per iteration.
     ``pipeline``: ``train.pipeline``, the plain loop's next pull sent behind each push;
-    ``loop``: ``train.loop`` (layered, wait-free: one frame per layer)."""
+    ``loop``: ``train.loop`` (layered, wait-free: one frame per layer); ``transport``:
+    ``cluster.transport``, what the server listens on."""
     from engine.aio import LoopThread
     from engine.config import RunConfig
     from engine.roles.worker import connect_client
-    from engine.transport.websocket import WebSocketTransport
+    from engine.transport.schemes import SchemeTransport
     from engine.wire.messages import Iterations, ShardInfo, Welcome, layout_info
     from engine.wire.protocol import Role
     from engine.worker.loops import Worker, shard_for
@@ -121,7 +124,8 @@ def psctl_pass(
         batch_size=64,
     )
     server = C.ServerProcess(
-        "psctl-server", ["--start", "0", "--end", str(num_keys), "--sync", sync, "--workers", "1"]
+        "psctl-server", ["--start", "0", "--end", str(num_keys), "--sync", sync, "--workers", "1",
+                         "--transport", transport]
     )
     io = LoopThread("bench-worker-io")
     try:
@@ -134,7 +138,7 @@ def psctl_pass(
             started_at=time.time(),
         )
         client = connect_client(
-            WebSocketTransport(max_frame_bytes=C.MAX_FRAME_BYTES),
+            SchemeTransport(max_frame_bytes=C.MAX_FRAME_BYTES),
             welcome,
             config,
             Role.WORKER,
@@ -333,6 +337,7 @@ def main() -> None:
         WAITING: lambda: psctl("bsp", False, pipeline=False),
         "psctl layered (bsp)": lambda: psctl("bsp", False, loop="layered"),
         "psctl wait-free (bsp)": lambda: psctl("bsp", False, loop="wait-free"),
+        WEBSOCKET: lambda: psctl("bsp", False, transport="websocket"),
         "psctl plain (asp)": lambda: psctl("asp", False),
         "psctl overlapped (asp)": lambda: psctl("asp", True),
     }
@@ -392,6 +397,9 @@ def main() -> None:
         }
     results["pipelined_vs_waiting_bsp"] = C.median(
         C.paired_ratios(per_round["psctl plain (bsp)"], per_round[WAITING])
+    )
+    results["tcp_vs_websocket_bsp"] = C.median(
+        C.paired_ratios(per_round["psctl plain (bsp)"], per_round[WEBSOCKET])
     )
     results["wait_free_vs_layered_bsp"] = C.median(
         C.paired_ratios(per_round["psctl wait-free (bsp)"], per_round["psctl layered (bsp)"])
@@ -464,7 +472,10 @@ def _findings(results: dict[str, Any]) -> str:
         "ack first (`--no-pipeline`), median of the per-round ratios. The wait-free loop (each "
         "layer pushed from inside backward) takes "
         f"{results['wait_free_vs_layered_bsp']:.2f}x the time of the layered loop, which sends "
-        "the same frames once backward is done."
+        "the same frames once backward is done. Every psctl pass but one runs on the TCP "
+        "transport (the default); the plain BSP loop on it takes "
+        f"{results['tcp_vs_websocket_bsp']:.2f}x the time of the same loop with "
+        "`--transport websocket`."
     )
 
 
@@ -495,7 +506,8 @@ def _doc(rows: list[str], info: dict[str, Any], rounds: int, iterations: int) ->
         `engine.roles.worker.connect_client`; no coordinator: a stand-in control channel serialises
         the worker's reports on its I/O thread and delivers nothing), MNIST MLP
         784-512-512-512-10, batch 64 of random MNIST-shaped inputs, one torch thread, a fresh
-        server process per pass (SGD, lr 0.1, momentum 0.9). Baselines in the same script: a
+        server process per pass (SGD, lr 0.1, momentum 0.9), on the TCP transport (the default)
+        unless the row says websocket. Baselines in the same script: a
         plain PyTorch step on the same model (`torch.optim.SGD` local step, lr 0.1, momentum
         0.9, same batches) and a raw `websockets` exchange of the same frames (pull request ->
         values, push -> ack) with an echo-server process. The ratio is psctl / max(torch step,

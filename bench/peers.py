@@ -53,6 +53,7 @@ PSCTL_CONFIGS: dict[str, tuple[str, ...]] = {
     "asp": ("--sync", "asp"),
     "bsp, float16 wire": ("--sync", "bsp", "--wire-dtype", "float16"),
     "bsp, wait-free": ("--sync", "bsp", "--loop", "wait-free"),
+    "bsp, websocket": ("--sync", "bsp", "--transport", "websocket"),
 }
 
 

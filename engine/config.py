@@ -76,6 +76,10 @@ class ClusterConfig(_Frozen):
     request_timeout_s: float = Field(300.0, gt=0, le=_LONGEST_S,
                                      description="longest wait for one push or pull")
     max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
+    transport: Literal["tcp", "websocket"] = Field("tcp", description=(
+        "how workers, the evaluator and replicas reach the shard servers: tcp (psctl's "
+        "length-prefixed messages, each payload copied once per hop; docs/architecture.md) or "
+        "websocket; control connections to the coordinator are websockets either way"))
     max_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
         "unread reply bytes one connection may have queued at a server before it is "
         "disconnected as too slow a reader (one reply always goes through)"))

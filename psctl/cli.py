@@ -188,6 +188,9 @@ def launch(
         help="cut the keys into this many ranges, spread over the servers (one per server by "
         "default); a server joining the running job (psctl scale --servers) takes whole ranges"
     )] = None,
+    transport: Annotated[str | None, typer.Option(
+        help="how workers reach the shard servers: tcp (psctl's own framing, one copy per hop) "
+        "or websocket [tcp]")] = None,
     replicas: Annotated[int | None, typer.Option(
         help="backup copies of every key range on other servers (chain replication): a dead "
         "server's keys fail over to the next copy [0]")] = None,

@@ -90,7 +90,8 @@ def test_the_documented_commands_run_on_a_loopback_cluster_and_by_hand(tmp_path:
     listening = [json.loads(d)["address"] for (d,) in _query(
         db, "SELECT detail FROM events WHERE run_id = ? AND kind = 'server_listening'",
         by_hand[0])]
-    assert sorted(a.rsplit(":", 1)[0] for a in listening) == ["ws://127.0.0.11", "ws://127.0.0.12"]
+    assert sorted(a.rsplit(":", 1)[0] for a in listening) == ["tcp://127.0.0.11",
+                                                              "tcp://127.0.0.12"]
     for run_id, _, _ in runs:
         accuracy = _query(db, "SELECT accuracy FROM evaluations WHERE run_id = ? ORDER BY at "
                               "DESC LIMIT 1", run_id)[0][0]

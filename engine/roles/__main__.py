@@ -67,13 +67,15 @@ def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
 
 
 def _run(args: argparse.Namespace, token: str) -> int:
-    from engine.transport import WebSocketTransport
+    from engine.transport.schemes import SchemeTransport
 
     if args.role == "coordinator":
         return _coordinator(args, token)
     # Outgoing connections leave from the role's own address too (a node of a cluster, or a
     # 127.0.0.x of its own on one machine).
-    transport = WebSocketTransport(max_frame_bytes=args.max_frame_bytes, source=args.host)
+    # It reaches each peer by its address's scheme (the coordinator on ws://, the shard servers
+    # on what cluster.transport says).
+    transport = SchemeTransport(max_frame_bytes=args.max_frame_bytes, source=args.host)
     if args.role == "server":
         from engine.roles.server import run_server
 

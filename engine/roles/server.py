@@ -20,6 +20,7 @@ from engine.roles.copies import Copies, Endpoint, build_shard
 from engine.roles.lifecycle import hello
 from engine.server.vectors import ShardVectors
 from engine.transport.base import Transport
+from engine.transport.schemes import listening
 from engine.wire.codecs import prepare_casts
 from engine.wire.messages import (
     Adopt,
@@ -59,7 +60,8 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
     # Every shard decides the same barriers; shard 0's copies report them, in order.
     reports: asyncio.Queue[list[SyncRecord]] = asyncio.Queue()
     copies = Copies(rank, channel, config, layout_of(welcome),
-                    Endpoint(transport, token, bytes.fromhex(welcome.run_id)[:16], host, port),
+                    Endpoint(listening(transport, config.cluster.transport), token,
+                             bytes.fromhex(welcome.run_id)[:16], host, port),
                     on_syncs=reports.put_nowait)
     resume = Path(welcome.checkpoint) if welcome.checkpoint is not None else None
     for info in welcome.held:

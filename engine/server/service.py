@@ -31,7 +31,7 @@ from engine.errors import ConnectionClosed, ProtocolError, PsctlError
 from engine.replication.link import ChainLink
 from engine.server.pull_filter import PullFilter, SendAll
 from engine.server.shard import ShardState
-from engine.transport.base import Connection, Listener, Transport
+from engine.transport.base import Connection, Listener, Message, Transport
 from engine.wire.codecs import Codec, narrow
 from engine.wire.protocol import (
     CLOSE_MOVED,
@@ -237,7 +237,7 @@ class ShardServer:
             log.warning("%s left; %d more refused frames were not logged",
                         peer.connection.remote, peer.log.held_back)
 
-    def _handle(self, peer: _Peer, message: bytes | str) -> bool:
+    def _handle(self, peer: _Peer, message: Message) -> bool:
         """Process one message; False if it was invalid (an ERROR was sent back)."""
         self.stats.frames_in += 1
         self.stats.bytes_in += len(message)
@@ -259,7 +259,7 @@ class ShardServer:
             return False
         return True
 
-    def _dispatch(self, peer: _Peer, frame: Frame, message: bytes) -> None:
+    def _dispatch(self, peer: _Peer, frame: Frame, message: bytes | bytearray) -> None:
         if frame.run != self.run:
             raise ProtocolError("frame belongs to another run")
         admission = peer.connection.admission
@@ -312,7 +312,8 @@ class ShardServer:
             peer.pending += 1
             self._pending.append(_PendingPull(peer, frame, time.perf_counter()))
 
-    def _push(self, peer: _Peer, frame: Frame, message: bytes, *, chained: bool = False) -> None:
+    def _push(self, peer: _Peer, frame: Frame, message: bytes | bytearray, *,
+              chained: bool = False) -> None:
         if frame.request_id in peer.acked:  # sent again: the first one was applied
             self.stats.resent_pushes += 1
             repeated = peer.acked[frame.request_id]

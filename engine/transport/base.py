@@ -1,6 +1,7 @@
 """The transport interface: message-oriented, authenticated connections between processes.
 
-Two implementations: ``WebSocketTransport`` (real processes, loopback or network) and
+Implementations: ``WebSocketTransport`` and ``TcpTransport`` (real processes, loopback or network;
+``SchemeTransport`` picks one by address) and
 ``MemoryTransport`` (everything in one process, for fast tests). Messages are whole: a ``bytes``
 message is a protocol frame, a ``str`` message is a JSON control message.
 """
@@ -12,7 +13,7 @@ from typing import Protocol
 
 from engine.transport.admission import Admission
 
-Message = bytes | str
+Message = bytes | bytearray | str  # a binary message may arrive in its own, writable buffer
 Sendable = bytes | bytearray | memoryview | str
 
 

@@ -375,8 +375,8 @@ ControlMessage = Annotated[
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
 
 
-def parse_control(message: str | bytes) -> ControlMessage:
-    if isinstance(message, bytes):
+def parse_control(message: str | bytes | bytearray) -> ControlMessage:
+    if not isinstance(message, str):
         raise ProtocolError("binary frame on the control connection: send JSON text")
     if len(message) > MAX_CONTROL_BYTES:
         raise ProtocolError(f"control message of {len(message)} bytes exceeds {MAX_CONTROL_BYTES}")

@@ -1,4 +1,5 @@
-"""Acceptance: malformed traffic from a raw websocket client is refused while training goes on."""
+"""Acceptance: malformed traffic from a raw client (on the transport the servers listen on) is
+refused while training goes on."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from websockets.asyncio.client import connect
 
+from engine.errors import ConnectionClosed
 from engine.keys import KeyRange
 from engine.launcher import Launcher
-from engine.transport.websocket import TOKEN_HEADER
+from engine.transport.schemes import SchemeTransport
 from engine.wire.protocol import FLAG_COMMIT, Frame, MsgType, Role, decode, encode
 from engine.wire.records import RunStatus
 from tests.integration.support import config, query, wait_for
@@ -60,20 +61,21 @@ def _bad_sparse_frames(run: bytes, keys: KeyRange) -> dict[str, bytes]:
 
 
 async def _attack(address: str, token: str, run: bytes, keys: KeyRange) -> dict[str, str]:
+    # Whatever transport the servers listen on (the address's scheme says which).
     replies: dict[str, str] = {}
-    async with connect(address, additional_headers={TOKEN_HEADER: token},
-                       compression=None, max_size=2**26) as socket:
-        for name, data in _bad_frames(run, keys).items():
-            await socket.send(data)
-            frame = decode(await asyncio.wait_for(socket.recv(), 10), max_bytes=2**26)
-            assert frame.type is MsgType.ERROR, name
-            replies[name] = " ".join(frame.error())
-    socket = await connect(address, additional_headers={TOKEN_HEADER: token},
-                           compression=None, max_size=2**30)
-    await socket.send(bytes(70 * 2**20))  # over the server's 64 MiB frame limit
+    transport = SchemeTransport(max_frame_bytes=2**30)
+    socket = await transport.connect(address, token=token, timeout=10)
+    for name, data in _bad_frames(run, keys).items():
+        await socket.send(data)
+        frame = decode(await asyncio.wait_for(socket.recv(), 10), max_bytes=2**26)
+        assert frame.type is MsgType.ERROR, name
+        replies[name] = " ".join(frame.error())
+    await socket.close()
+    socket = await transport.connect(address, token=token, timeout=10)
     try:
+        await socket.send(bytes(70 * 2**20))  # over the server's 64 MiB frame limit
         await asyncio.wait_for(socket.recv(), 10)
-    except Exception as exc:  # the server closes: 1009 message too big
+    except ConnectionClosed as exc:  # the server closes: 1009 message too big
         replies["oversize"] = str(exc)
     with contextlib.suppress(Exception):  # already closed by the server
         await socket.close()

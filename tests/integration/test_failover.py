@@ -32,8 +32,8 @@ from engine.config import RunConfig
 from engine.keys import KeyRange
 from engine.roles.control import SyncControl
 from engine.roles.worker import connect_client
-from engine.transport import WebSocketTransport
 from engine.transport.admission import credential
+from engine.transport.schemes import SchemeTransport
 from engine.wire.messages import Hello
 from engine.wire.protocol import ANY_CLOCK, Role
 from tests.integration.support import config, query, wait_for
@@ -85,10 +85,10 @@ class Cluster:
         self.servers = {rank: self.start_server(rank) for rank in (0, 1)}
         me = credential(token, "worker", 0)
         self.control, welcome = SyncControl.open(
-            self.io, WebSocketTransport(), self.address,
+            self.io, SchemeTransport(), self.address,
             Hello(role="worker", rank=0, pid=os.getpid()), token=me, timeout=60.0)
         assert welcome.backups and all(len(b) == 1 for b in welcome.backups.values())
-        self.client = connect_client(WebSocketTransport(), welcome,
+        self.client = connect_client(SchemeTransport(), welcome,
                                      RunConfig.model_validate(welcome.config), Role.WORKER, 0,
                                      me, self.io, duplicates_ok=True, control=self.control)
         self.keys = KeyRange(0, welcome.num_keys)

@@ -225,7 +225,10 @@ def _attack(launcher: Launcher, sampler: RssSampler) -> dict[str, Any]:
 
 def test_a_reader_that_never_reads_and_parked_pulls_do_not_stall_training(
         tmp_path: Path) -> None:
+    # The attackers speak websocket by hand; tests/engine/server/test_hardening.py has the
+    # slow reader over TCP.
     launcher = Launcher(config(data__dataset="digits", cluster__workers=2, cluster__servers=1,
+                               cluster__transport="websocket",
                                train__epochs=100_000, sync__model="bsp",
                                stop__max_seconds=RUN_S),
                         db=tmp_path / "experiments.db")

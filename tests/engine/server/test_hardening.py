@@ -24,6 +24,8 @@ from engine.server.service import LogBudget, ServerLimits, ShardServer
 from engine.server.shard import ShardState
 from engine.transport import WebSocketTransport
 from engine.transport.admission import credential
+from engine.transport.base import Transport
+from engine.transport.tcp import TcpTransport
 from engine.transport.websocket import TOKEN_HEADER
 from engine.wire.protocol import ANY_CLOCK, FLAG_COMMIT, Frame, MsgType, Role, decode, encode
 
@@ -35,7 +37,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def serve_and(script: Callable[[ShardServer], Awaitable[Any]], *, keys: int = 8,
-              model: str = "asp", workers: int = 2, **limits: int) -> Any:
+              model: str = "asp", workers: int = 2, transport: Transport | None = None,
+              **limits: int) -> Any:
     """Start a server for ``keys`` keys (initialised to 1.0), run ``script`` against it."""
 
     async def main() -> Any:
@@ -44,7 +47,7 @@ def serve_and(script: Callable[[ShardServer], Awaitable[Any]], *, keys: int = 8,
         state.init(KeyRange(0, keys), np.ones(keys, dtype=np.float32))
         server = ShardServer(state, run=RUN, rank=0, max_frame_bytes=64 * MIB,
                              limits=ServerLimits(**limits))
-        await server.start(WebSocketTransport(), "127.0.0.1", 0, token=SECRET)
+        await server.start(transport or WebSocketTransport(), "127.0.0.1", 0, token=SECRET)
         try:
             return await asyncio.wait_for(script(server), 45)
         finally:
@@ -153,6 +156,37 @@ def test_a_peer_that_never_reads_is_disconnected_and_the_others_are_served() -> 
         await other.close()
 
     serve_and(script, keys=size, max_queued_bytes=4 * MIB)
+
+
+def test_a_peer_that_never_reads_over_tcp_is_disconnected_and_the_others_are_served() -> None:
+    # The TCP transport stops reading a connection once 16 messages wait unread, so the
+    # server's replies back up in its queue, as they do behind a websocket that is not read.
+    size = 64 * 1024  # 256 KiB per reply
+    keys = KeyRange(0, size)
+    tcp = TcpTransport(64 * MIB)
+
+    async def script(server: ShardServer) -> None:
+        slow = await tcp.connect(server.address, token=SECRET, timeout=5)
+        for request in range(1, 401):  # 100 MiB of replies, never read
+            await slow.send(frame(MsgType.PULL, request, keys, clock=ANY_CLOCK))
+        other = await tcp.connect(server.address, token=credential(SECRET, "worker", 1),
+                                  timeout=5)
+        for request in range(1, 21):
+            await other.send(frame(MsgType.PULL, request, keys, rank=1, clock=ANY_CLOCK))
+            data = await asyncio.wait_for(other.recv(), 10)
+            assert not isinstance(data, str)
+            assert decode(data, max_bytes=64 * MIB).request_id == request
+        for _ in range(400):
+            if server.stats.slow_readers_closed and len(server._peers) == 1:
+                break
+            await asyncio.sleep(0.025)
+        assert server.stats.slow_readers_closed == 1
+        assert len(server._peers) == 1
+        assert sum(p.queued_bytes for p in server._peers) < 2 * MIB
+        await other.close()
+        await slow.close()
+
+    serve_and(script, keys=size, max_queued_bytes=4 * MIB, transport=tcp)
 
 
 def test_refused_frames_are_logged_at_a_bounded_rate_and_counted(

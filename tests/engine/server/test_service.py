@@ -1,4 +1,4 @@
-"""A shard server driven by parameter clients, over the in-memory and the websocket transport.
+"""A shard server driven by parameter clients, over the in-memory, websocket and TCP transports.
 
 The server runs on its own event-loop thread, the clients on another (as in a worker process).
 Raw peers then send what a broken or hostile peer might: each gets an ERROR frame naming the
@@ -41,6 +41,7 @@ from engine.server.service import MAX_BAD_FRAMES, ShardServer
 from engine.server.shard import ShardState
 from engine.transport import MemoryTransport, WebSocketTransport
 from engine.transport.base import Transport
+from engine.transport.tcp import TcpTransport
 from engine.transport.websocket import TOKEN_HEADER
 from engine.wire.protocol import (
     ANY_CLOCK,
@@ -65,7 +66,7 @@ TOKEN = "join-token-for-tests"
 RUN = bytes.fromhex("00112233445566778899aabbccddeeff")
 MIB = 2**20
 LR = 0.5
-TRANSPORTS = ["memory", "websocket"]
+TRANSPORTS = ["memory", "websocket", "tcp"]
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -174,11 +175,11 @@ def make_rig() -> Iterator[Callable[..., Rig]]:
     loops: list[LoopThread] = []
 
     def make(kind: str, *, transport_max: int = MIB) -> Rig:
-        transport: Transport = (
-            MemoryTransport()
-            if kind == "memory"
-            else WebSocketTransport(max_frame_bytes=transport_max)
-        )
+        transport: Transport = {
+            "memory": MemoryTransport,
+            "websocket": lambda: WebSocketTransport(max_frame_bytes=transport_max),
+            "tcp": lambda: TcpTransport(max_frame_bytes=transport_max),
+        }[kind]()
         server_loop, io = LoopThread("test-server"), LoopThread("test-client")
         loops.extend([io, server_loop])
         rig = Rig(kind, transport, server_loop, io)
@@ -496,11 +497,11 @@ def test_wrong_token_is_refused(rig: Rig) -> None:
 
 
 def test_connect_to_nothing_names_the_address(rig: Rig) -> None:
-    if rig.kind == "websocket":
+    if rig.kind != "memory":
         with socket.socket() as probe:  # a port that was free a moment ago and is closed now
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        address = f"ws://127.0.0.1:{port}"
+        address = f"{'ws' if rig.kind == 'websocket' else 'tcp'}://127.0.0.1:{port}"
     else:
         address = "mem://127.0.0.1:65000"
     shards = [ShardAddress(0, address, KeyRange(0, 8))]
@@ -754,7 +755,7 @@ def test_oversize_frame(rig: Rig) -> None:
         return await peer.recv()
 
     kind, first, _ = raw(rig, script)
-    if rig.kind == "websocket":  # the transport refuses it before the server sees it
+    if rig.kind != "memory":  # the transport refuses it before the server sees it
         assert (kind, first) == ("closed", 1009)
     else:
         frame = decode(first, max_bytes=MIB)

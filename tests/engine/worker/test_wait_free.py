@@ -163,3 +163,23 @@ def test_settings_the_loop_cannot_honour_are_refused(overrides: dict[str, Any],
                                                      message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_config({}, {"data.dataset": "digits", "train.loop": "wait-free", **overrides})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_each_layer_reaches_the_host_with_the_cpu_gradient() -> None:
+    # On a GPU each hook copies its layer to the host while autograd's device thread runs on;
+    # a copy that were not complete when the push read the host buffer would show here.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = FlatModel(SPEC, seed=0, device="cuda")
+    loop, client = make_loop(model)
+    assert loop.train(SHARD) == 2
+    segments = model.layout.segments
+    assert len(client.pushes) == 2 * len(segments)
+    assert all(push["in_backward"] for push in client.pushes)
+    on_cpu = FlatModel(SPEC, seed=0)
+    batches = SHARD.batches(np.random.default_rng([0, 0, 0]))
+    for clock, gradient in enumerate(expected_gradients(batches, on_cpu)):
+        for push in client.pushes[clock * len(segments):(clock + 1) * len(segments)]:
+            np.testing.assert_allclose(push["values"], gradient[push["keys"].start:
+                                                                push["keys"].end],
+                                       rtol=1e-4, atol=1e-6)

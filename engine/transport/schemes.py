@@ -1,0 +1,55 @@
+"""One transport per address scheme: ``ws://`` (websockets) and ``tcp://`` (engine.transport.tcp).
+
+A role connects to whatever address it is given, so a run can keep its control plane on
+websockets while its shard servers serve the data plane on TCP (``cluster.transport``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.errors import ConfigError, ConnectFailed
+from engine.transport.base import Connection, Handler, Listener, Transport
+from engine.transport.tcp import TcpTransport
+from engine.transport.websocket import WebSocketTransport
+
+# cluster.transport's names and the schemes of their addresses
+SCHEMES = {"websocket": "ws", "tcp": "tcp"}
+
+
+@dataclass(frozen=True)
+class SchemeTransport:
+    """Connects by the address's scheme; listens with ``listens`` (a ``SCHEMES`` key)."""
+
+    max_frame_bytes: int = 64 * 2**20
+    source: str | None = None
+    listens: str = "websocket"
+
+    def __post_init__(self) -> None:
+        if self.listens not in SCHEMES:
+            raise ConfigError(f"unknown transport {self.listens!r}; one of {sorted(SCHEMES)}")
+
+    def listening(self, name: str) -> SchemeTransport:
+        """This transport, listening with ``name`` instead."""
+        return replace(self, listens=name)
+
+    def _by_scheme(self, scheme: str) -> Transport:
+        if scheme == "tcp":
+            return TcpTransport(self.max_frame_bytes, self.source)
+        return WebSocketTransport(max_frame_bytes=self.max_frame_bytes, source=self.source)
+
+    async def listen(self, host: str, port: int, handler: Handler, *, token: str) -> Listener:
+        return await self._by_scheme(SCHEMES[self.listens]).listen(host, port, handler,
+                                                                    token=token)
+
+    async def connect(self, address: str, *, token: str, timeout: float) -> Connection:
+        scheme = address.partition("://")[0]
+        if scheme not in ("ws", "tcp"):
+            raise ConnectFailed(f"{address!r}: no transport for scheme {scheme!r} (ws or tcp)")
+        return await self._by_scheme(scheme).connect(address, token=token, timeout=timeout)
+
+
+def listening(transport: Transport, name: str) -> Transport:
+    """``transport`` listening with ``name`` where it can choose (a ``SchemeTransport``);
+    any other transport (the in-memory one of tests) as it is."""
+    return transport.listening(name) if isinstance(transport, SchemeTransport) else transport
