@@ -37,6 +37,21 @@ class Connection(Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
 
+class PeerInfo:
+    """``remote`` and ``admission`` as a connection class keeps them (set both in __init__)."""
+
+    _remote: str
+    _admission: Admission | None
+
+    @property
+    def remote(self) -> str:
+        return self._remote
+
+    @property
+    def admission(self) -> Admission | None:
+        return self._admission
+
+
 Handler = Callable[[Connection], Awaitable[None]]
 
 

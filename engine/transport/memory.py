@@ -12,12 +12,12 @@ import itertools
 
 from engine.errors import AuthenticationError, ConnectFailed, ConnectionClosed
 from engine.transport.admission import Admission, admit
-from engine.transport.base import Handler, Message, Sendable
+from engine.transport.base import Handler, Message, PeerInfo, Sendable
 
 _CLOSED = object()
 
 
-class MemoryConnection:
+class MemoryConnection(PeerInfo):
     def __init__(self, remote: str, admission: Admission | None = None) -> None:
         self._remote = remote
         self._admission = admission
@@ -26,14 +26,6 @@ class MemoryConnection:
         self._peer: MemoryConnection | None = None
         self._closed_reason: str | None = None
         self._close_code: int | None = None
-
-    @property
-    def remote(self) -> str:
-        return self._remote
-
-    @property
-    def admission(self) -> Admission | None:
-        return self._admission
 
     def _deliver(self, item: object) -> None:
         self._loop.call_soon_threadsafe(self._inbox.put_nowait, item)

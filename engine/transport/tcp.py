@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from engine.errors import AuthenticationError, ConnectFailed, ConnectionClosed, TransportError
 from engine.transport.admission import Admission, admit
-from engine.transport.base import Handler, Message, Sendable
+from engine.transport.base import Handler, Message, PeerInfo, Sendable
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def close_message(code: int, reason: str) -> bytes:
     return _HEAD.pack(CLOSE, len(body)) + body
 
 
-class TcpConnection:
+class TcpConnection(PeerInfo):
     def __init__(self, stream: _Stream, remote: str, admission: Admission | None) -> None:
         self._stream, self._remote, self._admission = stream, remote, admission
         self._messages: collections.deque[Message] = collections.deque()
@@ -198,14 +198,6 @@ class TcpConnection:
         stream.lost.add_done_callback(lambda _: self._lost())
         stream.on_fail = lambda failed: self._end(failed.code,
                                                   f"connection to {remote} {failed}")
-
-    @property
-    def remote(self) -> str:
-        return self._remote
-
-    @property
-    def admission(self) -> Admission | None:
-        return self._admission
 
     def deliver(self, kind: int, body: bytearray) -> None:
         """A whole message from the stream (called by the event loop)."""

@@ -18,7 +18,7 @@ from websockets.http11 import Request, Response
 
 from engine.errors import AuthenticationError, ConnectFailed, ConnectionClosed, TransportError
 from engine.transport.admission import Admission, admit
-from engine.transport.base import Handler, Message, Sendable
+from engine.transport.base import Handler, Message, PeerInfo, Sendable
 
 TOKEN_HEADER = "X-Psctl-Token"
 PING_INTERVAL_S = 30.0
@@ -27,20 +27,12 @@ PING_TIMEOUT_S = 120.0
 CLOSE_TIMEOUT_S = 5.0
 
 
-class WebSocketConnection:
+class WebSocketConnection(PeerInfo):
     def __init__(self, socket: ClientConnection | ServerConnection, remote: str,
                  admission: Admission | None = None) -> None:
         self._socket = socket
         self._remote = remote
         self._admission = admission
-
-    @property
-    def remote(self) -> str:
-        return self._remote
-
-    @property
-    def admission(self) -> Admission | None:
-        return self._admission
 
     async def send(self, message: Sendable) -> None:
         if isinstance(message, memoryview):
