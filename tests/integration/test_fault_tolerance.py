@@ -264,8 +264,10 @@ def test_a_hung_primary_is_fenced_off_by_the_heartbeat_and_its_keys_fail_over(
 def test_a_killed_server_comes_back_with_its_copies_and_the_run_outlives_the_other(
         tmp_path: Path) -> None:
     """Both servers die in turn; only a run that hands the first its copies back survives."""
-    clean = _run(tmp_path, "clean", sync__model="bsp", train__epochs=40, cluster__replicas=1)
-    hit = _run(tmp_path, "hit", sync__model="bsp", train__epochs=40, cluster__replicas=1,
+    # 100 epochs: training must outlast server 1's kill at 10 s and its return (over TCP, 40
+    # epochs of digits could end first).
+    clean = _run(tmp_path, "clean", sync__model="bsp", train__epochs=100, cluster__replicas=1)
+    hit = _run(tmp_path, "hit", sync__model="bsp", train__epochs=100, cluster__replicas=1,
                fault__inject=("kill:server:0@2s", "kill:server:1@10s"))
     assert [e["rank"] for e in _events(hit, "server_lost")] == [0, 1]
     assert [e["rank"] for e in _events(hit, "server_rejoined")] == [0, 1]
