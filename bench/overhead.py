@@ -49,6 +49,7 @@ WARMUP = 10  # iterations of every pass left out of its timing
 GOALS = {"psctl plain (bsp)": 1.3, "psctl overlapped (asp)": 1.15}
 WAITING = "psctl plain (bsp), --no-pipeline"
 WEBSOCKET = "psctl plain (bsp), --transport websocket"
+LAYER_PULLS = "psctl wait-free (bsp), --layer-pulls"
 
 
 class StandInControl:
@@ -92,11 +93,13 @@ def psctl_pass(
     pipeline: bool = True,
     loop: str = "auto",
     transport: str = "tcp",
+    layer_pulls: bool = False,
 ) -> dict[str, Any]:
     """One fresh server process, one worker run of ``iterations``; seconds per iteration.
     ``pipeline``: ``train.pipeline``, the plain loop's next pull sent behind each push;
     ``loop``: ``train.loop`` (layered, wait-free: one frame per layer); ``transport``:
-    ``cluster.transport``, what the server listens on."""
+    ``cluster.transport``, what the server listens on; ``layer_pulls``: ``train.layer_pulls``
+    (wait-free: each layer's next pull sent from inside backward)."""
     from engine.aio import LoopThread
     from engine.config import RunConfig
     from engine.roles.worker import connect_client
@@ -111,7 +114,7 @@ def psctl_pass(
             "cluster": {"workers": 1, "servers": 1},
             "sync": {"model": sync},
             "train": {"epochs": 1, "batch_size": 64, "overlap": overlap, "torch_threads": 1,
-                      "pipeline": pipeline, "loop": loop},
+                      "pipeline": pipeline, "loop": loop, "layer_pulls": layer_pulls},
         }
     )
     inputs, targets = data
@@ -337,6 +340,7 @@ def main() -> None:
         WAITING: lambda: psctl("bsp", False, pipeline=False),
         "psctl layered (bsp)": lambda: psctl("bsp", False, loop="layered"),
         "psctl wait-free (bsp)": lambda: psctl("bsp", False, loop="wait-free"),
+        LAYER_PULLS: lambda: psctl("bsp", False, loop="wait-free", layer_pulls=True),
         WEBSOCKET: lambda: psctl("bsp", False, transport="websocket"),
         "psctl plain (asp)": lambda: psctl("asp", False),
         "psctl overlapped (asp)": lambda: psctl("asp", True),
@@ -403,6 +407,9 @@ def main() -> None:
     )
     results["wait_free_vs_layered_bsp"] = C.median(
         C.paired_ratios(per_round["psctl wait-free (bsp)"], per_round["psctl layered (bsp)"])
+    )
+    results["layer_pulls_vs_one_pull_wait_free"] = C.median(
+        C.paired_ratios(per_round[LAYER_PULLS], per_round["psctl wait-free (bsp)"])
     )
     payload = {
         "benchmark": NAME,
@@ -472,7 +479,10 @@ def _findings(results: dict[str, Any]) -> str:
         "ack first (`--no-pipeline`), median of the per-round ratios. The wait-free loop (each "
         "layer pushed from inside backward) takes "
         f"{results['wait_free_vs_layered_bsp']:.2f}x the time of the layered loop, which sends "
-        "the same frames once backward is done. Every psctl pass but one runs on the TCP "
+        "the same frames once backward is done; with `--layer-pulls` (each layer's next pull "
+        "sent from inside backward, right behind its push) it takes "
+        f"{results['layer_pulls_vs_one_pull_wait_free']:.2f}x the time of its default, one "
+        "pull of the whole model after backward. Every psctl pass but one runs on the TCP "
         "transport (the default); the plain BSP loop on it takes "
         f"{results['tcp_vs_websocket_bsp']:.2f}x the time of the same loop with "
         "`--transport websocket`."

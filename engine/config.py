@@ -331,6 +331,11 @@ class TrainConfig(_Frozen):
         "plain and layered loops: send the next iteration's pull right behind this one's push, "
         "not after its ack (the servers still answer it only when the consistency model "
         "allows)"))
+    layer_pulls: bool = Field(False, description=(
+        "wait-free loop with train.pipeline: each layer's pull of the next iteration leaves "
+        "from inside backward right behind its push, not one pull of the whole model after "
+        "backward (the last layers' values arrive while backward computes the first; on 2 "
+        "vCPUs the extra frames cost more than that saved: docs/benchmarks.md)"))
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$", description=(
         "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda"))
@@ -599,6 +604,10 @@ class RunConfig(_Frozen):
             raise ValueError("train.loop wait-free pushes each layer from inside backward, but "
                              "comm.prune filters the whole gradient at once: use train.loop "
                              "layered (or plain) with a push filter")
+        if self.train.layer_pulls and (loop != "wait-free" or not self.train.pipeline):
+            raise ValueError("train.layer_pulls sends each layer's next pull from inside "
+                             "backward: it needs train.loop wait-free and train.pipeline "
+                             f"(here train.loop {loop}, train.pipeline {self.train.pipeline})")
         if (loop == "delayed") != (model == "bounded-delay") and loop not in ("auto", "sparse"):
             raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
                              "runs the delayed loop, and only it does")

@@ -149,6 +149,9 @@ def launch(
     pipeline: Annotated[bool | None, typer.Option(
         "--pipeline/--no-pipeline", help="send the next pull right behind each push, not "
         "after its ack; the model still decides when it is answered [on]")] = None,
+    layer_pulls: Annotated[bool | None, typer.Option(
+        "--layer-pulls/--no-layer-pulls", help="--loop wait-free: send each layer's next pull "
+        "from inside backward, right behind its push [off]")] = None,
     train_limit: Annotated[int | None, typer.Option(
         help="use only the first N training samples")] = None,
     eval_interval: Annotated[float | None, typer.Option(

@@ -212,7 +212,7 @@ class PlainLoop:
                                   [segment.keys for segment in worker.layout.segments],
                                   worker.keys.end)
         self.pipelined = worker.config.train.pipeline
-        self._next_pull: tuple[int, PullHandle] | None = None  # (clock, request) in flight
+        self._next_pull: tuple[int, list[PullHandle]] | None = None  # (clock, requests) in flight
 
     def prepare(self, clock: int, pulled: PullResult, waited_s: float) -> None:
         """Before computing clock ``clock`` (loops that push from inside backward get ready)."""
@@ -250,6 +250,13 @@ class PlainLoop:
     def push_order(self) -> list[KeyRange]:
         """The key ranges pushed per clock, one frame (per shard) each: the whole model."""
         return [self.worker.keys]
+
+    def pull(self, clock: int) -> list[PullHandle]:
+        """Ask for clock ``clock``'s values of the whole model, straight into the parameters."""
+        return [self.pull_range(self.worker.keys, clock)]
+
+    def pull_range(self, keys: KeyRange, clock: int) -> PullHandle:
+        return self.client.pull(keys, self.model.params_np[keys.start:keys.end], clock=clock)
 
     def settle(self, requests: list[PushHandle]) -> PushResult:
         """Wait for a clock's pushes; one result for all of them (worst staleness)."""
@@ -309,7 +316,7 @@ class PlainLoop:
                    clock: int) -> IterationRecord:
         started = time.time()
         t0 = time.perf_counter()
-        pulled = self.client.wait(self._clock_pull(clock))
+        pulled = merge_pulls([self.client.wait(request) for request in self._clock_pull(clock)])
         t1 = time.perf_counter()
         wait_s = min(pulled.wait_s, t1 - t0)
         self.prepare(clock, pulled, wait_s)
@@ -317,9 +324,7 @@ class PlainLoop:
         t2 = time.perf_counter()
         requests, pushed_at = self.push(clock, pulled, wait_s)
         if self.pipelined and clock < self.last_clock:
-            self._next_pull = (clock + 1, self.client.pull(self.worker.keys,
-                                                           self.model.params_np,
-                                                           clock=clock + 1))
+            self._next_pull = (clock + 1, self.pull_ahead(clock + 1))
         pushed = self.settle(requests)
         t3 = time.perf_counter()
         row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, t1 -
@@ -327,21 +332,27 @@ class PlainLoop:
         return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
 
 
-    def _clock_pull(self, clock: int) -> PullHandle:
-        """This clock's pull: the one sent behind the last push, or a new one."""
+    def pull_ahead(self, clock: int) -> list[PullHandle]:
+        """With ``train.pipeline``: the pulls of clock ``clock``, sent once this clock's pushes
+        are out (loops that push layer by layer send each layer's pull behind its push)."""
+        return self.pull(clock)
+
+    def _clock_pull(self, clock: int) -> list[PullHandle]:
+        """This clock's pulls: those sent behind the last pushes, or new ones."""
         ahead, self._next_pull = self._next_pull, None
         if ahead is not None and ahead[0] == clock:
             return ahead[1]
-        if ahead is not None:  # sent for another clock (cannot happen in order): drop it
+        if ahead is not None:  # sent for another clock (cannot happen in order): drop them
             self._forget(ahead[1])
-        return self.client.pull(self.worker.keys, self.model.params_np, clock=clock)
+        return self.pull(clock)
 
-    def _forget(self, request: PullHandle) -> None:
-        """A pull sent ahead that no step will use (the run stops before that clock): taken if
-        answered, else cancelled at once (the model may hold it back for good: BSP, with the
+    def _forget(self, requests: list[PullHandle]) -> None:
+        """Pulls sent ahead that no step will use (the run stops before that clock): taken if
+        answered, else cancelled at once (the model may hold them back for good: BSP, with the
         other workers stopped), so that no answer lands in the parameters later."""
-        with contextlib.suppress(PsctlError):
-            self.client.wait(request, timeout=0.0)
+        for request in requests:
+            with contextlib.suppress(PsctlError):
+                self.client.wait(request, timeout=0.0)
 
 
 class OverlappedLoop(PlainLoop):
@@ -416,6 +427,25 @@ def merge_pushes(results: list[PushResult]) -> PushResult:
                       sum(r.bytes_sent for r in results), sum(r.bytes_received for r in results),
                       max(r.answered_at for r in results), scale, keys,
                       sum(r.dense_bytes for r in results))
+
+
+def merge_pulls(results: list[PullResult], *, one_by_one: bool = False) -> PullResult:
+    """A clock's pulls as one: bytes summed, the last answer, the slowest clock. Sent together
+    (the default), per shard the newest version (what one pull of all their keys would have
+    said) and the longest hold; sent ``one_by_one``, the oldest version and the holds added up
+    (each waited for the one before; the caller caps the sum at the pull phase's wall time)."""
+    if len(results) == 1:
+        return results[0]
+    pick = min if one_by_one else max
+    versions: dict[int, int] = {}
+    for result in results:
+        for shard, version in result.versions.items():
+            versions[shard] = pick(version, versions.get(shard, version))
+    waits = [r.wait_s for r in results]
+    return PullResult(versions, sum(waits) if one_by_one else max(waits),
+                      sum(r.bytes_sent for r in results), sum(r.bytes_received for r in results),
+                      max(r.answered_at for r in results),
+                      min(r.slowest_clock for r in results))
 
 
 def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray, *,

@@ -35,7 +35,7 @@ from engine.keys import KeyRange
 from engine.registry import Registry
 from engine.wire.records import IterationRecord, LayerRecord
 from engine.worker.client import PullResult, PushHandle, PushResult
-from engine.worker.loops import PlainLoop, Shard, iteration_row, merge_pushes
+from engine.worker.loops import PlainLoop, Shard, iteration_row, merge_pulls, merge_pushes
 
 T = TypeVar("T")
 H = TypeVar("H")
@@ -118,7 +118,8 @@ class ScheduledLoop(PlainLoop):
         t1 = time.perf_counter()
         loss = self.compute(shard, batch)
         t2 = time.perf_counter()
-        merged = _merge_pulls([pulled[layer] for layer in range(len(self.layers))])
+        merged = merge_pulls([pulled[layer] for layer in range(len(self.layers))],
+                             one_by_one=True)
         wait_s = min(merged.wait_s, t1 - t0)
         pushed_at = time.time()
         pushed = self._push_layers(clock, pulled, pushed_at, wait_s)
@@ -197,16 +198,3 @@ class ScheduledLoop(PlainLoop):
     def push_order(self) -> list[KeyRange]:
         return list(self.layers)
 
-
-def _merge_pulls(results: list[PullResult]) -> PullResult:
-    """A clock's layer pulls as one: the oldest version per shard, the holds added up (with
-    one request in flight they follow each other; the caller caps the sum at the pull phase's
-    wall time), bytes summed, the last answer."""
-    versions: dict[int, int] = {}
-    for result in results:
-        for shard, version in result.versions.items():
-            versions[shard] = min(version, versions.get(shard, version))
-    return PullResult(versions, sum(r.wait_s for r in results),
-                      sum(r.bytes_sent for r in results), sum(r.bytes_received for r in results),
-                      max(r.answered_at for r in results),
-                      min(r.slowest_clock for r in results))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine.worker.client import PullResult, PushHandle
+from engine.worker.client import PullHandle, PullResult, PushHandle
 from engine.worker.loops import LayeredLoop, Shard, Worker, compute_gradient
 
 if TYPE_CHECKING:
@@ -34,6 +34,11 @@ class WaitFreeLoop(LayeredLoop):
         super().__init__(worker, model)
         self._header: dict[str, Any] | None = None  # the clock's push header while armed
         self._sent: dict[int, PushHandle] = {}
+        # With train.layer_pulls, each layer's pull of the next clock leaves right behind its
+        # push: the servers answer the last layers while backward still computes the first.
+        self._layer_pulls = worker.config.train.layer_pulls and self.pipelined
+        self._ahead: dict[int, PullHandle] = {}
+        self._ahead_clock: int | None = None
         self._first_at: float | None = None
         self._error: BaseException | None = None
         self._hold = worker.slowdown.active
@@ -41,12 +46,16 @@ class WaitFreeLoop(LayeredLoop):
 
     def end(self) -> None:
         self._unwatch()
+        ahead, self._ahead = self._ahead, {}
+        self._forget(list(ahead.values()))
         super().end()
 
     def prepare(self, clock: int, pulled: PullResult, waited_s: float) -> None:
         self._header = {"clock": clock, "base_versions": pulled.versions, "waited_s": waited_s,
                         "final": clock == self.last_clock}
         self._sent, self._first_at, self._error = {}, None, None
+        self._ahead_clock = (clock + 1 if self._layer_pulls and clock < self.last_clock
+                             else None)
 
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
         started = time.perf_counter()
@@ -86,3 +95,16 @@ class WaitFreeLoop(LayeredLoop):
         self._first_at = self._first_at or pushed_at
         self._sent[index] = self.client.push(keys, self.model.grads_np[keys.start:keys.end],
                                              pushed_at=pushed_at, **self._header)
+        if self._ahead_clock is not None:
+            # Backward is done with this layer's values (its gradient is complete), so the
+            # answer may land in them now.
+            self._ahead[index] = self.pull_range(keys, self._ahead_clock)
+
+    def pull_ahead(self, clock: int) -> list[PullHandle]:
+        """With ``train.layer_pulls``, the pulls each ``_send`` left behind its push (every
+        layer has been sent); else one pull of the whole model."""
+        if not self._layer_pulls:
+            return super().pull_ahead(clock)
+        ahead, self._ahead = self._ahead, {}
+        assert clock == self._ahead_clock and len(ahead) == len(self.worker.layout.segments)
+        return list(ahead.values())

@@ -62,3 +62,21 @@ def test_a_wait_free_run_trains_exactly_as_a_layered_one(tmp_path: Path) -> None
     finals = {name: query(db, "SELECT accuracy, loss FROM evaluations WHERE run_id = ? "
                               "ORDER BY id DESC LIMIT 1", ids[name])[0] for name in ids}
     assert finals["wait-free"] == finals["layered"]
+
+
+def test_layer_pulls_from_inside_backward_train_exactly_as_one_pull_after_it(
+        tmp_path: Path) -> None:
+    """--layer-pulls sends each layer's next pull right behind its push, during backward: the
+    values that land are the round's all the same (BSP answers a layer once it is complete)."""
+    db = tmp_path / "experiments.db"
+    launch(db, "layer pulls", "--loop", "wait-free", "--layer-pulls")
+    launch(db, "one pull", "--loop", "wait-free")
+    ids = {name: run_id(db, name) for name in ("layer pulls", "one pull")}
+    config = query(db, "SELECT config_json FROM runs WHERE id = ?", ids["layer pulls"])[0][0]
+    assert '"layer_pulls":true' in config.replace(" ", "")
+    losses = {name: query(db, "SELECT worker, iteration, loss, staleness FROM iterations "
+                              "WHERE run_id = ? ORDER BY worker, iteration", ids[name])
+              for name in ids}
+    assert len(losses["layer pulls"]) > 40
+    assert losses["layer pulls"] == losses["one pull"]
+    assert {row[3] for row in losses["layer pulls"]} == {0}

@@ -31,10 +31,14 @@ class RecordingClient:
 
     def __init__(self, loop_state: dict[str, bool], fail: bool = False) -> None:
         self.pushes: list[dict[str, Any]] = []
+        self.events: list[tuple[str, KeyRange, int, bool]] = []  # (kind, keys, clock, backward)
+        self.outs: list[np.ndarray] = []  # each pull's buffer
         self.state, self.fail = loop_state, fail
         self._ids = iter(range(1, 10**6))
 
     def pull(self, keys: KeyRange, out: np.ndarray, *, clock: int) -> Handle[PullResult]:
+        self.events.append(("pull", keys, clock, self.state["computing"]))
+        self.outs.append(out)
         return Handle(next(self._ids), PullResult)
 
     def push(self, keys: KeyRange, values: np.ndarray, **header: Any) -> Handle[PushResult]:
@@ -42,6 +46,7 @@ class RecordingClient:
             raise ShuttingDown("the server is draining")
         self.pushes.append({"keys": keys, "values": values.copy(),
                             "in_backward": self.state["computing"], **header})
+        self.events.append(("push", keys, header["clock"], self.state["computing"]))
         return Handle(next(self._ids), PushResult)
 
     def wait(self, handle: Handle[Any], timeout: float | None = None) -> Any:
@@ -50,10 +55,10 @@ class RecordingClient:
         return PushResult({0: 0}, 0, 10, 10)
 
 
-def make_loop(model: FlatModel, *, slowed: bool = False,
-              fail: bool = False) -> tuple[WaitFreeLoop, RecordingClient]:
+def make_loop(model: FlatModel, *, slowed: bool = False, fail: bool = False,
+              layer_pulls: bool = False) -> tuple[WaitFreeLoop, RecordingClient]:
     config = build_config({}, {"data.dataset": "digits", "train.epochs": 1,
-                               "train.loop": "wait-free"})
+                               "train.loop": "wait-free", "train.layer_pulls": layer_pulls})
     state = {"computing": False}
     client = RecordingClient(state, fail)
     worker = SimpleNamespace(
@@ -104,6 +109,38 @@ def test_each_layer_leaves_from_backward_once_with_its_own_gradient() -> None:
         for push in sent:
             np.testing.assert_allclose(push["values"],
                                        gradient[push["keys"].start:push["keys"].end], rtol=1e-6)
+
+
+def test_with_layer_pulls_each_layers_next_pull_leaves_from_backward_behind_its_push() -> None:
+    model = FlatModel(SPEC, seed=0)
+    loop, client = make_loop(model, layer_pulls=True)
+    assert loop.train(SHARD) == 2
+    layers = len(model.layout.segments)
+    first = client.events[:1 + 2 * layers]  # the first clock's pull, then its layers
+    assert first[0] == ("pull", KeyRange(0, model.num_keys), 0, False)
+    pairs = [first[i:i + 2] for i in range(1, len(first), 2)]
+    assert all(push[:1] == ("push",) and push[2:] == (0, True) and pull == ("pull", push[1], 1,
+                                                                             True)
+               for push, pull in pairs)
+    assert sorted(push[1].start for push, _ in pairs) == [
+        s.keys.start for s in model.layout.segments]
+    # The last clock's pushes are followed by no pull.
+    assert [kind for kind, *_ in client.events[1 + 2 * layers:]] == ["push"] * layers
+    pulls = [keys for kind, keys, *_ in client.events if kind == "pull"]
+    for keys, out in zip(pulls, client.outs, strict=True):  # each layer's own part
+        assert out.shape == (len(keys),) and np.shares_memory(out, model.params_np[
+            keys.start:keys.end])
+
+
+def test_by_default_the_next_pull_is_of_the_whole_model_once_backward_is_done() -> None:
+    model = FlatModel(SPEC, seed=0)
+    loop, client = make_loop(model)
+    assert loop.train(SHARD) == 2
+    layers = len(model.layout.segments)
+    assert [event[0] for event in client.events] == (
+        ["pull"] + ["push"] * layers + ["pull"] + ["push"] * layers)
+    pulls = [event for event in client.events if event[0] == "pull"]
+    assert pulls == [("pull", KeyRange(0, model.num_keys), clock, False) for clock in (0, 1)]
 
 
 def test_a_slowed_worker_holds_its_pushes_until_its_compute_phase_is_over() -> None:
@@ -158,6 +195,9 @@ def test_the_hooks_are_gone_after_training() -> None:
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"comm.prune": "topk:0.1"}, "filters the whole gradient"),
     ({"cluster.backend": "sim"}, "does not model train.loop wait-free"),
+    ({"train.layer_pulls": True, "train.pipeline": False}, "layer_pulls .* needs train.loop "
+     "wait-free and train.pipeline"),
+    ({"train.layer_pulls": True, "train.loop": "layered"}, "here train.loop layered"),
 ])
 def test_settings_the_loop_cannot_honour_are_refused(overrides: dict[str, Any],
                                                      message: str) -> None:
