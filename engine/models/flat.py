@@ -24,6 +24,13 @@ from engine.models.spec import MLPSpec
 
 __all__ = ["MLP", "FlatModel", "evaluate", "refresh_buffers", "train_step", "train_step_np"]
 
+# Layers whose forward reads no parameter but their own, so that a pre-hook on each of them
+# runs before every read of every value (a custom module may read another's, or its own in a
+# helper called before its forward): forward starts layer by layer only on these.
+_SELF_CONTAINED = (nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag,
+                   nn.modules.conv._ConvNd, nn.modules.batchnorm._NormBase, nn.LayerNorm,
+                   nn.GroupNorm, nn.PReLU)
+
 
 class FlatModel:
     """A model whose parameters and gradients live in two flat host buffers (numpy views given).
@@ -71,6 +78,8 @@ class FlatModel:
             parameter.data = self._dparams[keys].view(segment.shape)
             parameter.grad = self._dgrads[keys].view(segment.shape)
         self._dparams.copy_(self.params)
+        self._values_watched = False
+        self._arrived: set[int] = set()  # watched segments brought in for this forward pass
 
     @property
     def params_np(self) -> np.ndarray:
@@ -88,9 +97,45 @@ class FlatModel:
         self._dgrads.zero_()
 
     def values_to_device(self) -> None:
-        """The pulled values (host buffer) into the module's parameters: one copy on a GPU."""
-        if not self.on_host:
+        """The pulled values (host buffer) into the module's parameters: one copy on a GPU.
+        While ``watch_values`` is on, each layer's come in right before it runs instead."""
+        if self._values_watched:
+            self._arrived.clear()
+        elif not self.on_host:
             self._dparams.copy_(self.params)
+
+    def watch_values(self, need: Callable[[int], None]) -> Callable[[], None] | None:
+        """Have each forward pass call ``need(i)`` right before the first layer that reads
+        segment ``i`` runs (from a forward pre-hook; ``need`` returns once the values are in
+        the host buffer), then bring them to the device. Returns what stops it, or None when a
+        parameter belongs to a module that may read values outside its own forward (anything
+        but the standard layers): the caller must then fill every value before forward."""
+        index_of = {id(p): i for i, (_, p) in enumerate(trainable(self.module))}
+        owners = [(m, [index_of[id(p)] for p in m.parameters(recurse=False) if id(p) in index_of])
+                  for m in self.module.modules()]
+        owners = [(module, indexes) for module, indexes in owners if indexes]
+        if not all(isinstance(module, _SELF_CONTAINED) for module, _ in owners):
+            return None
+        handles = [module.register_forward_pre_hook(
+            lambda _module, _args, indexes=indexes: self._bring_in(indexes, need))
+            for module, indexes in owners]
+        self._values_watched = True
+
+        def stop() -> None:
+            for handle in handles:
+                handle.remove()
+            self._values_watched = False
+        return stop
+
+    def _bring_in(self, indexes: list[int], need: Callable[[int], None]) -> None:
+        for index in indexes:
+            if index in self._arrived:  # a layer run twice, or a parameter two layers share
+                continue
+            need(index)
+            if not self.on_host:
+                keys = self.layout.segments[index].keys
+                self._dparams[keys.start:keys.end].copy_(self.params[keys.start:keys.end])
+            self._arrived.add(index)
 
     def gradient_to_host(self) -> None:
         """The gradient into the host buffer that is pushed: one copy on a GPU."""

@@ -27,15 +27,22 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from engine.keys import KeyRange
 from engine.registry import Registry
 from engine.wire.records import IterationRecord, LayerRecord
-from engine.worker.client import PullResult, PushHandle, PushResult
-from engine.worker.loops import PlainLoop, Shard, iteration_row, merge_pulls, merge_pushes
+from engine.worker.client import PullHandle, PullResult, PushHandle, PushResult
+from engine.worker.loops import (
+    PlainLoop,
+    Shard,
+    compute_gradient,
+    iteration_row,
+    merge_pulls,
+    merge_pushes,
+)
 
 T = TypeVar("T")
 H = TypeVar("H")
@@ -86,21 +93,56 @@ REQUEST_SCHEDULES.register(
     "pull the layer with the oldest copy first; push first where it advances the minimum clock")
 
 
+class RequestWindow(Generic[T, H]):
+    """Requests started in ``order``, at most ``size`` in flight: finishing the oldest starts
+    the next beyond the window. ``need(item)`` finishes them in order up to ``item`` (the time
+    it waits adds up in ``waited_s``), ``drain()`` all of them."""
+
+    def __init__(self, order: Sequence[T], start: Callable[[T], H],
+                 finish: Callable[[T, H], None], size: int) -> None:
+        self._start, self._finish, self._size = start, finish, size
+        self._waiting: deque[T] = deque(order)
+        self._in_flight: deque[tuple[T, H]] = deque()
+        self._finished: set[T] = set()
+        self.waited_s = 0.0
+        self._fill()
+
+    def need(self, item: T) -> None:
+        began = time.perf_counter()
+        while item not in self._finished and self._in_flight:
+            self._finish_oldest()
+        self.waited_s += time.perf_counter() - began
+
+    def drain(self) -> None:
+        while self._in_flight:
+            self._finish_oldest()
+
+    def _fill(self) -> None:
+        while self._waiting and len(self._in_flight) < self._size:
+            item = self._waiting.popleft()
+            self._in_flight.append((item, self._start(item)))
+
+    def _finish_oldest(self) -> None:
+        item, handle = self._in_flight.popleft()
+        self._finish(item, handle)
+        self._finished.add(item)
+        self._fill()
+
+
 def run_pool(order: Sequence[T], start: Callable[[T], H], finish: Callable[[T, H], None],
              size: int) -> None:
     """Start the requests in ``order`` with at most ``size`` in flight, finishing the oldest
     before starting the next beyond the window."""
-    in_flight: deque[tuple[T, H]] = deque()
-    for item in order:
-        if len(in_flight) == size:
-            finish(*in_flight.popleft())
-        in_flight.append((item, start(item)))
-    while in_flight:
-        finish(*in_flight.popleft())
+    RequestWindow(order, start, finish, size).drain()
 
 
 class ScheduledLoop(PlainLoop):
-    """The plain loop with one pull and one push per layer, each through the request pool."""
+    """The plain loop with one pull and one push per layer, each through the request pool.
+
+    The forward pass starts before every pull is answered: each layer waits, from a forward
+    pre-hook, only for its own values (``FlatModel.watch_values``), so the first layers compute
+    while the pool still fetches the last. A model with custom modules, whose reads psctl
+    cannot see, waits for every pull first."""
 
     def begin(self) -> None:
         comm = self.worker.config.comm
@@ -110,23 +152,53 @@ class ScheduledLoop(PlainLoop):
         self.received = [0] * len(self.layers)  # the version of each layer's last pull
         self.known = [0] * len(self.layers)  # the newest version of it the worker has seen
         self.slowest = [0] * len(self.layers)
+        self._window: RequestWindow[int, PullHandle] | None = None  # while computing
+        self._unwatch = self.model.watch_values(self._need)
+
+    def end(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+        super().end()
+
+    def _need(self, layer: int) -> None:
+        if self._window is not None:
+            self._window.need(layer)
+
+    def compute(self, shard: Shard, batch: np.ndarray) -> float:
+        """The gradient, with the time forward waited for values left out of what a slowed
+        worker's compute phase is stretched by."""
+        started = time.perf_counter()
+        loss = compute_gradient(self.model, shard, batch)
+        waited = self._window.waited_s if self._window is not None else 0.0
+        self.worker.slowdown.stretch(time.perf_counter() - started - waited)
+        return loss
 
     def _iteration(self, shard: Shard, batch: np.ndarray, epoch: int,
                    clock: int) -> IterationRecord:
         started, t0 = time.time(), time.perf_counter()
-        pulled = self._pull_layers(clock)
+        window, pulled = self._pull_layers(clock)
+        if self._unwatch is None:
+            window.drain()
         t1 = time.perf_counter()
-        loss = self.compute(shard, batch)
+        self._window = window
+        try:
+            loss = self.compute(shard, batch)
+        finally:
+            self._window = None
         t2 = time.perf_counter()
+        window.drain()  # the layers forward never read (the loss does not reach them)
+        t3 = time.perf_counter()
+        # The pull phase: before forward, inside it (layer by layer) and after it.
+        pull_s = t1 - t0 + window.waited_s + t3 - t2
         merged = merge_pulls([pulled[layer] for layer in range(len(self.layers))],
                              one_by_one=True)
-        wait_s = min(merged.wait_s, t1 - t0)
+        wait_s = min(merged.wait_s, pull_s)
         pushed_at = time.time()
         pushed = self._push_layers(clock, pulled, pushed_at, wait_s)
-        t3 = time.perf_counter()
-        row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
-                            t1 - t0 - wait_s, wait_s, merge_pushes(list(pushed.values())),
-                            merged, loss, len(batch))
+        t4 = time.perf_counter()
+        row = iteration_row(self.worker.rank, clock, epoch, started, t4 - t0,
+                            t2 - t1 - window.waited_s, t4 - t3, pull_s - wait_s, wait_s,
+                            merge_pushes(list(pushed.values())), merged, loss, len(batch))
         self._layer_rows = self._layers(clock, pulled, pushed)
         return row.model_copy(update={"pushed_at": pushed_at,
                                       "acked_at": max(p.answered_at for p in pushed.values())})
@@ -135,25 +207,26 @@ class ScheduledLoop(PlainLoop):
         row = self._iteration(shard, batch, epoch, clock)
         self.worker.record(row, self._layer_rows)
 
-    def _pull_layers(self, clock: int) -> dict[int, PullResult]:
+    def _pull_layers(self, clock: int) -> tuple[RequestWindow[int, PullHandle],
+                                                 dict[int, PullResult]]:
+        """This clock's layer pulls, started in the schedule's order; the results fill in as
+        the window finishes them."""
         behind = [known - got for known, got in zip(self.known, self.received, strict=True)]
         order = self.schedule.pulls(behind)
         self._pull_order = {layer: i for i, layer in enumerate(order)}
         results: dict[int, PullResult] = {}
 
-        def start(layer: int) -> Any:
-            keys = self.layers[layer]
-            return self.client.pull(keys, self.model.params_np[keys.start:keys.end], clock=clock)
+        def start(layer: int) -> PullHandle:
+            return self.pull_range(self.layers[layer], clock)
 
-        def finish(layer: int, handle: Any) -> None:
+        def finish(layer: int, handle: PullHandle) -> None:
             result = self.client.wait(handle)
             results[layer] = result
             self.received[layer] = max(result.versions.values(), default=0)
             self.known[layer] = max(self.known[layer], self.received[layer])
             self.slowest[layer] = result.slowest_clock
 
-        run_pool(order, start, finish, self.pool_size)
-        return results
+        return RequestWindow(order, start, finish, self.pool_size), results
 
     def _push_layers(self, clock: int, pulled: dict[int, PullResult], pushed_at: float,
                      waited_s: float) -> dict[int, PushResult]:

@@ -22,6 +22,13 @@ def launch(db: Path, name: str, *flags: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def losses_of(db: Path, ids: dict[str, str]) -> dict[str, list[tuple[int, int, float, int]]]:
+    """Each run's (worker, iteration, loss, staleness) rows, in order."""
+    return {name: query(db, "SELECT worker, iteration, loss, staleness FROM iterations "
+                            "WHERE run_id = ? ORDER BY worker, iteration", run)
+            for name, run in ids.items()}
+
+
 def run_id(db: Path, name: str) -> str:
     return str(query(db, "SELECT id FROM runs WHERE name = ?", name)[0][0])
 
@@ -37,9 +44,7 @@ def test_a_pipelined_run_trains_exactly_as_one_that_waits_for_each_ack(
                for name in ids}
     assert '"pipeline":true' in configs["pipelined"].replace(" ", "")
     assert '"pipeline":false' in configs["waiting"].replace(" ", "")
-    losses = {name: query(db, "SELECT worker, iteration, loss, staleness FROM iterations "
-                              "WHERE run_id = ? ORDER BY worker, iteration", ids[name])
-              for name in ids}
+    losses = losses_of(db, ids)
     assert len(losses["pipelined"]) > 40
     assert losses["pipelined"] == losses["waiting"]
     assert {row[3] for row in losses["pipelined"]} == {0}
@@ -54,9 +59,7 @@ def test_a_wait_free_run_trains_exactly_as_a_layered_one(tmp_path: Path) -> None
     launch(db, "wait-free", "--loop", "wait-free")
     launch(db, "layered", "--loop", "layered")
     ids = {name: run_id(db, name) for name in ("wait-free", "layered")}
-    losses = {name: query(db, "SELECT worker, iteration, loss, staleness FROM iterations "
-                              "WHERE run_id = ? ORDER BY worker, iteration", ids[name])
-              for name in ids}
+    losses = losses_of(db, ids)
     assert len(losses["wait-free"]) > 40
     assert losses["wait-free"] == losses["layered"]
     finals = {name: query(db, "SELECT accuracy, loss FROM evaluations WHERE run_id = ? "
@@ -74,9 +77,23 @@ def test_layer_pulls_from_inside_backward_train_exactly_as_one_pull_after_it(
     ids = {name: run_id(db, name) for name in ("layer pulls", "one pull")}
     config = query(db, "SELECT config_json FROM runs WHERE id = ?", ids["layer pulls"])[0][0]
     assert '"layer_pulls":true' in config.replace(" ", "")
-    losses = {name: query(db, "SELECT worker, iteration, loss, staleness FROM iterations "
-                              "WHERE run_id = ? ORDER BY worker, iteration", ids[name])
-              for name in ids}
+    losses = losses_of(db, ids)
     assert len(losses["layer pulls"]) > 40
     assert losses["layer pulls"] == losses["one pull"]
     assert {row[3] for row in losses["layer pulls"]} == {0}
+
+
+def test_a_scheduled_run_computing_layer_by_layer_trains_exactly_as_a_layered_one(
+        tmp_path: Path) -> None:
+    """--schedule fifo pulls layer by layer, the forward pass starting on each layer once its
+    own values are in: it must compute on exactly the values a whole pull would bring."""
+    db = tmp_path / "experiments.db"
+    launch(db, "scheduled", "--schedule", "fifo")
+    launch(db, "layered", "--loop", "layered", "--no-pipeline")
+    ids = {name: run_id(db, name) for name in ("scheduled", "layered")}
+    losses = losses_of(db, ids)
+    assert len(losses["scheduled"]) > 40
+    assert losses["scheduled"] == losses["layered"]
+    layers = query(db, "SELECT COUNT(*) FROM layer_iterations WHERE run_id = ?",
+                   ids["scheduled"])[0][0]
+    assert layers == 8 * len(losses["scheduled"])  # 4 layers, each a weight and a bias
