@@ -107,13 +107,15 @@ def test_a_killed_worker_s_portions_go_to_the_others_and_it_rejoins(tmp_path: Pa
 def test_a_time_limit_stops_lbfgs_mid_pass_and_the_run_finishes(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
     done = psctl("launch", "--optimizer", "lbfgs", "--dataset", "digits", "--workers", "2",
-                 "--servers", "2", "--epochs", "10000", "--max-seconds", "25", "--no-live",
+                 "--servers", "2", "--epochs", "10000", "--max-seconds", "12", "--no-live",
                  db=db)
     assert done.returncode == 0, done.stdout + done.stderr
     status, reason = query(db, "SELECT status, reason FROM runs")[0]
-    assert (status, reason) == ("finished", "time limit of 25 s reached")
+    # 12 s, not more: on an idle machine L-BFGS converges on digits in about 23 s (idle, 10 s
+    # made 23 passes).
+    assert (status, reason) == ("finished", "time limit of 12 s reached")
     # The stop came during a pass: the driver was cancelled, x set back to the last accepted
     # iterate, and the final test ran on it.
     final = query(db, "SELECT accuracy FROM evaluations ORDER BY at DESC LIMIT 1")[0][0]
     assert final >= 0.85
-    assert len(_details(db, "lbfgs_pass")) > 10
+    assert len(_details(db, "lbfgs_pass")) > 5
