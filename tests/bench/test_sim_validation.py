@@ -74,7 +74,9 @@ def test_quick_run_writes_results(tmp_path: Path) -> None:
     assert row["model"] == "bsp"
     real, sim, fitted, cmp = row["real"], row["sim"], row["fit"], row["comparison"]
     assert real["status"] == sim["status"] == "finished"
-    assert 0 < fitted["max_seconds"] <= 14.0
+    # The simulated run covers the real run's training window; how long that window is
+    # depends on the machine's load, and speed is for benchmarks, not tests.
+    assert fitted["max_seconds"] == real["training_window_s"] > 0
     assert sim["training_window_s"] == pytest.approx(fitted["max_seconds"], abs=0.1)
     assert fitted["compute_ms"] > 0 and fitted["bandwidth_gbit"] > 0
     assert sim["simulated"]["compute_ms"] == pytest.approx(fitted["compute_ms"], rel=1e-3)
