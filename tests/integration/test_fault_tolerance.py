@@ -144,9 +144,13 @@ def test_lost_and_delayed_frames_are_resent_and_the_run_learns_as_a_clean_one(
     assert sum(int(str(e["resent"])) for e in links) > 0
     assert {e["spec"] for e in _events(faulty, "fault_injected")} == {"drop:1%", "delay:5ms"}
     # BSP does the same arithmetic whatever the delays: the same model. ASP's order of updates
-    # varies from run to run anyway; docs/fault-tolerance.md measures it on MNIST.
-    allowed = 0.0 if model == "bsp" else 0.03
-    assert abs(_final_accuracy(faulty) - _final_accuracy(clean)) <= allowed
+    # varies from run to run anyway (final accuracies from 0.978 to 0.994 in ten runs on an idle
+    # machine); the faulty run must learn about as well, and doing better is no fault.
+    # docs/fault-tolerance.md measures it on MNIST.
+    if model == "bsp":
+        assert _final_accuracy(faulty) == _final_accuracy(clean)
+    else:
+        assert _final_accuracy(faulty) >= _final_accuracy(clean) - 0.03
 
 
 def test_a_killed_primary_fails_over_to_its_backup_within_a_second(tmp_path: Path) -> None:
