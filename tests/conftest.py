@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
+
+# A test run started in the background (nohup, `cmd &` in a script) ignores SIGINT, and every
+# process it starts inherits that: the Ctrl-C tests would wait out their timeouts. Python
+# handles SIGINT in the processes started from here once this one no longer ignores it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

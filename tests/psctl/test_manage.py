@@ -162,8 +162,12 @@ def test_installed_bash_completion_offers_run_names(compare_db: Path, tmp_path: 
                PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
     psctl_exe = shutil.which("psctl", path=env["PATH"])
     assert psctl_exe is not None, "psctl is not installed in the test environment"
-    installed = subprocess.run([psctl_exe, "--install-completion", "bash"], env=env,
-                               capture_output=True, text=True, check=False, timeout=60)
+    # From a bash, as a user types it: typer finds the shell among its ancestors, and a test
+    # run from no shell at all (nohup, a service) would have none. `&& :` keeps bash from
+    # exec'ing psctl in its own place.
+    installed = subprocess.run(["bash", "--norc", "-c", '"$0" --install-completion bash && :',
+                                psctl_exe], env=env, capture_output=True, text=True,
+                               check=False, timeout=60)
     assert installed.returncode == 0, installed.stderr
     assert "psctl.sh" in (tmp_path / ".bashrc").read_text()
     script = ('source ~/.bashrc; COMP_WORDS=(psctl runs show as); COMP_CWORD=3; '
