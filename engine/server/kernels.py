@@ -8,15 +8,26 @@ docs/benchmarks.md, "Server update"). scipy ships the BLAS psctl already depends
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
-from scipy.linalg import blas
+
+
+@functools.cache
+def _blas() -> Any:  # scipy has no type hints
+    # Imported on first use: scipy.linalg takes about 0.13 s to import, and every psctl command
+    # (`psctl runs`, shell completion) imports this module through the registries.
+    from scipy.linalg import blas
+
+    return blas
 
 
 def axpy(x: np.ndarray, y: np.ndarray, a: float) -> None:
     """y += a * x, in place (float32, one-dimensional; ``x`` may be read-only)."""
     if not len(y):
         return
-    out = blas.saxpy(x, y, a=a)
+    out = _blas().saxpy(x, y, a=a)
     if out is not y:  # f2py copies an array it cannot write through: put the result back
         np.copyto(y, out)
 
@@ -25,7 +36,7 @@ def scal(a: float, x: np.ndarray) -> None:
     """x *= a, in place (float32, one-dimensional)."""
     if not len(x):
         return
-    out = blas.sscal(a, x)
+    out = _blas().sscal(a, x)
     if out is not x:
         np.copyto(x, out)
 

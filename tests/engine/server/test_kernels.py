@@ -3,6 +3,9 @@ arrays, and a norm that reports overflow and NaN rather than hiding them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 
 from engine.server import kernels
@@ -32,3 +35,16 @@ def test_norm_is_inf_on_overflow_and_nan_on_nan() -> None:
     assert kernels.norm(np.array([1e20, 0], dtype=np.float32)) == np.inf  # squares overflow
     assert np.isnan(kernels.norm(np.array([1, np.nan], dtype=np.float32)))
     assert kernels.norm(np.array([1, -np.inf], dtype=np.float32)) == np.inf
+
+
+def test_the_cli_does_not_import_scipy_linalg_until_a_server_steps() -> None:
+    """Every psctl command imports the kernels through the registries; scipy.linalg waits for
+    the first step (it took a fifth of `psctl --help`'s start-up)."""
+    probe = ("import sys, numpy as np, psctl.cli\n"
+             "from engine.server import kernels\n"
+             "before = 'scipy.linalg' in sys.modules\n"
+             "kernels.scal(2.0, np.ones(3, dtype=np.float32))\n"
+             "print(before, 'scipy.linalg' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.split() == ["False", "True"]
