@@ -169,6 +169,25 @@ def test_digits_split_is_a_partition_of_the_original(digits: Dataset) -> None:
     assert sorted(ours) == sorted(theirs)
 
 
+def test_digits_are_read_as_scikit_learn_reads_them_without_importing_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sklearn.datasets import load_digits
+
+    from engine.datasets import loader
+
+    x, y = load_digits(return_X_y=True)
+    expected = np.column_stack([x, y])
+    np.testing.assert_array_equal(loader._digits_table(), expected)
+    # A scikit-learn without the file where psctl looks: its own function reads it.
+    monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: None)
+    np.testing.assert_array_equal(loader._digits_table(), expected)
+    probe = ("import sys\nfrom engine.datasets import load_dataset\n"
+             "load_dataset('digits')\nprint('sklearn' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_digits_is_deterministic_and_limitable(digits: Dataset) -> None:
     again = load_dataset("digits", train_limit=100)
     assert again.train_x.shape == (100, 1, 8, 8)
