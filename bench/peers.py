@@ -88,6 +88,9 @@ def ddp_child(args: argparse.Namespace) -> None:
         outcome = _ddp_train(args, model, module, optimizer, shard, test)
         if args.rank == 0:
             Path(args.out).write_text(json.dumps(outcome))
+        # Every rank done with its last collective before any tears its connections down: a
+        # rank whose gloo peer closed first can die in std::terminate (seen once in CI).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
