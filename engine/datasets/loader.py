@@ -188,10 +188,10 @@ def _digits_table() -> np.ndarray:
     importing scikit-learn takes over a second, paid by every worker and evaluator of a digits
     run. A scikit-learn laid out differently is asked through its own function."""
     spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
-    folders = spec.submodule_search_locations if spec is not None else None
-    csv = Path(next(iter(folders or [""]))) / "datasets" / "data" / "digits.csv.gz"
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    csv = Path(folders[0], "datasets", "data", "digits.csv.gz") if folders else None
     try:
-        if csv.is_file():
+        if csv is not None and csv.is_file():
             with gzip.open(csv, mode="rt", encoding="utf-8") as text:
                 return np.loadtxt(text, delimiter=",")
         from sklearn.datasets import load_digits
