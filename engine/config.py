@@ -91,8 +91,13 @@ class ClusterConfig(_Frozen):
         "to the next copy (needs servers > replicas)"))
 
     heartbeat_timeout_s: float = Field(0.5, ge=0.05, le=_LONGEST_S, description=(
-        "with replicas: a server that does not answer the coordinator's heartbeat (sent every "
-        "fifth of this) for this long is killed and its keys fail over"))
+        "with replicas: the pause every server's heartbeat (a datagram every fifth of this) "
+        "may take on top of the delays observed; a server silent past that (an accrual "
+        "detector, at most 10 times this) whose process is gone, stopped or blocked is killed "
+        "and its keys fail over, one that still works is waited for"))
+    server_stall_s: float = Field(60.0, gt=0, le=_LONGEST_S, description=(
+        "with replicas: a server whose event loop has not turned for this long, or whose "
+        "process works but has sent no heartbeat for this long, is taken for hung and killed"))
     key_ranges: int | None = Field(None, ge=1, le=4096, description=(
         "key ranges the parameters are cut into, spread over the servers (at least one per "
         "server, at most 64 per server); a server joining a running job (psctl scale "

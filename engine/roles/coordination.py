@@ -31,8 +31,10 @@ from engine.errors import (
 )
 from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
+from engine.replication.detector import Detector
 from engine.roles.checkpoints import CheckpointKeeper
 from engine.roles.lifecycle import this_machine
+from engine.roles.liveness import ServerWatch, open_receiver
 from engine.roles.membership import Membership
 from engine.roles.moves import Moves
 from engine.roles.peer import Peer, Progress
@@ -51,7 +53,6 @@ from engine.wire.messages import (
     Event,
     Exit,
     Fatal,
-    Heartbeat,
     Hello,
     Iterations,
     Message,
@@ -184,7 +185,11 @@ class Coordinator(Recovery, Scaling, Moves):
         self._members_changed = asyncio.Event()
         self._failed_over_at: dict[int, float] = {}  # range -> when its primary was lost
         self._killed_at: dict[tuple[str, int], float] = {}
-        self._heard: dict[int, float] = {}  # server -> when it last answered a heartbeat
+        self._watch = ServerWatch(
+            Detector(config.cluster.heartbeat_timeout_s, config.cluster.heartbeat_timeout_s / 5),
+            config.cluster.server_stall_s)
+        self._beats: asyncio.DatagramTransport | None = None
+        self._beats_port: int | None = None
         self._move_waiters: dict[tuple[int, int], asyncio.Future[EventRecord]] = {}
         self._clocks_per_epoch: float | None = None  # the servers' Start: a rejoined one's too
         self.progress = Progress()
@@ -199,7 +204,7 @@ class Coordinator(Recovery, Scaling, Moves):
         self._final: asyncio.Future[EvaluationRecord] | None = None
         self._all_done = asyncio.Event()
         self._listener: Listener | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()  # each leaves the set when it ends
         # Sandblaster L-BFGS (--optimizer lbfgs): made when training starts.
         self.sandblaster: Sandblaster | None = None
         self._sandblaster_task: asyncio.Task[None] | None = None
@@ -209,10 +214,13 @@ class Coordinator(Recovery, Scaling, Moves):
 
     async def start(self, transport: Transport, host: str, port: int) -> str:
         self._listener = await transport.listen(host, port, self._serve, token=self.token)
-        self._tasks = [asyncio.create_task(coro) for coro in
-                       (self._watch_registration(), self._evaluation_timer(), self._deadline(),
-                        self._sample_processes(), self._inject_kills(), self._checkpoints(),
-                        self._watch_scale(), self._heartbeats())]
+        if self.config.cluster.replicas:
+            self._beats, _, self._beats_port = await open_receiver(host, self.token,
+                                                                   self._on_beat)
+        for coro in (self._watch_registration(), self._evaluation_timer(), self._deadline(),
+                     self._sample_processes(), self._inject_kills(), self._checkpoints(),
+                     self._watch_scale(), self._heartbeats()):
+            self._spawn(coro)
         return self._listener.address
 
     async def run(self) -> tuple[RunStatus, str | None]:
@@ -220,13 +228,15 @@ class Coordinator(Recovery, Scaling, Moves):
         finisher = asyncio.create_task(self._finish_when_done())
         status, reason = await self.outcome
         finisher.cancel()
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
         if self._wants_final_checkpoint(status):
             await self._checkpoint()
         await self._dismiss_all()
         if self._listener is not None:
             await self._listener.close()
+        if self._beats is not None:
+            self._beats.close()
         return status, reason
 
     def fail(self, reason: str) -> None:
@@ -299,7 +309,7 @@ class Coordinator(Recovery, Scaling, Moves):
                 "held": [] if empty else self.placement.held(hello.rank),
                 "primaries": [] if empty else self.placement.primaries(hello.rank),
                 "checkpoint": None if self.resume is None or empty
-                else str(self.resume.folder)})
+                else str(self.resume.folder), "heartbeat_port": self._beats_port})
             await self._send(peer, welcome)
             if empty and self._clocks_per_epoch is not None:
                 await self._send(peer, Start(clocks_per_epoch=self._clocks_per_epoch))
@@ -344,7 +354,7 @@ class Coordinator(Recovery, Scaling, Moves):
                     newcomer=server and before is None and newcomer)
         self.peers[(hello.role, hello.rank)] = peer
         if peer.rejoined:  # a server started again: it is heard from now on
-            self._heard[hello.rank] = time.monotonic()
+            self._watch.watch(hello.rank)
             self._event("server_rejoined", rank=hello.rank, pid=hello.pid,
                         ranges=self.placement.rejoining(hello.rank), node=hello.node,
                         machine=hello.machine)
@@ -401,8 +411,6 @@ class Coordinator(Recovery, Scaling, Moves):
                         self._spawn(self._order(order.server, order.message))
                 else:
                     self.servers_ready.set()
-        elif isinstance(message, Heartbeat) and peer.role == "server":
-            self._heard[peer.rank] = time.monotonic()
         elif isinstance(message, Ready):
             self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
             if message.first_iteration:
@@ -588,7 +596,7 @@ class Coordinator(Recovery, Scaling, Moves):
         await asyncio.gather(*(self._send(worker, Start()) for worker in by_role["worker"]))
         if self.config.optimizer.name == "lbfgs":
             self._sandblaster_task = asyncio.create_task(self._run_sandblaster())
-            self._tasks.append(self._sandblaster_task)
+            self._tasks.add(self._sandblaster_task)
 
     async def _run_sandblaster(self) -> None:
         """The coordinator's L-BFGS: its end (epochs spent, converged) stops the run."""
@@ -636,7 +644,20 @@ class Coordinator(Recovery, Scaling, Moves):
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
-        self._tasks.append(task)
+        task.add_done_callback(self._task_ended)
+        self._tasks.add(task)
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A background task's error is the run's: recorded, and it ends the run, instead of
+        asyncio's "Task exception was never retrieved" long after."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        name = getattr(task.get_coro(), "__qualname__", task.get_name())
+        log.error("the coordinator's %s failed", name, exc_info=error)
+        self._event("task_failed", task=name, error=repr(error))
+        self.fail(f"the coordinator's {name} failed: {error!r}")
 
     def _event(self, kind: str, **detail: Any) -> None:
         self._record(self.recorder.record_event,

@@ -108,7 +108,8 @@ class Moves(CoordinatorBase):
         async with self._moving:
             if self._leaving_server(rank):  # it was told to leave before it died: it stays idle
                 return
-            ranges = self.placement.rejoining(rank)
+            # A range with no live copy left is gone (the run has failed): nothing to copy from.
+            ranges = [i for i in self.placement.rejoining(rank) if self.placement.chains[i]]
             refusal = self.move_refusal()
             if refusal is not None:
                 self._event("rereplication_refused", rank=rank, ranges=ranges, reason=refusal)

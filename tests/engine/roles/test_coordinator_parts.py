@@ -70,7 +70,7 @@ def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once()
         peers = [Peer("server", 0, silent, welcomed=True, pid=4242),  # type: ignore[arg-type]
                  Peer("server", 1, backup, welcomed=True, pid=4343)]  # type: ignore[arg-type]
         coordinator.peers = {("server", p.rank): p for p in peers}
-        coordinator._fence(peers[0], 0.7)
+        coordinator._fence(peers[0], 0.7, "no heartbeat for 0.70 s")
         coordinator._fail_over(peers[0])  # its connection closing later changes nothing
         await asyncio.sleep(0.05)
         assert killed == [4242] and peers[0].lost and silent.closed
