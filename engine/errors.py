@@ -28,6 +28,10 @@ class RunFailed(PsctlError):
     """A run ended in failure; the message names the process and the reason."""
 
 
+class Diverged(RunFailed):
+    """Training produced a loss or a gradient that is not finite: the run cannot go on."""
+
+
 # -- data ---------------------------------------------------------------------------------------
 
 
@@ -60,6 +64,10 @@ class FrameTooLarge(ProtocolError):
 
 class BadPayload(ProtocolError):
     """A frame's payload disagrees with its header (dtype, shape, key range, finiteness)."""
+
+
+class NonFinitePush(BadPayload):
+    """A pushed gradient holds NaN or infinity: the worker's model diverged."""
 
 
 # -- transport and cluster ----------------------------------------------------------------------

@@ -450,6 +450,9 @@ class Coordinator(Recovery, Scaling, Moves):
                 self.sandblaster.on_message(peer, message)
             except RunFailed as exc:
                 self.fail(str(exc))
+        elif isinstance(message, Fatal) and message.diverged:
+            self._event("diverged", role=peer.role, rank=peer.rank, message=message.message)
+            self.fail(message.message)
         elif isinstance(message, Fatal):
             self._event("process_error", role=peer.role, rank=peer.rank,
                         message=message.message, traceback=message.traceback[-4000:])

@@ -146,6 +146,7 @@ class Fatal(Message):
     type: Literal["fatal"] = "fatal"
     message: str
     traceback: str = ""
+    diverged: bool = False  # the model diverged (a NaN or infinite loss or gradient)
 
 
 class Evaluate(Message):

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from engine.errors import BadPayload, FrameTooLarge, ProtocolError
+from engine.errors import BadPayload, FrameTooLarge, NonFinitePush, ProtocolError
 from engine.keys import KeyRange
 from engine.wire.codecs import BFLOAT16, Codec, pack, unpack
 
@@ -434,7 +434,8 @@ def _payload(
         _check_values(kind, dtype, shape, keys, index)
     array = np.frombuffer(data, dtype=_NUMPY[dtype], count=count, offset=offset)
     if kind in (MsgType.PUSH, MsgType.INIT) and not np.isfinite(array).all():
-        raise BadPayload(f"{kind.name} values contain NaN or infinity")
+        error = NonFinitePush if kind is MsgType.PUSH else BadPayload
+        raise error(f"{kind.name} values contain NaN or infinity")
     return array
 
 

@@ -82,6 +82,10 @@ class LayerRecord(_Record):
 class EvaluationRecord(_Record):
     """Test-set accuracy and loss of the model held by the servers at one moment."""
 
+    # A diverged model's test loss travels as "NaN" or "Infinity" (JSON has no such numbers),
+    # so that the coordinator sees the divergence and ends the run saying so.
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
     at: float
     elapsed_s: float = Field(ge=0)
     step: int = Field(ge=0)

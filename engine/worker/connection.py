@@ -18,7 +18,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.errors import ConnectionClosed, ProtocolError, PsctlError, RemoteError, ShuttingDown
+from engine.errors import (
+    ConnectionClosed,
+    Diverged,
+    NonFinitePush,
+    ProtocolError,
+    PsctlError,
+    RemoteError,
+    ShuttingDown,
+)
 from engine.keys import KeyRange
 from engine.transport.base import Connection, Transport
 from engine.wire.protocol import CLOSE_MOVED, Frame, MsgType, decode
@@ -212,10 +220,7 @@ class ShardConnection:
             if code == "DuplicatePush" and self._duplicates_ok:
                 future.set_result((replace(frame, type=MsgType.ACK, payload=None), nbytes))
                 return
-            future.set_exception(
-                ShuttingDown(message) if code == "shutting_down" else RemoteError(
-                    f"shard server {self._shard.index} refused request {frame.request_id}: "
-                    f"{code}: {message}"))
+            future.set_exception(_refusal(self._shard.index, frame.request_id, code, message))
             return
         self._sent.pop(frame.request_id, None)
         future.set_result((frame, nbytes))
@@ -235,3 +240,11 @@ class ShardConnection:
         for future in waiting.values():
             if not future.done():
                 future.set_exception(error)
+
+
+def _refusal(shard: int, request_id: int, code: str, message: str) -> PsctlError:
+    if code == "shutting_down":
+        return ShuttingDown(message)
+    if code == NonFinitePush.__name__:
+        return Diverged(f"shard server {shard} refused its gradient: {message}")
+    return RemoteError(f"shard server {shard} refused request {request_id}: {code}: {message}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.config import RunConfig
 from engine.datasets.sparse import SparseSplit
-from engine.errors import PsctlError, RunFailed, ShuttingDown
+from engine.errors import Diverged, PsctlError, RunFailed, ShuttingDown
 from engine.keys import KeyRange
 from engine.roles.control import Lost, SyncControl
 from engine.wire.messages import (
@@ -29,6 +29,7 @@ from engine.wire.messages import (
     Done,
     EpochDone,
     Exit,
+    Fatal,
     Iterations,
     Ready,
     Start,
@@ -97,6 +98,7 @@ class Worker:
         self.layout = layout_of(welcome)
         self._pending: list[IterationRecord] = []
         self._pending_layers: list[LayerRecord] = []
+        self._last_iteration = -1
         self._last_report = time.monotonic()
         self._stopping: str | None = None
         # Messages for the loop itself that came with or before the start (a Sandblaster task).
@@ -114,10 +116,26 @@ class Worker:
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
                                 train_samples=len(shard.targets), first_iteration=first))
         self._await_start()
-        done = loop.train(shard, first, base)
+        try:
+            done = loop.train(shard, first, base)
+        except Diverged as exc:
+            self._report_divergence(exc)
+            raise
         self._flush()
         self.control.send_and_wait(Done(iterations=done, reason=self._stopping or "epochs done"))
         return done
+
+    def _report_divergence(self, exc: Diverged) -> None:
+        """The run ends saying which worker diverged, where, and what to try."""
+        self._flush()
+        iteration = self._last_iteration + 1
+        lr = self.config.optimizer.lr
+        message = (f"the model diverged: worker {self.rank} at iteration {iteration}: {exc}; "
+                   f"try a lower learning rate (optimizer.lr is {lr:g}), gradient clipping "
+                   "(--clip-norm), or less staleness")
+        with contextlib.suppress(PsctlError):
+            self.control.send_and_wait(Fatal(message=message, diverged=True), timeout=5.0)
+        raise Diverged(message) from exc
 
     def _loop_class(self) -> type[PlainLoop]:
         from engine.worker.registry import WORKER_LOOPS, loop_name
@@ -176,6 +194,7 @@ class Worker:
             self._stopping = message.reason
 
     def record(self, row: IterationRecord, layers: list[LayerRecord] | None = None) -> None:
+        self._last_iteration = row.iteration
         self._pending.append(row)
         self._pending_layers.extend(layers or ())
         if time.monotonic() - self._last_report >= REPORT_EVERY_S:
@@ -453,7 +472,16 @@ def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray, *,
     from engine.models.flat import train_step_np
 
     assert isinstance(shard.inputs, np.ndarray), "sparse rows train in engine.worker.sparse"
-    return train_step_np(model, shard.inputs[batch], shard.targets[batch], to_host=to_host)
+    return finite_loss(train_step_np(model, shard.inputs[batch], shard.targets[batch],
+                                     to_host=to_host))
+
+
+def finite_loss(loss: float) -> float:
+    """``loss``, unless it is NaN or infinite: the model diverged, and its gradient must not
+    reach the servers."""
+    if not math.isfinite(loss):
+        raise Diverged(f"its training loss is {loss}")
+    return loss
 
 
 def iteration_row(rank: int, clock: int, epoch: int, started: float, wall: float, compute: float,

@@ -29,7 +29,7 @@ from engine.errors import ShuttingDown
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
 from engine.worker.client import PullHandle, PushHandle
-from engine.worker.loops import PlainLoop, Shard, iteration_row, push_bytes
+from engine.worker.loops import PlainLoop, Shard, finite_loss, iteration_row, push_bytes
 
 if TYPE_CHECKING:
     from engine.worker.loops import Worker
@@ -140,6 +140,7 @@ class SparseLoop(PlainLoop):
         pulled = self.client.wait(pull.handle)
         t1 = time.perf_counter()
         loss, grad = self.sparse.gradient(batch, pull.keys, pull.values)
+        finite_loss(loss)
         self.worker.slowdown.stretch(time.perf_counter() - t1)
         keys, values = pull.keys, grad
         if self.kkt:
