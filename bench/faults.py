@@ -15,7 +15,8 @@ from the command to the resumed run's first iteration and the iterations recorde
 planned.
 
 Reproduce: ``python bench/faults.py --data-dir ../shared/data/mnist`` (about 25 minutes);
-``--quick`` runs a digits version in a few minutes (docs untouched).
+``--quick`` runs a digits version in a few minutes (docs untouched). ``--under-load`` runs the
+failure detector's trials beside CPU hogs instead (``bench/faults_load.py``).
 """
 
 from __future__ import annotations
@@ -200,6 +201,11 @@ def docs_body(payload: dict[str, Any]) -> str:
 
 def main() -> None:
     C.reexec_with_malloc_env()
+    if "--under-load" in sys.argv:  # the failure detector beside CPU hogs: its own script
+        from bench import faults_load
+
+        faults_load.main(sys.argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=None, help="folder of the MNIST IDX files")
     parser.add_argument("--epochs", type=int, default=2)

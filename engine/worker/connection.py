@@ -220,7 +220,7 @@ class ShardConnection:
             if code == "DuplicatePush" and self._duplicates_ok:
                 future.set_result((replace(frame, type=MsgType.ACK, payload=None), nbytes))
                 return
-            future.set_exception(_refusal(self._shard.index, frame.request_id, code, message))
+            future.set_exception(refusal(self._shard.index, frame.request_id, code, message))
             return
         self._sent.pop(frame.request_id, None)
         future.set_result((frame, nbytes))
@@ -242,7 +242,7 @@ class ShardConnection:
                 future.set_exception(error)
 
 
-def _refusal(shard: int, request_id: int, code: str, message: str) -> PsctlError:
+def refusal(shard: int, request_id: int, code: str, message: str) -> PsctlError:
     if code == "shutting_down":
         return ShuttingDown(message)
     if code == NonFinitePush.__name__:

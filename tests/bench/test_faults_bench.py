@@ -40,3 +40,37 @@ def test_every_kill_is_timed_from_the_option() -> None:
     values = bench._values(args, bench.SCENARIOS["BSP, 1 replica, server 0 killed"], "x")
     assert values["fault.inject"] == ["kill:server:0@12.5s"]
     assert values["cluster.replicas"] == 1
+
+
+def _try(signal: str, spurious: int = 0, recovery: float | None = 0.5,
+         status: str = "finished", best: float | None = 0.975) -> dict[str, object]:
+    return {"signal": signal, "spurious_fencing": spurious, "recovery_s": recovery,
+            "fenced_after_s": 0.9 if signal == "SIGSTOP" else None, "status": status,
+            "best_accuracy": best}
+
+
+def test_under_load_a_try_counts_only_when_every_goal_holds() -> None:
+    from bench import faults_load
+
+    rows = [_try("SIGKILL"), _try("SIGKILL", spurious=1), _try("SIGKILL", recovery=3.5),
+            _try("SIGKILL", status="failed"), _try("SIGKILL", best=0.96),
+            _try("SIGKILL", recovery=None), _try("SIGSTOP", recovery=4.0), _try("SIGSTOP",
+                                                                             spurious=2)]
+    summary = faults_load.verdicts(rows, 0.97)
+    assert (summary["kills_ok"], summary["kills"]) == (1, 6)
+    # a stop's recovery includes its detection: the 3 s goal is the kill's
+    assert (summary["stops_ok"], summary["stops"]) == (1, 2)
+    assert summary["spurious_fencing"] == 3
+    assert summary["recovery_s"] == [0.5, 0.5, 0.5, 0.5, 3.5]
+
+
+def test_under_load_runs_are_replicated_asp_at_the_target() -> None:
+    import argparse
+
+    from bench import faults_load
+
+    args = argparse.Namespace(dataset="mnist", data_dir="d", epochs=10, target=0.97)
+    values = faults_load._values(args, "x")
+    assert values["cluster.replicas"] == 1 and values["sync.model"] == "asp"
+    assert (values["cluster.workers"], values["cluster.servers"]) == (2, 2)
+    assert values["stop.target_accuracy"] == 0.97

@@ -14,7 +14,7 @@ from engine.keys import KeyRange
 from engine.wire.messages import Evaluation, Fatal, dump_control, parse_control
 from engine.wire.protocol import DType, Frame, MsgType, decode, encode
 from engine.wire.records import EvaluationRecord, divergence
-from engine.worker.connection import _refusal
+from engine.worker.connection import refusal
 from engine.worker.loops import finite_loss
 
 
@@ -40,9 +40,9 @@ def test_a_pushed_gradient_with_nan_is_refused_as_non_finite_and_an_init_as_bad(
 
 
 def test_the_servers_refusal_of_a_non_finite_push_reaches_the_worker_as_divergence() -> None:
-    refusal = _refusal(1, 7, NonFinitePush.__name__, "PUSH values contain NaN or infinity")
-    assert isinstance(refusal, Diverged) and "shard server 1 refused its gradient" in str(refusal)
-    other = _refusal(1, 7, "BadPayload", "shape (3,) of float32 needs 12 bytes")
+    said = refusal(1, 7, NonFinitePush.__name__, "PUSH values contain NaN or infinity")
+    assert isinstance(said, Diverged) and "shard server 1 refused its gradient" in str(said)
+    other = refusal(1, 7, "BadPayload", "shape (3,) of float32 needs 12 bytes")
     assert isinstance(other, RemoteError) and "refused request 7" in str(other)
 
 
