@@ -80,7 +80,9 @@ class RunSummary(Dictable):
     status: str  # effective: one of STATUSES
     started_at: float
     ended_at: float | None
-    duration_s: float  # to ended_at; to now while running; to the last heartbeat if crashed
+    # to ended_at; to now while running; to the last heartbeat if crashed; less the time it was
+    # down between a crash or failure and its ``psctl resume`` (the ``resumed`` events')
+    duration_s: float
     heartbeat_at: float
     sync: str
     workers: int
@@ -297,7 +299,30 @@ def _summary_select() -> Select[Any]:
         .limit(1)
         .scalar_subquery()
     )
-    return select(runs, best.label("best_accuracy"), final.label("final_accuracy"))
+    return select(runs, best.label("best_accuracy"), final.label("final_accuracy"),
+                  _downtime(runs.c.id).label("downtime_s"))
+
+
+def _downtime(run_id: Any) -> Any:
+    """Seconds a run was down before its resumes, from its ``resumed`` events."""
+    down = func.json_extract(events.c.detail, "$.downtime_s")
+    return (select(func.coalesce(func.sum(down), 0.0))
+            .where(events.c.run_id == run_id, events.c.kind == "resumed").scalar_subquery())
+
+
+def resume_clock(conn: Connection, run_id: str, now: float) -> tuple[float, float, float]:
+    """For a run about to be resumed: (seconds it was active so far, seconds it has been down
+    since its last sign of life, the highest epoch it was evaluated at)."""
+    row = conn.execute(select(runs.c.started_at, runs.c.ended_at, runs.c.heartbeat_at,
+                              _downtime(run_id)).where(runs.c.id == run_id)).one_or_none()
+    if row is None:
+        raise RunNotFound(f"no run {quoted(run_id)} to resume")
+    started, ended, heartbeat, down = row
+    last = ended if ended is not None else heartbeat
+    epoch = conn.execute(select(func.max(evaluations.c.epoch))
+                         .where(evaluations.c.run_id == run_id)).scalar()
+    return (max(0.0, last - started - float(down or 0.0)), max(0.0, now - last),
+            float(epoch or 0.0))
 
 
 def run_summary(row: Row[Any], now: float, crash_after_s: float) -> RunSummary:
@@ -309,7 +334,8 @@ def run_summary(row: Row[Any], now: float, crash_after_s: float) -> RunSummary:
         status=status,
         started_at=m["started_at"],
         ended_at=m["ended_at"],
-        duration_s=_duration(status, m["started_at"], m["ended_at"], m["heartbeat_at"], now),
+        duration_s=max(0.0, _duration(status, m["started_at"], m["ended_at"], m["heartbeat_at"],
+                                      now) - float(m["downtime_s"] or 0.0)),
         heartbeat_at=m["heartbeat_at"],
         sync=m["sync"],
         workers=m["workers"],

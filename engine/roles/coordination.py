@@ -559,7 +559,7 @@ class Coordinator(Recovery, Scaling, Moves):
     async def _evaluation_timer(self) -> None:
         while True:
             await asyncio.sleep(self.config.eval.interval_s)
-            if self.progress.iterations and self._stop_reason is None:
+            if self.training.is_set() and self.progress.iterations and self._stop_reason is None:
                 self._request_evaluation(self.progress.epoch(self.config.cluster.workers),
                                          final=False)
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from engine.config import RunConfig
 from engine.datasets import describe
 from engine.datasets.sources import label
+from engine.db import open_engine
+from engine.db.queries import reading, resume_clock
 from engine.errors import StoreError
 from engine.keys import KeyLayout
 from engine.models.spec import builtin_layout
@@ -54,14 +56,17 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     """Record a run from its first connection to its end; returns its final status. With
     ``resume`` the run is an ended one continued from a checkpoint."""
     recorder = Recorder(db)
+    active_s = downtime_s = epoch = 0.0
     if resume is None:
         recorder.start_run(run_id, name, config.to_json_dict(), sync=config.sync.model,
                            workers=config.cluster.workers, servers=config.cluster.servers,
                            dataset=label(config.data.dataset))
     else:
+        active_s, downtime_s, epoch = _resume_clock(db, run_id)
         recorder.resume_run(run_id)
         recorder.record_event(EventRecord(at=time.time(), kind="resumed", detail={
-            "checkpoint": resume.seq, "folder": str(resume.folder)}))
+            "checkpoint": resume.seq, "folder": str(resume.folder),
+            "downtime_s": round(downtime_s, 3), "active_s": round(active_s, 3)}))
     status: RunStatus = RunStatus.FAILED
     reason: str | None = "coordinator stopped before the run ended"
     watcher: asyncio.Task[None] | None = None
@@ -71,6 +76,9 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
         coordinator = Coordinator(config, run_id=run_id, token=token, recorder=recorder,
                                   layout=model_layout(config), sampler=sampler,
                                   folder=folder, resume=resume)
+        if resume is not None:  # one clock: evaluation times and epochs go on, not back
+            coordinator.started_at = time.time() - active_s
+            coordinator.progress.epoch_floor = epoch
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)
         # The pid lets `psctl runs rm --force` stop this run before deleting it.
@@ -95,6 +103,17 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
                                                  reason)
         recorder.close()
     return status
+
+
+def _resume_clock(db: Path, run_id: str) -> tuple[float, float, float]:
+    """(active seconds so far, seconds down until now, highest evaluated epoch) of the run
+    being resumed."""
+    engine = open_engine(db, readonly=True)
+    try:
+        with reading(engine, "reading the run to resume") as conn:
+            return resume_clock(conn, run_id, time.time())
+    finally:
+        engine.dispose()
 
 
 async def _watch_recorder(recorder: Recorder, coordinator: Coordinator) -> None:

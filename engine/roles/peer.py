@@ -43,13 +43,16 @@ class Progress:
     iterations: dict[int, int] = field(default_factory=dict)
     epochs_done: dict[int, int] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
+    # A resumed run's highest evaluated epoch: its epochs never go back, even while only some
+    # of its workers have said where they start again.
+    epoch_floor: float = 0.0
 
     def epoch(self, workers: int) -> float:
         """Training progress in epochs, averaged over the job's first ``workers`` workers
         (newcomers of a scaled job count epochs of their own)."""
         fractions = [self.iterations.get(w, 0) / ipe
                      for w, ipe in self.iterations_per_epoch.items() if w < workers]
-        return sum(fractions) / workers if fractions else 0.0
+        return max(self.epoch_floor, sum(fractions) / workers if fractions else 0.0)
 
 
 class CoordinatorBase:
