@@ -126,6 +126,14 @@ def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
     done = _psctl([word.replace("RUN", run_id[:8]) for word in resume], env, tmp_path)
     assert done.returncode == 0, done.stderr
     assert _query(db, "SELECT status FROM runs WHERE id = ?", run_id)[0][0] == "finished"
+    # one clock across the crash: evaluation times and epochs never go back
+    points = _query(db, "SELECT elapsed_s, epoch FROM evaluations WHERE run_id = ? ORDER BY at",
+                    run_id)
+    assert [e for e, _ in points] == sorted(e for e, _ in points)
+    assert [p for _, p in points] == sorted(p for _, p in points)
+    [(down,)] = _query(db, "SELECT json_extract(detail, '$.downtime_s') FROM events WHERE "
+                           "run_id = ? AND kind = 'resumed'", run_id)
+    assert down >= 1.0  # it was down at least the second slept above
 
     job = _start(env, tmp_path, "--epochs", "60", "--sync", "asp", "--name", "scaled")
     try:

@@ -583,6 +583,9 @@ class Coordinator(Recovery, Scaling, Moves):
         if evaluator is None or (self._eval_pending and not final):
             return
         self._eval_pending = True
+        # A resumed run repeats the epochs after its checkpoint: its evaluations' epochs wait
+        # at the highest one recorded before, rather than going back.
+        epoch = max(epoch, self.progress.epoch_floor)
         self._spawn(self._send(evaluator, Evaluate(epoch=epoch, final=final)))
 
     # -- helpers --------------------------------------------------------------------------------
