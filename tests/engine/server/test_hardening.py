@@ -110,7 +110,7 @@ def test_a_wrong_credential_is_refused_at_the_handshake() -> None:
     assert "401" in serve_and(script)
 
 
-def test_pending_pulls_are_bounded_per_connection_and_freed_when_it_leaves() -> None:
+def test_pending_pulls_are_bounded_per_sender_and_freed_when_it_leaves() -> None:
     keys = KeyRange(0, 8)
 
     async def script(server: ShardServer) -> None:
@@ -119,15 +119,16 @@ def test_pending_pulls_are_bounded_per_connection_and_freed_when_it_leaves() -> 
             await socket.send(frame(MsgType.PULL, request, keys, clock=5))
         refused = await reply(socket)
         assert refused.request_id == 5
-        assert refused.error() == ("ProtocolError", "4 pulls already wait on this connection; "
-                                                    "the limit is 4")
-        assert len(server._pending) == 4
+        assert refused.error() == ("ProtocolError", "4 pulls of this sender already wait at "
+                                   "this server; the limit is 4 (cluster.max_pending_pulls)")
+        assert len(server._waiting) == 4
         await socket.close()
         for _ in range(100):
-            if not server._pending:
+            if not len(server._waiting):
                 break
             await asyncio.sleep(0.02)
-        assert server._pending == []
+        assert len(server._waiting) == 0
+        assert server.budget.waiting == 0
 
     serve_and(script, model="bsp", max_pending_pulls=4)
 
