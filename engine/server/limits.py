@@ -23,8 +23,9 @@ from typing import Protocol
 from engine.config import ClusterConfig
 
 MIB = 2**20
-# A connection's first waiting pulls are never refused for its sender's bound, so a worker whose
-# credential is also used by a flood keeps its own pulls (a worker waits on a few at a time).
+# A connection's first waiting pulls (this many, at most a quarter of the sender's bound) are
+# never refused for its sender's bound, so a worker whose credential is also used by a flood
+# keeps its own pulls (a worker waits on a few at a time).
 RESERVED_PULLS_PER_CONNECTION = 16
 _TRIM_EVERY_S = 1.0
 
@@ -79,7 +80,7 @@ class ServerBudget:
             return (f"{self.waiting} pulls already wait at this server; the limit is "
                     f"{limits.max_server_pending_pulls} (cluster.max_server_pending_pulls)")
         held = self._by_sender.get(sender, 0)
-        reserved = min(RESERVED_PULLS_PER_CONNECTION, limits.max_pending_pulls)
+        reserved = min(RESERVED_PULLS_PER_CONNECTION, max(limits.max_pending_pulls // 4, 1))
         if held >= limits.max_pending_pulls and own_waiting >= reserved:
             return (f"{held} pulls of this sender already wait at this server; the limit is "
                     f"{limits.max_pending_pulls} (cluster.max_pending_pulls)")
