@@ -232,7 +232,7 @@ def test_a_bug_in_the_handler_is_an_error_reply_not_a_dropped_connection() -> No
 
         socket = await peer(server, SECRET)
         original = server.state.read
-        server.state.read = broken  # type: ignore[method-assign]
+        server.state.read = broken  # type: ignore[method-assign,assignment]
         await socket.send(frame(MsgType.PULL, 7, keys, clock=ANY_CLOCK))
         answer = await reply(socket)
         assert answer.request_id == 7
