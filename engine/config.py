@@ -83,8 +83,15 @@ class ClusterConfig(_Frozen):
     max_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
         "unread reply bytes one connection may have queued at a server before it is "
         "disconnected as too slow a reader (one reply always goes through)"))
+    max_server_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
+        "unread reply bytes all connections together may have queued at one server process; "
+        "past it the slowest readers are disconnected first (each connection still gets one "
+        "reply through)"))
     max_pending_pulls: int = Field(1024, ge=1, le=2**20, description=(
-        "pulls one connection may have waiting at a server for a clock"))
+        "pulls one sender (a worker's credential, over all its connections) may have waiting "
+        "at a server for a clock; a connection's first 16 are never refused for it"))
+    max_server_pending_pulls: int = Field(8192, ge=1, le=2**22, description=(
+        "pulls all senders together may have waiting at one server process for a clock"))
     replicas: int = Field(0, ge=0, le=8, description=(
         "backup copies of every key range, on other servers along a consistent-hash ring; a "
         "push is acknowledged once every copy applied it, and a dead server's keys fail over "

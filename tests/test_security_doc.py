@@ -15,7 +15,7 @@ import pytest
 from engine.config import ClusterConfig, OptimizerConfig
 from engine.server.service import MAX_BAD_FRAMES, ServerLimits
 from engine.transport.websocket import CLOSE_TIMEOUT_S, PING_TIMEOUT_S
-from engine.wire.protocol import MAX_KEY
+from engine.wire.protocol import MAX_KEY, MIN_FRAME_LIMIT
 from tests.conftest import REPO
 
 DOC = (REPO / "docs" / "security.md").read_text()
@@ -35,8 +35,16 @@ def test_the_limits_table_states_the_defaults_in_force() -> None:
     assert limit("unread reply bytes queued per connection") == \
         f"{cluster.max_queued_bytes // MIB} MiB"
     assert cluster.max_queued_bytes == limits.max_queued_bytes
-    assert limit("pulls waiting for a clock per connection") == str(cluster.max_pending_pulls)
+    assert limit("pulls waiting for a clock per sender") == str(cluster.max_pending_pulls)
     assert cluster.max_pending_pulls == limits.max_pending_pulls
+    assert limit("unread reply bytes queued per server process") == \
+        f"{cluster.max_server_queued_bytes // MIB} MiB"
+    assert cluster.max_server_queued_bytes == limits.max_server_queued_bytes
+    assert limit("pulls waiting for a clock per server process") == \
+        str(cluster.max_server_pending_pulls)
+    assert cluster.max_server_pending_pulls == limits.max_server_pending_pulls
+    assert MIN_FRAME_LIMIT == 64 * 1024 and limit("declared sizes") == \
+        "what the shard's key count allows (at least 64 KiB)"
     assert limit("invalid frames per connection") == str(MAX_BAD_FRAMES)
     assert limit("log lines about one peer's refused frames") == \
         f"{limits.warnings_per_minute} per minute"

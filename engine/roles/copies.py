@@ -20,9 +20,10 @@ from engine.roles.control import ControlChannel
 from engine.server import checkpoint
 from engine.server.aggregation import AGGREGATION_RULES, make_aggregator
 from engine.server.learning import make_learning
+from engine.server.limits import ServerBudget, ServerLimits
 from engine.server.optimizers import make_optimizer
 from engine.server.pull_filter import make_pull_filter
-from engine.server.service import ServerLimits, ShardServer
+from engine.server.service import ShardServer
 from engine.server.shard import ShardState
 from engine.server.vectors import ShardVectors
 from engine.transport.admission import credential
@@ -56,6 +57,7 @@ class Copies:
         self._reports: set[asyncio.Future[None]] = set()
         # Sandblaster L-BFGS's named vectors, per key range served (engine.server.vectors).
         self.vectors: dict[int, ShardVectors] = {}
+        self._budget: ServerBudget | None = None
 
     async def add(self, info: ShardInfo, *, primary: bool,
                   restore_from: Path | None = None) -> ShardServer:
@@ -68,14 +70,13 @@ class Copies:
             path = checkpoint.shard_file(restore_from, info.index)
             await asyncio.to_thread(checkpoint.restore, state, path)
         cluster = self.config.cluster
-        limits = ServerLimits(max_queued_bytes=cluster.max_queued_bytes,
-                              max_pending_pulls=cluster.max_pending_pulls)
+        limits = ServerLimits.from_cluster(cluster)
         pulls = make_pull_filter(self.config.comm.pull_filter, self.config.comm.refresh_every,
                                  cluster.workers, len(state.keys))
         server = ShardServer(state, run=self.endpoint.run, rank=self.rank,
                              max_frame_bytes=cluster.max_frame_bytes, limits=limits,
                              on_syncs=self._on_syncs if info.index == 0 else None,
-                             pull_filter=pulls)
+                             pull_filter=pulls, budget=self.budget(limits))
         server.primary = primary
         if cluster.replicas:
             server.link = self.new_link(info.index)
@@ -83,6 +84,12 @@ class Copies:
                            token=self.endpoint.token)
         self.servers[info.index] = server
         return server
+
+    def budget(self, limits: ServerLimits) -> ServerBudget:
+        """The one budget every copy of this process shares (engine.server.limits)."""
+        if self._budget is None:
+            self._budget = ServerBudget(limits)
+        return self._budget
 
     async def drop(self, index: int) -> None:
         server = self.get(index)

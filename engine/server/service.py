@@ -6,10 +6,13 @@ nothing but garbage is disconnected after ``MAX_BAD_FRAMES`` with a close reason
 
 No peer can slow the others down or grow the server without bound: each connection has its own
 outbound queue, drained by its own task and bounded in bytes (a peer that stops reading is
-disconnected with code 1008 once its unread replies pass ``max_queued_bytes``), its waiting pulls
-are bounded in number and dropped when it leaves, and the warnings its refused frames cause are
-rate-limited (the rest are counted). A connection admitted as one worker may only send frames as
-that worker.
+disconnected with code 1008 once its unread replies pass ``max_queued_bytes``), and the queues of
+all connections of the process share one budget (``engine.server.limits``: past it the slowest
+readers go first). Waiting pulls are indexed by the clock they wait for (``engine.server.waiting``:
+a push looks only at pulls that may have become answerable), bounded per sender and per process,
+and dropped when their connection leaves. A frame is checked against the keys this copy holds
+before anything it declares is allocated. The warnings refused frames cause are rate-limited (the
+rest are counted). A connection admitted as one worker may only send frames as that worker.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from engine.aio import off_loop
 from engine.consistency.base import Deferred, PushTiming
 from engine.errors import ConnectionClosed, ProtocolError, PsctlError
 from engine.replication.link import ChainLink
+from engine.server.limits import ServerBudget, ServerLimits
 from engine.server.pull_filter import PullFilter, SendAll
 from engine.server.shard import ShardState
+from engine.server.waiting import GroupKey, Waiting, WaitingPulls
 from engine.transport.base import Connection, Listener, Message, Transport
 from engine.wire.codecs import Codec, narrow
 from engine.wire.protocol import (
@@ -45,6 +50,7 @@ from engine.wire.protocol import (
     decode,
     encode,
     error_frame,
+    frame_limit,
     from_ns,
     numpy_dtype,
     peek_request_id,
@@ -61,15 +67,7 @@ CLOSE_POLICY = 1008  # websocket close code: the peer broke a rule (garbage, too
 _FLUSH_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
-class ServerLimits:
-    """Per-connection bounds; ``docs/security.md`` explains each and how to change it."""
-
-    # Unread reply bytes one connection may have queued; one reply is always let through, so a
-    # single frame may be larger. The attack this stops: pulls whose replies are never read.
-    max_queued_bytes: int = 32 * 2**20
-    max_pending_pulls: int = 1024  # pulls of one connection waiting for a clock
-    warnings_per_minute: int = 10  # log lines about one peer's refused frames
+__all__ = ["LogBudget", "ServerBudget", "ServerLimits", "ServerStats", "ShardServer"]
 
 
 class LogBudget:
@@ -96,27 +94,47 @@ class LogBudget:
 class _Peer:
     """One connection: its outbound queue and the task draining it, its waiting pulls."""
 
-    def __init__(self, connection: Connection, limits: ServerLimits) -> None:
+    def __init__(self, connection: Connection, owner: ShardServer) -> None:
         self.connection = connection
+        self.owner = owner
+        self.budget = owner.budget
         self.queue: deque[bytearray] = deque()
         self.queued_bytes = 0
+        self.head_since = 0.0
         self.pending = 0
         self.bad_frames = 0
         self.closing: str | None = None
         self.wake = asyncio.Event()
-        self.log = LogBudget(limits.warnings_per_minute)
+        self.log = LogBudget(owner.limits.warnings_per_minute)
         self.sender: asyncio.Task[None] | None = None
         self.close: asyncio.Task[None] | None = None  # the policy close under way, if any
         # The acks of this connection's latest pushes by request id: a push sent again (its
         # reply was lost) gets the same ack and is not applied twice.
         self.acked: OrderedDict[int, Frame | None] = OrderedDict()  # None: on its way
 
+    @property
+    def queued_frames(self) -> int:
+        return len(self.queue)
 
-@dataclass
-class _PendingPull:
-    peer: _Peer
-    frame: Frame
-    since: float
+    def enqueue(self, data: bytearray) -> None:
+        if not self.queue:
+            self.head_since = time.monotonic()
+        self.queue.append(data)
+        self.queued_bytes += len(data)
+        self.budget.queued_bytes += len(data)
+        self.wake.set()
+
+    def sent(self) -> None:
+        """The oldest reply left."""
+        size = len(self.queue.popleft())
+        self.queued_bytes -= size
+        self.budget.queued_bytes -= size
+        self.head_since = time.monotonic()
+
+    def drop_queue(self) -> None:
+        self.budget.queued_bytes -= self.queued_bytes
+        self.queue.clear()
+        self.queued_bytes = 0
 
 
 @dataclass
@@ -131,23 +149,27 @@ class ServerStats:
     warnings_held_back: int = 0
     resent_pushes: int = 0  # pushes that came again by request id (acked again, not applied)
     resent_pulls: int = 0  # pulls that came again while the first still waited
+    refused_pulls: int = 0  # pulls that could not wait: their sender's or the server's bound
 
 
 class ShardServer:
     def __init__(self, state: ShardState, *, run: bytes, rank: int, max_frame_bytes: int,
                  on_syncs: Callable[[list[SyncRecord]], None] | None = None,
                  limits: ServerLimits | None = None,
-                 pull_filter: PullFilter | None = None) -> None:
+                 pull_filter: PullFilter | None = None,
+                 budget: ServerBudget | None = None) -> None:
+        # Shared by the copies of one process (``engine.server.limits``); its own otherwise.
+        self.budget = budget or ServerBudget(limits)
+        self.limits = self.budget.limits if limits is None else limits
+        self._waiting: WaitingPulls[_Peer] = WaitingPulls()
         self.state = state
         self._decisions: set[asyncio.Task[None]] = set()
         self.pull_filter = pull_filter or SendAll()
         self._on_syncs = on_syncs
         self.run = run
         self.rank = rank
-        self.limits = limits or ServerLimits()
         self.max_frame_bytes = max_frame_bytes
         self.stats = ServerStats()
-        self._pending: list[_PendingPull] = []
         self._peers: set[_Peer] = set()
         self._draining = False
         self._listener: Listener | None = None
@@ -167,9 +189,12 @@ class ShardServer:
     def state(self, state: ShardState) -> None:
         state.controller.offload(OFFLOAD_FROM)
         self._state = state
+        self._waiting.regroup(self._group_of)  # its clock ranges may differ
 
     async def start(self, transport: Transport, host: str, port: int, *, token: str) -> str:
-        self._listener = await transport.listen(host, port, self.serve, token=token)
+        self._listener = await transport.listen(
+            host, port, self.serve, token=token,
+            max_message_bytes=min(self.max_frame_bytes, frame_limit(len(self.state.keys))))
         return self._listener.address
 
     @property
@@ -193,15 +218,15 @@ class ShardServer:
     def drain(self, reason: str) -> None:
         """Stop accepting pushes and waiting pulls; pulls that need no wait are still answered."""
         self._draining = True
-        pending, self._pending = self._pending, []
-        for pull in pending:
-            pull.peer.pending -= 1
+        for pull in self._waiting.take_all():
+            self._pull_ended(pull)
             self._reply_error(pull.peer, pull.frame.request_id, "shutting_down", reason)
 
     async def serve(self, connection: Connection) -> None:
-        peer = _Peer(connection, self.limits)
+        peer = _Peer(connection, self)
         peer.sender = asyncio.create_task(self._pump(peer))
         self._peers.add(peer)
+        self.budget.readers.add(peer)
         try:
             await self._read(peer)
         finally:
@@ -228,11 +253,14 @@ class ShardServer:
     def _forget(self, peer: _Peer) -> None:
         """A connection ended: its queue, its sender and its waiting pulls go with it."""
         self._peers.discard(peer)
-        self._pending = [pull for pull in self._pending if pull.peer is not peer]
-        peer.queue.clear()
-        peer.queued_bytes = 0
+        self.budget.readers.discard(peer)
+        for pull in self._waiting.drop(peer):
+            self._pull_ended(pull)
+        peer.drop_queue()
+        peer.acked.clear()
         if peer.sender is not None:
             peer.sender.cancel()
+        self.budget.release_memory()
         if peer.log.held_back:
             log.warning("%s left; %d more refused frames were not logged",
                         peer.connection.remote, peer.log.held_back)
@@ -246,7 +274,8 @@ class ShardServer:
                 "text message on a tensor connection: send binary psctl frames"))
             return False
         try:
-            frame = decode(message, max_bytes=self.max_frame_bytes)
+            frame = decode(message, max_bytes=self.max_frame_bytes,
+                           max_keys=len(self.state.keys))
             self._dispatch(peer, frame, message)
         except PsctlError as exc:
             self._refuse(peer, peek_request_id(message), exc)
@@ -302,15 +331,28 @@ class ShardServer:
             self._answer_pull(peer, frame, waited_s=0.0)
         elif self._draining:
             self._reply_error(peer, frame.request_id, "shutting_down", "run is stopping")
-        elif any(p.peer is peer and p.frame.request_id == frame.request_id
-                 for p in self._pending):
+        elif peer.pending and self._waiting.waits(peer, frame.request_id):
             self.stats.resent_pulls += 1  # sent again while it waits: the first one answers
-        elif peer.pending >= self.limits.max_pending_pulls:
-            raise ProtocolError(f"{peer.pending} pulls already wait on this connection; the "
-                                f"limit is {self.limits.max_pending_pulls}")
         else:
-            peer.pending += 1
-            self._pending.append(_PendingPull(peer, frame, time.perf_counter()))
+            self._wait(peer, frame)
+
+    def _wait(self, peer: _Peer, frame: Frame) -> None:
+        sender = (frame.role, frame.rank)  # its admission lets a connection speak only as this
+        refusal = self.budget.refuse_pull(sender, peer.pending)
+        if refusal is not None:
+            self.stats.refused_pulls += 1
+            raise ProtocolError(refusal)
+        peer.pending += 1
+        self.budget.pull_waits(sender)
+        self._waiting.add(self._group_of(frame), peer, frame, time.perf_counter())
+
+    def _group_of(self, frame: Frame) -> GroupKey:
+        ranges = self.state.index.touched(frame.keys)
+        return frame.rank, ranges.start, ranges.stop
+
+    def _pull_ended(self, pull: Waiting[_Peer]) -> None:
+        pull.peer.pending -= 1
+        self.budget.pull_ends((pull.frame.role, pull.frame.rank))
 
     def _push(self, peer: _Peer, frame: Frame, message: bytes | bytearray, *,
               chained: bool = False) -> None:
@@ -405,14 +447,14 @@ class ShardServer:
     def release_ready_pulls(self) -> None:
         """Answer the waiting pulls that may be answered now (after an update, or when the
         job's workers changed)."""
-        now, still_waiting = time.perf_counter(), []
-        for pull in self._pending:
-            if self.state.pull_ready(pull.frame.rank, pull.frame.clock, pull.frame.keys):
-                pull.peer.pending -= 1
-                self._answer_pull(pull.peer, pull.frame, waited_s=now - pull.since)
-            else:
-                still_waiting.append(pull)
-        self._pending = still_waiting
+        if not len(self._waiting):
+            return
+        state = self.state
+        now = time.perf_counter()
+        for pull in self._waiting.release(
+                lambda f: state.pull_ready(f.rank, f.clock, f.keys)):
+            self._pull_ended(pull)
+            self._answer_pull(pull.peer, pull.frame, waited_s=now - pull.since)
 
     def _answer_pull(self, peer: _Peer, frame: Frame, *, waited_s: float) -> None:
         # Answered in the type the pull asked for and, for a key list, packed as it came.
@@ -499,18 +541,37 @@ class ShardServer:
         data = encode(frame)
         limit = self.limits.max_queued_bytes
         if peer.queue and peer.queued_bytes + len(data) > limit:
-            self.stats.slow_readers_closed += 1
-            log.warning("%s reads too slowly: %d reply bytes unread; disconnecting",
-                        peer.connection.remote, peer.queued_bytes)
-            reason = (f"reading too slowly: over {limit} reply bytes unread "
-                      "(cluster.max_queued_bytes)")
-            self._abandon(peer, reason)
-            peer.close = asyncio.create_task(peer.connection.close(CLOSE_POLICY, reason))
+            self._too_slow(peer, f"reading too slowly: over {limit} reply bytes unread "
+                                 "(cluster.max_queued_bytes)")
+            return
+        if not self._make_room(peer, len(data)):
             return
         self.stats.bytes_out += len(data)
-        peer.queue.append(data)
-        peer.queued_bytes += len(data)
-        peer.wake.set()
+        peer.enqueue(data)
+
+    def _make_room(self, peer: _Peer, size: int) -> bool:
+        """Disconnect the slowest readers of the process until ``size`` more reply bytes fit
+        its budget (a reply to a connection with nothing queued always fits); False if
+        ``peer`` itself was the one to go."""
+        budget = self.budget
+        while budget.over(size):
+            victim = budget.slowest(peer)
+            if not isinstance(victim, _Peer):
+                return True
+            victim.owner._too_slow(victim, (
+                f"reading too slowly: the server's {budget.limits.max_server_queued_bytes} "
+                "bytes of unread replies are full and this connection's wait longest "
+                "(cluster.max_server_queued_bytes)"))
+            if victim is peer:
+                return False
+        return True
+
+    def _too_slow(self, peer: _Peer, reason: str) -> None:
+        self.stats.slow_readers_closed += 1
+        log.warning("%s reads too slowly: %d reply bytes unread; disconnecting",
+                    peer.connection.remote, peer.queued_bytes)
+        self._abandon(peer, reason)
+        peer.close = asyncio.create_task(peer.connection.close(CLOSE_POLICY, reason))
 
     async def _pump(self, peer: _Peer) -> None:
         """Send ``peer``'s queue in order, one frame at a time (websockets applies backpressure
@@ -520,7 +581,7 @@ class ShardServer:
                 while peer.queue:
                     await peer.connection.send(peer.queue[0])
                     if peer.queue:  # a disconnect may have emptied it meanwhile
-                        peer.queued_bytes -= len(peer.queue.popleft())
+                        peer.sent()
                 peer.wake.clear()
                 await peer.wake.wait()
 
@@ -538,8 +599,8 @@ class ShardServer:
         if peer.closing is not None:
             return False
         peer.closing = reason
-        peer.queue.clear()
-        peer.queued_bytes = 0
+        peer.drop_queue()
+        self.budget.readers.discard(peer)
         if peer.sender is not None:
             peer.sender.cancel()
         return True

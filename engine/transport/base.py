@@ -65,9 +65,13 @@ class Listener(Protocol):
 
 
 class Transport(Protocol):
-    async def listen(self, host: str, port: int, handler: Handler, *, token: str) -> Listener:
+    async def listen(self, host: str, port: int, handler: Handler, *, token: str,
+                     max_message_bytes: int | None = None) -> Listener:
         """Serve ``handler`` for every connection whose credential the run's secret ``token``
-        admits (``engine.transport.admission``), bound to that admission; refuse the rest."""
+        admits (``engine.transport.admission``), bound to that admission; refuse the rest.
+        ``max_message_bytes``: a lower limit than the transport's for the messages this listener
+        accepts (a shard server's, from its key count); a message declaring more is refused
+        before its body is allocated."""
         ...
 
     async def connect(self, address: str, *, token: str, timeout: float) -> Connection:

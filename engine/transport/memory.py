@@ -79,7 +79,9 @@ class MemoryTransport:
         self._listeners: dict[str, tuple[asyncio.AbstractEventLoop, Handler, str]] = {}
         self._ports = itertools.count(1)
 
-    async def listen(self, host: str, port: int, handler: Handler, *, token: str) -> MemoryListener:
+    async def listen(self, host: str, port: int, handler: Handler, *, token: str,
+                     max_message_bytes: int | None = None) -> MemoryListener:
+        # Messages are whole Python objects here: nothing is allocated from a declared size.
         address = f"mem://{host}:{port or next(self._ports)}"
         self._listeners[address] = (asyncio.get_running_loop(), handler, token)
         return MemoryListener(self, address)

@@ -38,9 +38,10 @@ class SchemeTransport:
             return TcpTransport(self.max_frame_bytes, self.source)
         return WebSocketTransport(max_frame_bytes=self.max_frame_bytes, source=self.source)
 
-    async def listen(self, host: str, port: int, handler: Handler, *, token: str) -> Listener:
-        return await self._by_scheme(SCHEMES[self.listens]).listen(host, port, handler,
-                                                                    token=token)
+    async def listen(self, host: str, port: int, handler: Handler, *, token: str,
+                     max_message_bytes: int | None = None) -> Listener:
+        return await self._by_scheme(SCHEMES[self.listens]).listen(
+            host, port, handler, token=token, max_message_bytes=max_message_bytes)
 
     async def connect(self, address: str, *, token: str, timeout: float) -> Connection:
         scheme = address.partition("://")[0]

@@ -332,13 +332,16 @@ class TcpTransport:
     source: str | None = None
 
     async def listen(self, host: str, port: int, handler: Handler, *,
-                     token: str) -> TcpListener:
+                     token: str, max_message_bytes: int | None = None) -> TcpListener:
         loop = asyncio.get_running_loop()
         holder: list[TcpListener] = []
+        # A body is allocated whole when its header arrives: the header's length is checked
+        # against this first.
+        limit = min(self.max_frame_bytes, max_message_bytes or self.max_frame_bytes)
 
         def accepted() -> _Stream:
             admitting = _Admitting(token, handler, holder[0])
-            stream = _Stream(self.max_frame_bytes, admitting.on_message)
+            stream = _Stream(limit, admitting.on_message)
             # A peer that never says who it is must not hold a connection open.
             loop.call_later(HANDSHAKE_TIMEOUT_S, admitting.expire, stream)
             return stream

@@ -81,7 +81,8 @@ class WebSocketTransport:
         self.source = source
 
     async def listen(
-        self, host: str, port: int, handler: Handler, *, token: str
+        self, host: str, port: int, handler: Handler, *, token: str,
+        max_message_bytes: int | None = None,
     ) -> WebSocketListener:
         admitted: dict[ServerConnection, Admission] = {}
 
@@ -98,9 +99,8 @@ class WebSocketTransport:
             return None
 
         try:
-            server = await serve(
-                on_connect, host, port, process_request=check_token, **self._options()
-            )
+            server = await serve(on_connect, host, port, process_request=check_token,
+                                 **self._options(max_message_bytes))
         except OSError as exc:
             raise TransportError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
         bound = server.sockets[0].getsockname()
@@ -131,10 +131,11 @@ class WebSocketTransport:
     def _source(self) -> dict[str, Any]:
         return {} if self.source is None else {"local_addr": (self.source, 0)}
 
-    def _options(self) -> dict[str, Any]:
+    def _options(self, max_message_bytes: int | None = None) -> dict[str, Any]:
         return {
             "compression": None,
-            "max_size": self.max_frame_bytes,
+            # websockets checks a frame's declared length against this before reading it
+            "max_size": min(self.max_frame_bytes, max_message_bytes or self.max_frame_bytes),
             "ping_interval": PING_INTERVAL_S,
             "ping_timeout": PING_TIMEOUT_S,
         }

@@ -254,8 +254,23 @@ def peek_request_id(data: bytes | bytearray | memoryview) -> int:
     return 0
 
 
-def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
-    """Parse and validate one frame; the payload is a zero-copy view of ``data``."""
+# frame_limit's floor: small enough to allocate for any peer, large enough that a small garbage
+# message is answered with an ERROR rather than a closed connection
+MIN_FRAME_LIMIT = 2**16
+
+
+def frame_limit(keys: int) -> int:
+    """The largest frame that can address at most ``keys`` keys (a full header, a key list and
+    float64 values for every key), or ``MIN_FRAME_LIMIT``."""
+    return max(HEADER_BYTES + _DIM.size * MAX_NDIM + 16 * keys, MIN_FRAME_LIMIT)
+
+
+def decode(data: bytes | bytearray | memoryview, *, max_bytes: int,
+           max_keys: int | None = None) -> Frame:
+    """Parse and validate one frame; the payload is a zero-copy view of ``data``.
+
+    ``max_keys``: the most keys a frame may address here (a server's shard); what the header
+    declares beyond it is refused before anything it declares is allocated."""
     if len(data) > max_bytes:
         raise FrameTooLarge(f"frame of {len(data)} bytes exceeds the limit of {max_bytes}")
     if len(data) < HEADER_BYTES:
@@ -306,6 +321,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
     keys = KeyRange(key_start, key_end)
     keying = _enum(KeyKind, raw_key_kind, "key kind")
     codec = _enum(Codec, raw_codec, "codec")
+    if max_keys is not None:
+        _check_declared(keys, key_count, nbytes, max_keys)
     if codec is not Codec.NONE:
         data = _inflate(data, codec, ndim, keying, key_count, nbytes, max_bytes)
     index = _index(data, kind, keying, ndim, key_count, keys)
@@ -327,6 +344,15 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Frame:
         index=index,
         codec=codec,
     )
+
+
+def _check_declared(keys: KeyRange, key_count: int, nbytes: int, max_keys: int) -> None:
+    if len(keys) > max_keys or key_count > max_keys:
+        raise FrameTooLarge(f"the frame addresses {max(len(keys), key_count)} keys; this server "
+                            f"holds {max_keys}")
+    if nbytes > 8 * max_keys:
+        raise FrameTooLarge(f"the frame declares {nbytes} payload bytes; values for this "
+                            f"server's {max_keys} keys take at most {8 * max_keys}")
 
 
 def _inflate(data: bytes | bytearray | memoryview, codec: Codec, ndim: int, keying: KeyKind,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,6 +25,7 @@ from engine.server.optimizers import SGD
 from engine.server.service import LogBudget, ServerLimits, ShardServer
 from engine.server.shard import ShardState
 from engine.transport import WebSocketTransport
+from engine.transport import tcp as tcp_module
 from engine.transport.admission import credential
 from engine.transport.base import Transport
 from engine.transport.tcp import TcpTransport
@@ -110,7 +113,7 @@ def test_a_wrong_credential_is_refused_at_the_handshake() -> None:
     assert "401" in serve_and(script)
 
 
-def test_pending_pulls_are_bounded_per_connection_and_freed_when_it_leaves() -> None:
+def test_pending_pulls_are_bounded_per_sender_and_freed_when_it_leaves() -> None:
     keys = KeyRange(0, 8)
 
     async def script(server: ShardServer) -> None:
@@ -119,15 +122,16 @@ def test_pending_pulls_are_bounded_per_connection_and_freed_when_it_leaves() -> 
             await socket.send(frame(MsgType.PULL, request, keys, clock=5))
         refused = await reply(socket)
         assert refused.request_id == 5
-        assert refused.error() == ("ProtocolError", "4 pulls already wait on this connection; "
-                                                    "the limit is 4")
-        assert len(server._pending) == 4
+        assert refused.error() == ("ProtocolError", "4 pulls of this sender already wait at "
+                                   "this server; the limit is 4 (cluster.max_pending_pulls)")
+        assert len(server._waiting) == 4
         await socket.close()
         for _ in range(100):
-            if not server._pending:
+            if not len(server._waiting):
                 break
             await asyncio.sleep(0.02)
-        assert server._pending == []
+        assert len(server._waiting) == 0
+        assert server.budget.waiting == 0
 
     serve_and(script, model="bsp", max_pending_pulls=4)
 
@@ -228,7 +232,7 @@ def test_a_bug_in_the_handler_is_an_error_reply_not_a_dropped_connection() -> No
 
         socket = await peer(server, SECRET)
         original = server.state.read
-        server.state.read = broken  # type: ignore[method-assign]
+        server.state.read = broken  # type: ignore[method-assign,assignment]
         await socket.send(frame(MsgType.PULL, 7, keys, clock=ANY_CLOCK))
         answer = await reply(socket)
         assert answer.request_id == 7
@@ -241,3 +245,108 @@ def test_a_bug_in_the_handler_is_an_error_reply_not_a_dropped_connection() -> No
         await socket.close()
 
     serve_and(script)
+
+
+def test_a_flood_of_waiting_pulls_costs_a_push_nothing_and_is_bounded_per_sender() -> None:
+    keys = KeyRange(0, 8)
+    grad = np.zeros(8, dtype=np.float32)
+    far = 10**6  # a BSP clock this test never reaches
+
+    async def script(server: ShardServer) -> None:
+        worker0 = credential(SECRET, "worker", 0)
+        floods = [await peer(server, worker0) for _ in range(2)]
+        for n, flood in enumerate(floods):  # 2 x 12 pulls; the sender's bound is 8
+            for request in range(12):
+                await flood.send(frame(MsgType.PULL, 100 * n + request, keys, clock=far + request))
+        # The second connection's first 2 (a quarter of the bound) wait all the same.
+        refusals = [await reply(floods[0]) for _ in range(4)]
+        refusals += [await reply(floods[1]) for _ in range(10)]
+        assert {r.error()[0] for r in refusals} == {"ProtocolError"}
+        assert {r.error()[1] for r in refusals} == {
+            "8 pulls of this sender already wait at this server; the limit is 8 "
+            "(cluster.max_pending_pulls)",
+            "10 pulls of this sender already wait at this server; the limit is 8 "
+            "(cluster.max_pending_pulls)"}
+        assert len(server._waiting) == server.budget.waiting == 10
+        # Worker 0 itself, on its own connection: its pulls still wait and are answered.
+        honest, other = await peer(server, worker0), await peer(server, credential(
+            SECRET, "worker", 1))
+        await honest.send(frame(MsgType.PULL, 1, keys, clock=1))
+        for rank, socket in ((0, honest), (1, other)):
+            await socket.send(frame(MsgType.PUSH, 2, keys, rank=rank, values=grad))
+            assert (await reply(socket)).type is MsgType.ACK
+        answered = await reply(honest)
+        assert (answered.type, answered.request_id) == (MsgType.VALUES, 1)
+        # Pushes asked about the earliest waiting pull only, never the flood behind it.
+        assert server._waiting.readiness_checks <= 4
+        # The server's own bound: worker 1 may park 2 more, then the server is full.
+        for request in range(3):
+            await other.send(frame(MsgType.PULL, 10 + request, keys, rank=1, clock=far))
+        assert (await reply(other)).error() == (
+            "ProtocolError", "12 pulls already wait at this server; the limit is 12 "
+                             "(cluster.max_server_pending_pulls)")
+        assert server.stats.refused_pulls == 15
+        for socket in (*floods, honest, other):
+            await socket.close()
+        for _ in range(100):
+            if server.budget.waiting == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert len(server._waiting) == server.budget.waiting == 0
+
+    serve_and(script, model="bsp", max_pending_pulls=8, max_server_pending_pulls=12)
+
+
+def test_the_slowest_readers_go_first_when_the_servers_reply_budget_is_full() -> None:
+    size = 64 * 1024  # 256 KiB per reply
+    keys = KeyRange(0, size)
+
+    async def script(server: ShardServer) -> None:
+        slow = [await peer(server, SECRET, max_queue=1) for _ in range(3)]
+        for socket in slow:  # 3 x 10 MiB of replies, never read; each alone is within 32 MiB
+            for request in range(40):
+                await socket.send(frame(MsgType.PULL, request, keys, clock=ANY_CLOCK))
+        other = await peer(server, credential(SECRET, "worker", 1))
+        for request in range(1, 21):
+            await other.send(frame(MsgType.PULL, request, keys, rank=1, clock=ANY_CLOCK))
+            assert (await reply(other)).request_id == request
+        for _ in range(400):
+            if server.stats.slow_readers_closed >= 2:
+                break
+            await asyncio.sleep(0.025)
+        assert server.stats.slow_readers_closed >= 2
+        assert server.budget.queued_bytes <= 8 * MIB + 2 * size * 4
+        assert server.budget.queued_bytes == sum(p.queued_bytes for p in server._peers)
+        await other.close()
+        for socket in slow:  # a polite close would wait for replies nobody reads
+            socket.transport.abort()
+
+    serve_and(script, keys=size, max_server_queued_bytes=8 * MIB)
+
+
+def test_a_tcp_message_declaring_more_than_the_shard_allows_is_refused_unallocated() -> None:
+    head = struct.Struct("<B3xQ")
+
+    async def script(server: ShardServer) -> tuple[int, bytes]:
+        host, port = tcp_module.parse_address(server.address)
+        reader, writer = await asyncio.open_connection(host, port)
+        hello = tcp_module.PREFACE + credential(SECRET, "worker", 0).encode()
+        writer.write(head.pack(tcp_module.HELLO, len(hello)) + hello)
+        kind, _ = head.unpack(await reader.readexactly(head.size))
+        assert kind == tcp_module.WELCOME
+        tracemalloc.start()
+        try:
+            writer.write(head.pack(tcp_module.BINARY, 64 * MIB))  # and nothing after it
+            kind, length = head.unpack(await asyncio.wait_for(reader.readexactly(head.size), 10))
+            body = await reader.readexactly(length)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        writer.close()
+        assert kind == tcp_module.CLOSE
+        assert peak < MIB
+        return struct.unpack_from("<H", body)[0], body[2:]
+
+    code, reason = serve_and(script, transport=TcpTransport(64 * MIB))
+    assert code == 1009
+    assert reason == b"a message of 67108864 bytes is over the limit of 65536"

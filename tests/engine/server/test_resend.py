@@ -305,7 +305,7 @@ def test_a_waiting_pull_sent_again_is_answered_once(rig: Rig) -> None:
     peer.send(frame)
     peer.send(frame)
     until(lambda: rig.on_server(lambda: server.stats.resent_pulls) == 1)
-    assert rig.on_server(lambda: len(server._pending)) == 1
+    assert rig.on_server(lambda: len(server._waiting)) == 1
     for rank, client in enumerate((a, b)):
         client.wait(client.push(KEYS, np.full(8, 2.0 * (rank + 1), np.float32), clock=0,
                                 base_versions={0: 0}), timeout=5)
@@ -315,7 +315,7 @@ def test_a_waiting_pull_sent_again_is_answered_once(rig: Rig) -> None:
     # had the repeat been queued, its answer would come before the next request's
     peer.send(pull_frame(8, ANY_CLOCK))
     assert peer.reply().request_id == 8
-    assert rig.on_server(lambda: (server.stats.resent_pulls, len(server._pending))) == (1, 0)
+    assert rig.on_server(lambda: (server.stats.resent_pulls, len(server._waiting))) == (1, 0)
 
 
 def test_a_pull_sent_again_after_its_answer_is_answered_again(rig: Rig) -> None:
@@ -406,7 +406,7 @@ def test_a_lossy_link_resends_a_waiting_pull_that_is_answered_once(
     result: PullResult = lossy.wait(held, timeout=10)
     assert result.versions == {0: 1}
     assert out.tolist() == (START8 - LR).tolist()
-    assert rig.on_server(lambda: len(rig.servers[0]._pending)) == 0
+    assert rig.on_server(lambda: len(rig.servers[0]._waiting)) == 0
 
 
 def test_a_delayed_link_is_slower_and_loses_nothing(rig: Rig) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from engine.errors import BadPayload, FrameTooLarge, ProtocolError
 from engine.keys import KeyRange
+from engine.wire.codecs import Codec
 from engine.wire.protocol import (
     ANY_CLOCK,
     FLAG_COMMIT,
@@ -666,3 +668,25 @@ def test_a_frame_takes_another_request_id_and_keeps_the_rest() -> None:
     assert got.request_id == 2**40 + 1
     assert (got.rank, got.clock, got.keys) == (2, 5, KeyRange(0, 3))
     np.testing.assert_array_equal(got.values, np.arange(3, dtype=np.float32))
+
+
+def test_a_small_frame_declaring_64_mib_is_refused_before_anything_is_allocated() -> None:
+    keys = 16 * 2**20  # float32 zeros: 64 MiB that zstd packs into a few KiB
+    bomb = bytes(encode(Frame(MsgType.PUSH, 1, KeyRange(0, keys), role=Role.WORKER,
+                              payload=np.zeros(keys, dtype=np.float32), codec=Codec.ZSTD)))
+    assert len(bomb) < 8192
+    tracemalloc.start()
+    try:
+        with pytest.raises(FrameTooLarge) as caught:
+            decode(bomb, max_bytes=2**27, max_keys=1797)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert str(caught.value) == f"the frame addresses {keys} keys; this server holds 1797"
+    assert peak < 2**20
+    lying = bytearray(bomb)  # the same body with a span that fits, but 64 MiB of payload
+    struct.pack_into("<QQ", lying, 52, 0, 1797)  # key start, key end
+    with pytest.raises(FrameTooLarge, match=r"^the frame declares 67108864 payload bytes; "
+                                             r"values for this server's 1797 keys take at most "
+                                             r"14376$"):
+        decode(bytes(lying), max_bytes=2**27, max_keys=1797)

@@ -1,0 +1,137 @@
+"""What the connections of one shard server process may make it hold, in all.
+
+Bounds per connection alone do not bound a server: 16 connections that never read their replies
+grew one from 98 to 608 MB, and pulls for clocks that cannot come, parked from several
+connections of one credential, slowed every push. ``ServerBudget`` is shared by every copy
+(``ShardServer``) a process holds and keeps the totals: reply bytes queued on all connections
+(past ``max_server_queued_bytes`` the slowest readers are disconnected first, though each
+connection always gets one reply through), and waiting pulls per sender (the role and rank its
+admission lets it speak as, over all its connections) and in all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.config import ClusterConfig
+
+MIB = 2**20
+# A connection's first waiting pulls (this many, at most a quarter of the sender's bound) are
+# never refused for its sender's bound, so a worker whose credential is also used by a flood
+# keeps its own pulls (a worker waits on a few at a time).
+RESERVED_PULLS_PER_CONNECTION = 16
+_TRIM_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """A shard server's bounds; ``docs/security.md`` explains each and how to change it."""
+
+    # Unread reply bytes one connection may have queued; one reply is always let through, so a
+    # single frame may be larger. The attack this stops: pulls whose replies are never read.
+    max_queued_bytes: int = 32 * MIB
+    # The same over every connection of the server process: the slowest readers go first.
+    max_server_queued_bytes: int = 32 * MIB
+    max_pending_pulls: int = 1024  # pulls of one sender (all its connections) waiting for a clock
+    max_server_pending_pulls: int = 8192  # pulls waiting for a clock at the process, in all
+    warnings_per_minute: int = 10  # log lines about one peer's refused frames
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterConfig) -> ServerLimits:
+        return cls(max_queued_bytes=cluster.max_queued_bytes,
+                   max_server_queued_bytes=cluster.max_server_queued_bytes,
+                   max_pending_pulls=cluster.max_pending_pulls,
+                   max_server_pending_pulls=cluster.max_server_pending_pulls)
+
+
+class Reader(Protocol):
+    """A connection as the budget sees it."""
+
+    queued_bytes: int
+    head_since: float  # when its oldest unsent reply was queued
+
+    @property
+    def queued_frames(self) -> int: ...
+
+
+class ServerBudget:
+    """The totals of one server process (see the module's doc)."""
+
+    def __init__(self, limits: ServerLimits | None = None) -> None:
+        self.limits = limits or ServerLimits()
+        self.queued_bytes = 0
+        self.waiting = 0
+        self._by_sender: dict[Hashable, int] = {}
+        self.readers: set[Reader] = set()
+        self._trimmed_at = 0.0
+
+    def refuse_pull(self, sender: Hashable, own_waiting: int) -> str | None:
+        """Why a pull of ``sender`` (on a connection with ``own_waiting`` pulls waiting) may
+        not wait, or None."""
+        limits = self.limits
+        if self.waiting >= limits.max_server_pending_pulls:
+            return (f"{self.waiting} pulls already wait at this server; the limit is "
+                    f"{limits.max_server_pending_pulls} (cluster.max_server_pending_pulls)")
+        held = self._by_sender.get(sender, 0)
+        reserved = min(RESERVED_PULLS_PER_CONNECTION, max(limits.max_pending_pulls // 4, 1))
+        if held >= limits.max_pending_pulls and own_waiting >= reserved:
+            return (f"{held} pulls of this sender already wait at this server; the limit is "
+                    f"{limits.max_pending_pulls} (cluster.max_pending_pulls)")
+        return None
+
+    def pull_waits(self, sender: Hashable) -> None:
+        self.waiting += 1
+        self._by_sender[sender] = self._by_sender.get(sender, 0) + 1
+
+    def pull_ends(self, sender: Hashable) -> None:
+        self.waiting -= 1
+        left = self._by_sender[sender] - 1
+        if left:
+            self._by_sender[sender] = left
+        else:
+            del self._by_sender[sender]
+
+    def waiting_of(self, sender: Hashable) -> int:
+        return self._by_sender.get(sender, 0)
+
+    def over(self, size: int) -> bool:
+        return self.queued_bytes + size > self.limits.max_server_queued_bytes
+
+    def slowest(self, sender: Reader) -> Reader | None:
+        """The reader to disconnect to make room for ``sender``'s next reply: the one whose
+        oldest unsent reply waits longest, among those with more than their one reply queued
+        (``sender`` counts its next); None if none."""
+        candidates = [r for r in self.readers
+                      if r.queued_frames >= 2 or (r is sender and r.queued_frames)]
+        return min(candidates, key=lambda r: r.head_since, default=None)
+
+    def release_memory(self) -> None:
+        """Hand freed memory back to the system (at most once a second): glibc keeps the heap
+        pages of freed replies otherwise, and the server's RSS never comes down."""
+        now = time.monotonic()
+        if now - self._trimmed_at < _TRIM_EVERY_S:
+            return
+        self._trimmed_at = now
+        _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    libc = _libc()
+    if libc is not None:
+        with contextlib.suppress(AttributeError):  # not glibc: nothing to trim
+            libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    with contextlib.suppress(OSError):
+        name = ctypes.util.find_library("c")  # runs ldconfig: once per process
+        return None if name is None else ctypes.CDLL(name)
+    return None
