@@ -712,12 +712,12 @@ def test_bad_frames_get_error_replies_and_others_keep_being_served(rig: Rig) -> 
         (0, "ProtocolError", "text message on a tensor connection: send binary psctl frames"),
         (77, "BadPayload", "PUSH values must be floating point, got BYTES"),
         (78, "BadPayload", "PUSH shape (2, 4) does not match the 8 keys of [0, 8)"),
-        (79, "BadPayload", "PUSH values contain NaN or infinity"),
+        (79, "NonFinitePush", "PUSH values contain NaN or infinity"),
         (80, "BadPayload", "PUSH shape (7,) does not match the 8 keys of [0, 8)"),
     ]
     stats = rig.servers[0].stats
     assert stats.bad_frames == 7
-    assert stats.errors_by_code == {"ProtocolError": 3, "BadPayload": 4}
+    assert stats.errors_by_code == {"ProtocolError": 3, "BadPayload": 3, "NonFinitePush": 1}
     assert rig.servers[0].state.pushes == 0
     values, _ = pull(client, keys, 0)
     assert values.tolist() == START8.tolist()
