@@ -120,3 +120,35 @@ def test_without_a_run_folder_nothing_moves() -> None:
                            recorder=_Events()).move_refusal()
 
     assert "no folder" in str(asyncio.run(refusal()))
+
+
+def test_a_silent_server_holding_the_last_copy_is_waited_for_not_fenced() -> None:
+    from engine.config import build_config
+    from engine.roles.coordinator import model_layout
+    from engine.roles.peer import Peer
+    from engine.roles.probe import Look, State
+
+    killed: list[int] = []
+
+    async def main() -> list[str]:
+        config = build_config({}, {"data.dataset": "digits", "cluster.workers": 1,
+                                   "cluster.servers": 2, "cluster.replicas": 1})
+        events = _Events()
+        coordinator = Coordinator(config, run_id="f" * 32, token="t",
+                                  layout=model_layout(config), recorder=events,
+                                  kill=killed.append)
+        coordinator._watch.probe = lambda pid, cpu: Look(State.STOPPED, 0.0)
+        survivor = Peer("server", 0, _Connection(), welcomed=True, pid=4242)  # type: ignore[arg-type]
+        coordinator.peers = {("server", 0): survivor}
+        coordinator.placement.lose(1)  # server 1 died: server 0 holds every range alone
+        coordinator._watch.watch(0)
+        detector = coordinator._watch.detector
+        for tick in range(60):  # 6 s of silence
+            detector.tick(tick * detector.interval_s)
+        coordinator._judge(survivor)
+        coordinator._judge(survivor)  # said once
+        return events.kinds
+
+    kinds = asyncio.run(main())
+    assert killed == [] and kinds.count("fence_withheld") == 1
+    assert "server_unresponsive" not in kinds

@@ -401,3 +401,16 @@ def test_dropping_a_primary_is_refused_it_must_move_first() -> None:
     placement = serving(Placement(RANGES, replicas=1))
     with pytest.raises(ValueError, match="move it first"):
         placement.drop(0, placement.chains[0][0])
+
+
+def test_a_server_holds_the_only_copy_of_a_range_once_its_other_copies_are_lost() -> None:
+    ranges = [KeyRange(0, 10), KeyRange(10, 20), KeyRange(20, 30)]
+    placement = Placement(ranges, replicas=1, servers=3)
+    assert all(placement.only_copies(s) == [] for s in range(3))
+    placement.lose(0)
+    alone = {s: placement.only_copies(s) for s in (1, 2)}
+    # every range server 0 held a copy of now lives on one server only
+    held_by_0 = [i for i, chain in enumerate(placement.first) if 0 in chain]
+    assert sorted(i for ranges_ in alone.values() for i in ranges_) == sorted(held_by_0)
+    for server, only in alone.items():
+        assert all(placement.chains[i] == (server,) for i in only)
