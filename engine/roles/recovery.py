@@ -207,6 +207,8 @@ class Recovery(CoordinatorBase):
             return False
         if any(p.lost for p in servers) and not self.config.cluster.replicas:
             return False
+        if not all(self.placement.chains):  # a range with no copy left: no checkpoint is whole
+            return False
         return (self.config.fault.checkpoint_every_s is not None
                 or status is not RunStatus.FINISHED)
 

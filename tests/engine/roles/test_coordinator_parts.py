@@ -152,3 +152,27 @@ def test_a_silent_server_holding_the_last_copy_is_waited_for_not_fenced() -> Non
     kinds = asyncio.run(main())
     assert killed == [] and kinds.count("fence_withheld") == 1
     assert "server_unresponsive" not in kinds
+
+
+def test_no_final_checkpoint_is_tried_once_a_range_has_no_copy_left(tmp_path: Path) -> None:
+    from engine.config import build_config
+    from engine.roles.coordinator import model_layout
+    from engine.roles.peer import Peer
+    from engine.wire.records import RunStatus
+
+    async def wants() -> tuple[bool, bool]:
+        config = build_config({}, {"data.dataset": "digits", "cluster.workers": 1,
+                                   "cluster.servers": 2, "cluster.replicas": 1})
+        coordinator = Coordinator(config, run_id="f" * 32, token="t",
+                                  layout=model_layout(config), recorder=_Events(),
+                                  folder=tmp_path)
+        coordinator.training.set()
+        coordinator.peers = {("server", r): Peer("server", r, _Connection(),  # type: ignore[arg-type]
+                                                 welcomed=True) for r in (0, 1)}
+        coordinator.placement.lose(1)
+        before = coordinator._wants_final_checkpoint(RunStatus.FAILED)
+        coordinator.placement.lose(0)  # both copies of every range: the run failed
+        return before, coordinator._wants_final_checkpoint(RunStatus.FAILED)
+
+    # one copy left: saved (resumable); none left: not tried (it waited 30 s for nobody)
+    assert asyncio.run(wants()) == (True, False)
