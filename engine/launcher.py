@@ -60,6 +60,7 @@ _CRASH_SIGNALS = frozenset(-s for s in (signal.SIGSEGV, signal.SIGBUS, signal.SI
                                         signal.SIGILL, signal.SIGABRT))
 _RESTART_MARK = "--- psctl:"
 _LAST_WORDS_LINES = 3
+_LAST_WORDS_CHARS = 600
 
 
 @dataclass
@@ -242,7 +243,7 @@ class Launcher(NewRun):
 
     def _end_of(self, child: Child, code: int) -> str:
         """Why ``child`` ended for good, in words, with the last lines it wrote."""
-        words = child.dying_words() or f"nothing in {child.log}"
+        words = child.dying_words()[-_LAST_WORDS_CHARS:] or f"nothing in {child.log}"
         if code > 0:
             return f"exited with code {code}: {words}"
         how = f"was killed by {signal_name(code)}"

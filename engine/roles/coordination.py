@@ -91,6 +91,9 @@ JOIN_S_PER_PROCESS = 3.0
 # Refused hellos recorded as events, at most (the rest are only logged), and how long closing a
 # refused connection may take.
 REFUSALS_RECORDED = 100
+# A role says hello as soon as it is connected (engine.roles.control): a connection silent this
+# long (or cluster.connect_timeout_s, if shorter) never will.
+HELLO_TIMEOUT_S = 10.0
 _CLOSE_WAIT_S = 5.0
 _NAMES_SHOWN = 8
 
@@ -289,12 +292,11 @@ class Coordinator(Recovery, Scaling, Moves):
 
     async def _hello(self, connection: Connection) -> Hello:
         """The hello a connection opens with, or a PsctlError saying why it is refused."""
-        timeout = self.config.cluster.connect_timeout_s
+        timeout = min(self.config.cluster.connect_timeout_s, HELLO_TIMEOUT_S)
         try:
             hello = parse_control(await asyncio.wait_for(connection.recv(), timeout))
         except TimeoutError:
-            raise ProtocolError(f"no hello within {timeout:g} s (cluster.connect_timeout_s)"
-                                ) from None
+            raise ProtocolError(f"no hello within {timeout:g} s of connecting") from None
         if not isinstance(hello, Hello):
             raise ProtocolError(f"expected hello, got {hello.type}")
         admission = connection.admission

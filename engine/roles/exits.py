@@ -37,7 +37,7 @@ def write_exit_note(folder: Path, role: str, rank: int, why: str) -> None:
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".part")
-        partial.write_text(json.dumps({"why": why[-_NOTE_CHARS:]}))
+        partial.write_text(json.dumps({"why": why[:_NOTE_CHARS]}))
         os.replace(partial, path)  # the reader never sees half a note
 
 
