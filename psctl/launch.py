@@ -155,13 +155,16 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
     finally:
         engine.dispose()
     run = detail.summary
-    console.print(status_text(run.status), f"run {run.id} ({escape(run.name)})", highlight=False)
+    # The launcher knows the run ended even where its end could not be recorded (a full disk):
+    # the row then still says running.
+    status = result.status.value if run.status in ("running", "crashed") else run.status
+    console.print(status_text(status), f"run {run.id} ({escape(run.name)})", highlight=False)
     # The run's own duration (ended_at - started_at), as runs ls, runs show and the dashboard
     # show it, not the time this command took.
     console.print(f"  duration {fmt_seconds(run.duration_s)}, {run.iterations} "
                   f"iterations, best test accuracy {fmt_pct(run.best_accuracy)}, final "
                   f"{fmt_pct(run.final_accuracy)}", highlight=False)
-    if run.status == "interrupted":
+    if status == "interrupted":
         console.print(f"  interrupted: the run's {result.processes} processes were stopped; "
                       f"logs in {escape(str(result.logs))}", highlight=False)
     elif result.reason:
