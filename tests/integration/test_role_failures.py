@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from engine.transport import WebSocketTransport
 from engine.transport.admission import credential
 from engine.wire.messages import Hello, dump_control
 from engine.wire.records import RunStatus
+from tests.conftest import REPO
 from tests.integration.support import (
     child_pid,
     config,
@@ -78,10 +80,12 @@ def test_a_crash_in_the_users_model_fails_the_launch_with_its_message(tmp_path: 
          f"{model}:build", "--workers", "2", "--servers", "1", "--epochs", "3", "--no-live"],
         env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode != 0
-    output = done.stdout + done.stderr
-    assert "RuntimeError: boom (in forward, boom.py line " in output
-    reason = query(tmp_path / "runs.db", "SELECT status, reason FROM runs")[0]
-    assert reason[0] == "failed" and "RuntimeError: boom" in reason[1]
+    said = re.compile(r"worker [01] failed: RuntimeError: boom \(in forward, boom\.py line 13\)")
+    assert said.search(" ".join((done.stdout + done.stderr).split())), done.stdout
+    status, reason = query(tmp_path / "runs.db", "SELECT status, reason FROM runs")[0]
+    assert status == "failed" and said.fullmatch(reason)
+    # docs/models.md shows this reason
+    assert said.search(" ".join((REPO / "docs" / "models.md").read_text().split()))
 
 
 def test_a_killed_evaluator_is_restarted_and_the_run_finishes_evaluating(tmp_path: Path) -> None:
