@@ -19,6 +19,11 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
                               f"{d.get('max_restarts')})"),
     "worker_rejoined": lambda d: (f"worker {d.get('rank')} rejoined"
                                   + (f" on {d['node']}" if d.get("node") else "")),
+    "evaluator_lost": lambda d: (f"evaluator lost (restart {d.get('restart')} of "
+                                 f"{d.get('max_restarts')})"),
+    "evaluator_rejoined": lambda d: "evaluator rejoined",
+    "process_error": lambda d: f"{d.get('role')} {d.get('rank')} failed: {d.get('message')}",
+    "hello_refused": lambda d: f"refused a connection from {d.get('remote')}: {d.get('reason')}",
     "server_lost": lambda d: f"server {d.get('rank')} lost",
     "failover": lambda d: (f"shard {d.get('index')} failed over from server {d.get('lost')} to "
                            f"server {d.get('primary')}"),
