@@ -88,8 +88,8 @@ _Row = TypeVar("_Row")
 # 2 cores: 1.4 s a process for 15, slowing to 3 s a process past 50 (the joined ones idle, but
 # not for free); 103 processes need about 290 s.
 JOIN_S_PER_PROCESS = 3.0
-# Refused hellos recorded as events, at most (the rest are only logged), and how long closing a
-# refused connection may take.
+# Refused hellos recorded as events and logged, at most (the rest are counted), and how long
+# closing a refused connection may take.
 REFUSALS_RECORDED = 100
 # A role says hello as soon as it is connected (engine.roles.control): a connection silent this
 # long (or cluster.connect_timeout_s, if shorter) never will.
@@ -306,13 +306,16 @@ class Coordinator(Recovery, Scaling, Moves):
         return hello
 
     async def _refuse(self, connection: Connection, why: PsctlError) -> None:
-        """Close a connection whose hello is bad and record it, a bounded number of times (a
-        flood of them is logged, not written row by row)."""
-        log.warning("refused %s: %s", connection.remote, why)
+        """Close a connection whose hello is bad, and record and log it a bounded number of
+        times (a flood of them is only counted)."""
         self._refused += 1
         if self._refused <= REFUSALS_RECORDED:
+            log.warning("refused %s: %s", connection.remote, why)
             self._event("hello_refused", reason=str(why), remote=connection.remote,
                         refused=self._refused)
+        elif self._refused == REFUSALS_RECORDED + 1:
+            log.warning("refused %s: %s; more refusals are counted, not logged",
+                        connection.remote, why)
         with contextlib.suppress(PsctlError, TimeoutError):
             await asyncio.wait_for(connection.close(1008, str(why)[:120]), _CLOSE_WAIT_S)
 
