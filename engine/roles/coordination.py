@@ -95,6 +95,7 @@ REFUSALS_RECORDED = 100
 # long (or cluster.connect_timeout_s, if shorter) never will.
 HELLO_TIMEOUT_S = 10.0
 _CLOSE_WAIT_S = 5.0
+_CLOSE_REASON_BYTES = 120
 _NAMES_SHOWN = 8
 
 
@@ -316,8 +317,10 @@ class Coordinator(Recovery, Scaling, Moves):
         elif self._refused == REFUSALS_RECORDED + 1:
             log.warning("refused %s: %s; more refusals are counted, not logged",
                         connection.remote, why)
+        # A websocket's close reason holds at most 123 bytes.
+        reason = str(why).encode()[:_CLOSE_REASON_BYTES].decode(errors="ignore")
         with contextlib.suppress(PsctlError, TimeoutError):
-            await asyncio.wait_for(connection.close(1008, str(why)[:120]), _CLOSE_WAIT_S)
+            await asyncio.wait_for(connection.close(1008, reason), _CLOSE_WAIT_S)
 
     async def _admit(self, peer: Peer, hello: Hello) -> None:
         if hello.role == "server":
