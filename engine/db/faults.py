@@ -66,3 +66,21 @@ def fault_timeline(conn: Connection, run_id: str,
 
     return [(row.at - started_at, row.kind, DESCRIPTIONS[row.kind](parse_json(row.detail)))
             for row in rows]
+
+
+def crash_traceback(conn: Connection, run_id: str) -> tuple[str, str] | None:
+    """The message and traceback of the first role of the run that crashed and said so
+    (``process_error``), or None."""
+    row = conn.execute(
+        select(events.c.detail).where(events.c.run_id == run_id,
+                                      events.c.kind == "process_error")
+        .order_by(events.c.id).limit(1)).first()
+    if row is None:
+        return None
+    from engine.db.queries import parse_json
+
+    found = parse_json(row.detail)
+    message, text = found.get("message"), found.get("traceback")
+    if not (isinstance(message, str) and isinstance(text, str) and text.strip()):
+        return None
+    return message, text

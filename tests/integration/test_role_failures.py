@@ -82,6 +82,7 @@ def test_a_crash_in_the_users_model_fails_the_launch_with_its_message(tmp_path: 
     assert done.returncode != 0
     said = re.compile(r"worker [01] failed: RuntimeError: boom \(in forward, boom\.py line 13\)")
     assert said.search(" ".join((done.stdout + done.stderr).split())), done.stdout
+    assert 'raise RuntimeError("boom")' in done.stdout + done.stderr  # its traceback's end
     status, reason = query(tmp_path / "runs.db", "SELECT status, reason FROM runs")[0]
     assert status == "failed" and said.fullmatch(reason)
     # docs/models.md shows this reason
