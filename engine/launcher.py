@@ -33,6 +33,8 @@ from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
 from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess
 from engine.hosts.local import LocalHosts
 from engine.recorder import Recorder
+from engine.roles.checkpoints import checkpoint_folder
+from engine.roles.exits import signal_name, write_exit_note
 from engine.roles.membership import ranks_to_spawn
 from engine.transport.admission import credential
 from engine.wire.records import RunStatus
@@ -52,6 +54,13 @@ _NOT_PASSED_ON = ("PSCTL_TOKEN", "PSCTL_CREDENTIAL", "PSCTL_COORDINATOR", "PSCTL
 # Measured on this machine kind: glibc returning and re-faulting 4 MB frames costs ~2 ms per
 # round trip; keeping large blocks mapped raised push/pull throughput by 25-47 %.
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+# Signals a process dies of by its own fault (not kill -9 or the OOM killer): the same one twice
+# with the same last words is a crash a restart meets again.
+_CRASH_SIGNALS = frozenset(-s for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                                        signal.SIGILL, signal.SIGABRT))
+_RESTART_MARK = "--- psctl:"
+_LAST_WORDS_LINES = 3
+_LAST_WORDS_CHARS = 600
 
 
 @dataclass
@@ -62,6 +71,8 @@ class Child:
     log: Path
     args: tuple[str, ...] = ()
     restarts: int = 0
+    crash: tuple[int, str] | None = None  # how its last restarted life ended: code, last words
+    ended: bool = False  # it ended for good, and the coordinator was told why
 
     @property
     def label(self) -> str:
@@ -73,6 +84,13 @@ class Child:
     def last_words(self) -> str:
         """The last line it wrote to its log, or a note that it wrote none."""
         return self.log_tail(1).strip() or f"nothing in {self.log}"
+
+    def dying_words(self, lines: int = _LAST_WORDS_LINES) -> str:
+        """The last lines its present life wrote (after psctl's note that it was restarted)."""
+        tail = self.log_tail(12).splitlines()
+        marks = [i for i, line in enumerate(tail) if line.startswith(_RESTART_MARK)]
+        own = [line.strip() for line in tail[marks[-1] + 1 if marks else 0:] if line.strip()]
+        return " | ".join(own[-lines:])
 
 
 @dataclass(frozen=True)
@@ -192,10 +210,7 @@ class Launcher(NewRun):
         """Block until the run ends (Ctrl-C interrupts it cleanly); never leaves a child behind."""
         try:
             while self.children[0].process.poll() is None:
-                for child in self.children[1:]:
-                    child.process.poll()  # reaps a role that ended, so none lingers <defunct>
-                    if self._restartable(child):
-                        self._restart(child)
+                self._watch_roles()
                 self._spawn_newcomers()
                 if on_tick is not None:
                     on_tick()
@@ -204,9 +219,38 @@ class Launcher(NewRun):
             self._interrupted = True
             self.children[0].process.send_signal(signal.SIGTERM)
         finally:
-            self.stop_all()
+            try:
+                self.stop_all()
+            except KeyboardInterrupt:  # Ctrl-C again while stopping: no more grace
+                self._interrupted = True
+                self.stop_all(grace_s=0)
             self.hosts.close()
         return self._result()
+
+    def _watch_roles(self) -> None:
+        """Reap the roles that ended (none lingers <defunct>), restart those the run lets it,
+        and tell the coordinator why any other ended with an error."""
+        for child in self.children[1:]:
+            if child.ended or child.process.poll() is None:
+                continue
+            if self._restartable(child):
+                self._restart(child)
+                continue
+            child.ended = True
+            code = child.process.returncode or 0
+            if code and self.children[0].process.poll() is None:
+                write_exit_note(self.logs, child.role, child.rank, self._end_of(child, code))
+
+    def _end_of(self, child: Child, code: int) -> str:
+        """Why ``child`` ended for good, in words, with the last lines it wrote."""
+        words = child.dying_words()[-_LAST_WORDS_CHARS:] or f"nothing in {child.log}"
+        if code > 0:
+            return f"exited with code {code}: {words}"
+        how = f"was killed by {signal_name(code)}"
+        if child.crash == (code, child.dying_words()):
+            return (f"{how} again after a restart, with the same last words, so it is not "
+                    f"restarted again: {words}")
+        return f"{how} and was not restarted: {words}"
 
     def _spawn_newcomers(self) -> None:
         """Workers and servers the coordinator added to the job (``psctl scale``) that are not
@@ -218,21 +262,29 @@ class Launcher(NewRun):
                     self._spawn(role, rank, self._role_args(role, rank, self._address))
 
     def _restartable(self, child: Child) -> bool:
-        """A worker, or a server of a run with replicas (its keys failed over; started again,
-        it takes copies back), killed by a signal (kill -9, the OOM killer) while the run goes
-        on; one that exits with an error failed for a reason a restart would meet again."""
+        """A worker, the evaluator, or a server of a run with replicas (its keys failed over;
+        started again, it takes copies back), killed by a signal (kill -9, the OOM killer)
+        while the run goes on; one that exits with an error, or crashes the same way again,
+        failed for a reason a restart would meet again."""
         code = child.process.returncode
-        role_restarts = child.role == "worker" or (child.role == "server"
-                                                   and self.config.cluster.replicas > 0)
+        role_restarts = child.role in ("worker", "evaluator") or (
+            child.role == "server" and self.config.cluster.replicas > 0)
         return (role_restarts and code is not None and code < 0
                 and child.restarts < self.config.fault.max_restarts
+                and not self._same_crash_again(child, code)
                 and self.children[0].process.poll() is None)
+
+    @staticmethod
+    def _same_crash_again(child: Child, code: int) -> bool:
+        return code in _CRASH_SIGNALS and child.crash == (code, child.dying_words())
 
     def _restart(self, child: Child) -> None:
         """The same role again, in the same place in ``children``, logging on in its log."""
+        code = child.process.returncode or 0
+        child.crash = (code, child.dying_words())
         with contextlib.suppress(OSError), child.log.open("ab") as handle:
-            handle.write(f"\n--- psctl: {child.label} was killed by signal "
-                         f"{-(child.process.returncode or 0)}; restarting it\n".encode())
+            handle.write(f"\n{_RESTART_MARK} {child.label} was killed by {signal_name(code)} "
+                         f"({code}); restarting it\n".encode())
         child.restarts += 1
         try:
             child.process = self.hosts.restart(child.process, child.role, child.rank,
@@ -241,7 +293,9 @@ class Launcher(NewRun):
                                                child.log)
         except LaunchError as exc:  # its host is gone too: the run goes on without it
             with contextlib.suppress(OSError), child.log.open("ab") as handle:
-                handle.write(f"--- psctl: could not restart {child.label}: {exc}\n".encode())
+                handle.write(f"{_RESTART_MARK} could not restart {child.label}: {exc}\n".encode())
+            child.ended = True
+            write_exit_note(self.logs, child.role, child.rank, f"could not be restarted: {exc}")
 
     def stop_all(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Let children exit on their own for ``grace_s``, then kill what is left."""
@@ -284,8 +338,20 @@ class Launcher(NewRun):
         if code in (0, 1, 130):
             return RunStatus.FAILED, (f"the coordinator could not record the run's end: "
                                       f"{coordinator.last_words()}")
+        if code is not None and code < 0:
+            return RunStatus.FAILED, (f"the coordinator was killed by {signal_name(code)}; "
+                                      f"{self._resume_hint()}")
         return RunStatus.FAILED, (f"the coordinator exited with code {code}: "
-                                  f"{coordinator.log_tail()[-500:]}")
+                                  f"{coordinator.last_words()}; {self._resume_hint()}")
+
+    def _resume_hint(self) -> str:
+        """How to go on with a run whose coordinator died."""
+        if checkpoint_folder(self.logs, 0).parent.is_dir() and any(
+                checkpoint_folder(self.logs, 0).parent.iterdir()):
+            return (f"continue it from its last checkpoint with psctl resume "
+                    f"{self.run_id[:8]}")
+        return ("it saved no checkpoint to resume from (launch with --checkpoint-every "
+                "SECONDS to have them); see its log")
 
     def _recorded_end(self) -> tuple[RunStatus, str | None] | None:
         """The status and reason in the database; raises RunFailed if the run row is gone."""

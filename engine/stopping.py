@@ -28,6 +28,8 @@ STOP_GRACE_S = 6.0
 KILL_WAIT_S = 2.0
 # /proc start times are whole clock ticks after a boot time in whole seconds.
 _START_SLACK_S = 2.0
+# The events that name a role process's pid as it joins (a restarted one's too).
+_JOINS = ("process_joined", "worker_rejoined", "evaluator_rejoined")
 _POLL_S = 0.1
 
 
@@ -74,7 +76,7 @@ def run_processes(db: Path, run_id: str) -> list[RunProcess]:
             address = str(detail.get("address"))
             found.append(RunProcess(pid, "coordinator", "coordinator", (("--run-id", run_id),),
                                     (0.0, max(at, started_at) + _START_SLACK_S)))
-        elif kind in ("process_joined", "worker_rejoined") and address is not None:
+        elif kind in _JOINS and address is not None:
             found.append(RunProcess(pid, str(role), f"{role} {rank}",
                                     (("--coordinator", address), ("--rank", str(rank))),
                                     (started_at - _START_SLACK_S, float("inf"))))
@@ -108,7 +110,7 @@ def _launch_events(db: Path,
     start = sa.select(runs.c.started_at).where(runs.c.id == run_id)
     query = sa.select(events.c.at, events.c.kind, events.c.detail).where(
         events.c.run_id == run_id,
-        events.c.kind.in_(("coordinator_listening", "process_joined", "worker_rejoined")),
+        events.c.kind.in_(("coordinator_listening", *_JOINS)),
     ).order_by(events.c.id)
     engine = open_engine(db, readonly=True)
     try:

@@ -343,8 +343,13 @@ def _run_each(configs: list[Any], group: str | None, path: Path, *, live: bool,
         if group is not None:
             err.print(f"group {group}: run {index + 1} of {len(configs)}, seed "
                       f"{one.train.seed}", highlight=False, markup=False)
-        result = run_launch(one, path, err, live=live, tags=tags)
-        print_summary(result, path, err)
+        try:
+            result = run_launch(one, path, err, live=live, tags=tags)
+            print_summary(result, path, err)
+        except KeyboardInterrupt:  # Ctrl-C again while the run stopped: it stops at once
+            err.print("interrupted again while the run was stopping; its processes end with "
+                      "this command", highlight=False)
+            raise typer.Exit(settings.EXIT_INTERRUPTED) from None
         results.append(result)
         if result.status.value == "interrupted":
             break

@@ -146,26 +146,40 @@ def print_group(db: Path, group: str, console: Console) -> None:
     console.print(f"  compare: psctl compare --where group={escape(group)}", highlight=False)
 
 
+# The lines of a crashed role's traceback the summary shows (the run's process_error event and
+# the role's log have all of it).
+TRACEBACK_LINES = 4
+
+
 def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
+    from engine.db.faults import crash_traceback
     from engine.db.queries import run_detail
 
     engine = open_engine(db, readonly=True)
     try:
         detail = run_detail(engine, result.run_id)
+        with engine.connect() as conn:
+            crash = crash_traceback(conn, result.run_id)
     finally:
         engine.dispose()
     run = detail.summary
-    console.print(status_text(run.status), f"run {run.id} ({escape(run.name)})", highlight=False)
+    # The launcher knows the run ended even where its end could not be recorded (a full disk):
+    # the row then still says running.
+    status = result.status.value if run.status in ("running", "crashed") else run.status
+    console.print(status_text(status), f"run {run.id} ({escape(run.name)})", highlight=False)
     # The run's own duration (ended_at - started_at), as runs ls, runs show and the dashboard
     # show it, not the time this command took.
     console.print(f"  duration {fmt_seconds(run.duration_s)}, {run.iterations} "
                   f"iterations, best test accuracy {fmt_pct(run.best_accuracy)}, final "
                   f"{fmt_pct(run.final_accuracy)}", highlight=False)
-    if run.status == "interrupted":
+    if status == "interrupted":
         console.print(f"  interrupted: the run's {result.processes} processes were stopped; "
                       f"logs in {escape(str(result.logs))}", highlight=False)
     elif result.reason:
         console.print(f"  reason: {escape(result.reason)}", highlight=False)
+        if crash is not None and crash[0] in result.reason:  # the crash ended the run: where
+            for line in crash[1].rstrip().splitlines()[-TRACEBACK_LINES:]:
+                console.print(f"    {line}", highlight=False, markup=False)
     if result.failed_children:
         console.print(f"  processes that failed: {', '.join(result.failed_children)}; logs in "
                       f"{escape(str(result.logs))}", style="red", highlight=False)

@@ -19,6 +19,11 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
                               f"{d.get('max_restarts')})"),
     "worker_rejoined": lambda d: (f"worker {d.get('rank')} rejoined"
                                   + (f" on {d['node']}" if d.get("node") else "")),
+    "evaluator_lost": lambda d: (f"evaluator lost (restart {d.get('restart')} of "
+                                 f"{d.get('max_restarts')})"),
+    "evaluator_rejoined": lambda d: "evaluator rejoined",
+    "process_error": lambda d: f"{d.get('role')} {d.get('rank')} failed: {d.get('message')}",
+    "hello_refused": lambda d: f"refused a connection from {d.get('remote')}: {d.get('reason')}",
     "server_lost": lambda d: f"server {d.get('rank')} lost",
     "failover": lambda d: (f"shard {d.get('index')} failed over from server {d.get('lost')} to "
                            f"server {d.get('primary')}"),
@@ -61,3 +66,21 @@ def fault_timeline(conn: Connection, run_id: str,
 
     return [(row.at - started_at, row.kind, DESCRIPTIONS[row.kind](parse_json(row.detail)))
             for row in rows]
+
+
+def crash_traceback(conn: Connection, run_id: str) -> tuple[str, str] | None:
+    """The message and traceback of the first role of the run that crashed and said so
+    (``process_error``), or None."""
+    row = conn.execute(
+        select(events.c.detail).where(events.c.run_id == run_id,
+                                      events.c.kind == "process_error")
+        .order_by(events.c.id).limit(1)).first()
+    if row is None:
+        return None
+    from engine.db.queries import parse_json
+
+    found = parse_json(row.detail)
+    message, text = found.get("message"), found.get("traceback")
+    if not (isinstance(message, str) and isinstance(text, str) and text.strip()):
+        return None
+    return message, text

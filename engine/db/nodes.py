@@ -9,7 +9,8 @@ from sqlalchemy import Connection, select
 
 from engine.db.schema import events
 
-_KINDS = ("coordinator_listening", "process_joined", "worker_rejoined", "server_rejoined")
+_KINDS = ("coordinator_listening", "process_joined", "worker_rejoined", "server_rejoined",
+          "evaluator_rejoined")
 
 
 def role_nodes(conn: Connection, run_id: str) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import queue
 import time
+import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from engine.aio import LoopThread
@@ -35,6 +37,22 @@ from engine.wire.messages import (
 # A role started before its coordinator listens tries again after these pauses (doubling).
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 1.0
+# How long a failing role tries to tell the coordinator why, and how much it tells.
+REPORT_TIMEOUT_S = 5.0
+_MESSAGE_CHARS = 500
+_TRACEBACK_CHARS = 4000
+
+
+def fatal(exc: BaseException) -> Fatal:
+    """What a role that crashed tells the coordinator: the exception, where it was raised
+    (the innermost frame: in the user's model file, say) and the end of its traceback."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        where = frames[-1]
+        text += f" (in {where.name}, {Path(where.filename).name} line {where.lineno})"
+    return Fatal(message=text[:_MESSAGE_CHARS],
+                 traceback="".join(traceback.format_exception(exc))[-_TRACEBACK_CHARS:])
 
 
 class ControlChannel:
@@ -109,15 +127,24 @@ class SyncControl:
         self._io.call(self._channel.send(message), timeout, f"sending {message.type}")  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
-    def reporting(self) -> Iterator[None]:
-        """A setup error inside says its message to the coordinator before it propagates, so
-        that the run fails with the reason rather than with a lost connection."""
+    def reporting(self, *, own_errors: bool = True) -> Iterator[None]:
+        """An error inside says its message to the coordinator before it propagates, so that
+        the run fails at once with the reason rather than with a lost connection: any
+        exception that is not psctl's own (a crash in the user's model, a bug) with its
+        traceback, and, with ``own_errors``, psctl's own (a bad data or model file)."""
         try:
             yield
         except PsctlError as exc:
-            with contextlib.suppress(PsctlError):
-                self.send_and_wait(Fatal(message=str(exc)), timeout=5.0)
+            if own_errors:
+                self._report(Fatal(message=str(exc)))
             raise
+        except Exception as exc:
+            self._report(fatal(exc))
+            raise
+
+    def _report(self, message: Fatal) -> None:
+        with contextlib.suppress(PsctlError):
+            self.send_and_wait(message, timeout=REPORT_TIMEOUT_S)
 
     def poll(self) -> list[ControlMessage | Lost]:
         messages = []

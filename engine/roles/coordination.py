@@ -89,6 +89,14 @@ _Row = TypeVar("_Row")
 # 2 cores: 1.4 s a process for 15, slowing to 3 s a process past 50 (the joined ones idle, but
 # not for free); 103 processes need about 290 s.
 JOIN_S_PER_PROCESS = 3.0
+# Refused hellos recorded as events and logged, at most (the rest are counted), and how long
+# closing a refused connection may take.
+REFUSALS_RECORDED = 100
+# A role says hello as soon as it is connected (engine.roles.control): a connection silent this
+# long (or cluster.connect_timeout_s, if shorter) never will.
+HELLO_TIMEOUT_S = 10.0
+_CLOSE_WAIT_S = 5.0
+_CLOSE_REASON_BYTES = 120
 _NAMES_SHOWN = 8
 
 
@@ -162,7 +170,8 @@ class Coordinator(Recovery, Scaling, Moves):
         # The run's folder (its checkpoints go in it); None: no checkpoints.
         self.folder, self.resume, self._kill = folder, resume, kill
         self.faults = FaultPlan.of(config.fault.inject)
-        self.restarts: dict[int, int] = {}
+        self.restarts: dict[tuple[str, int], int] = {}  # (role, rank) -> restarts so far
+        self._refused = 0  # connections refused for a bad hello
         self.training = asyncio.Event()
         self._training_at = 0.0
         self.sampler = sampler
@@ -202,6 +211,7 @@ class Coordinator(Recovery, Scaling, Moves):
         self._stop_reason: str | None = None
         self._eval_pending = False
         self._final: asyncio.Future[EvaluationRecord] | None = None
+        self._final_asked = 0  # times the final evaluation was asked for
         self._all_done = asyncio.Event()
         self._listener: Listener | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # each leaves the set when it ends
@@ -262,13 +272,14 @@ class Coordinator(Recovery, Scaling, Moves):
 
     async def _serve(self, connection: Connection) -> None:
         try:
-            peer = await self._admit(connection)
-        except AuthenticationError as exc:  # an impostor: refused, but the run goes on
-            log.warning("refused %s: %s", connection.remote, exc)
-            with contextlib.suppress(PsctlError):
-                await connection.close(1008, str(exc))
+            hello = await self._hello(connection)
+            peer = self._register(hello, connection)
+        except PsctlError as exc:  # one bad hello is refused; the run goes on
+            await self._refuse(connection, exc)
             return
-        except PsctlError as exc:
+        try:
+            await self._admit(peer, hello)
+        except PsctlError as exc:  # admitted, but the run cannot welcome it: the run ends
             with contextlib.suppress(PsctlError):
                 await connection.close(1008, str(exc))
             self.fail(f"a process could not join: {exc}")
@@ -290,19 +301,38 @@ class Coordinator(Recovery, Scaling, Moves):
         except PsctlError as exc:
             self.fail(f"{peer} sent an invalid message: {exc}")
 
-    async def _admit(self, connection: Connection) -> Peer:
-        timeout = self.config.cluster.connect_timeout_s
+    async def _hello(self, connection: Connection) -> Hello:
+        """The hello a connection opens with, or a PsctlError saying why it is refused."""
+        timeout = min(self.config.cluster.connect_timeout_s, HELLO_TIMEOUT_S)
         try:
             hello = parse_control(await asyncio.wait_for(connection.recv(), timeout))
         except TimeoutError:
-            raise ProtocolError("no hello within the connect timeout") from None
+            raise ProtocolError(f"no hello within {timeout:g} s of connecting") from None
         if not isinstance(hello, Hello):
             raise ProtocolError(f"expected hello, got {hello.type}")
         admission = connection.admission
         if admission is not None and not admission.permits(hello.role, hello.rank):
             raise AuthenticationError(f"admitted as {admission}, it said hello as "
                                       f"{hello.role} {hello.rank}")
-        peer = self._register(hello, connection)
+        return hello
+
+    async def _refuse(self, connection: Connection, why: PsctlError) -> None:
+        """Close a connection whose hello is bad, and record and log it a bounded number of
+        times (a flood of them is only counted)."""
+        self._refused += 1
+        if self._refused <= REFUSALS_RECORDED:
+            log.warning("refused %s: %s", connection.remote, why)
+            self._event("hello_refused", reason=str(why), remote=connection.remote,
+                        refused=self._refused)
+        elif self._refused == REFUSALS_RECORDED + 1:
+            log.warning("refused %s: %s; more refusals are counted, not logged",
+                        connection.remote, why)
+        # A websocket's close reason holds at most 123 bytes.
+        reason = str(why).encode()[:_CLOSE_REASON_BYTES].decode(errors="ignore")
+        with contextlib.suppress(PsctlError, TimeoutError):
+            await asyncio.wait_for(connection.close(1008, reason), _CLOSE_WAIT_S)
+
+    async def _admit(self, peer: Peer, hello: Hello) -> None:
         if hello.role == "server":
             empty = peer.rejoined or peer.newcomer  # it takes copies by handoffs
             welcome = self._welcome(shards=[]).model_copy(update={
@@ -332,7 +362,8 @@ class Coordinator(Recovery, Scaling, Moves):
             await self._send(peer, Stop(reason=self._stop_reason))
         elif peer.role == "worker" and peer.rank in self.membership.leaving:
             await self._send(peer, Stop(reason="scaled down before it joined"))
-        return peer
+        elif peer.role == "evaluator":
+            self._evaluator_back()
 
     def _register(self, hello: Hello, connection: Connection) -> Peer:
         limit = {"server": self.config.cluster.servers, "worker": self.config.cluster.workers,
@@ -358,10 +389,10 @@ class Coordinator(Recovery, Scaling, Moves):
             self._event("server_rejoined", rank=hello.rank, pid=hello.pid,
                         ranges=self.placement.rejoining(hello.rank), node=hello.node,
                         machine=hello.machine)
-        elif before is not None:  # a restarted worker takes the dead one's place
-            self._event("worker_rejoined", rank=hello.rank, pid=hello.pid,
-                        restarts=self.restarts.get(hello.rank, 0), node=hello.node,
-                        machine=hello.machine)
+        elif before is not None:  # a restarted worker or evaluator takes the dead one's place
+            self._event(f"{hello.role}_rejoined", role=hello.role, rank=hello.rank,
+                        pid=hello.pid, restarts=self.restarts.get((hello.role, hello.rank), 0),
+                        node=hello.node, machine=hello.machine)
         else:
             self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid,
                         node=hello.node, machine=hello.machine)
@@ -456,7 +487,8 @@ class Coordinator(Recovery, Scaling, Moves):
         elif isinstance(message, Fatal):
             self._event("process_error", role=peer.role, rank=peer.rank,
                         message=message.message, traceback=message.traceback[-4000:])
-            self.fail(f"{peer} failed: {message.message}")
+            if not self.outcome.done():  # a role failing as the run ends does not change how
+                self.fail(f"{peer} failed: {message.message}")
         else:
             raise ProtocolError(f"{peer} may not send {message.type}")
 
@@ -528,12 +560,24 @@ class Coordinator(Recovery, Scaling, Moves):
         await self._settle_sandblaster()
         self._final = asyncio.get_running_loop().create_future()
         self._request_evaluation(self.progress.epoch(self.config.cluster.workers), final=True)
-        try:
-            await asyncio.wait_for(self._final, self.config.cluster.request_timeout_s)
-        except TimeoutError:
+        if not await self._final_delivered(self._final):
             self.fail("the evaluator did not deliver the final evaluation in time")
             return
         self._settle(RunStatus.FINISHED, self._stop_reason)
+
+    async def _final_delivered(self, final: asyncio.Future[EvaluationRecord]) -> bool:
+        """Whether the final evaluation arrives within cluster.request_timeout_s of its last
+        asking: an evaluator restarted meanwhile is asked again when it rejoins (its rejoin has
+        a bound of its own), at most once for each restart it may have."""
+        limit = self.config.cluster.request_timeout_s
+        for _ in range(self.config.fault.max_restarts + 1):
+            asked = self._final_asked
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(final), limit)
+                return True
+            if self._final_asked == asked:
+                return False
+        return False
 
     async def _dismiss_all(self) -> None:
         for peer in self.peers.values():
@@ -580,13 +624,23 @@ class Coordinator(Recovery, Scaling, Moves):
 
     def _request_evaluation(self, epoch: float, *, final: bool) -> None:
         evaluator = self.peers.get(("evaluator", 0))
-        if evaluator is None or (self._eval_pending and not final):
-            return
+        if evaluator is None or evaluator.lost or (self._eval_pending and not final):
+            return  # a lost evaluator is asked again when its restart rejoins
         self._eval_pending = True
+        if final:
+            self._final_asked += 1
         # A resumed run repeats the epochs after its checkpoint: its evaluations' epochs wait
         # at the highest one recorded before, rather than going back.
         epoch = max(epoch, self.progress.epoch_floor)
         self._spawn(self._send(evaluator, Evaluate(epoch=epoch, final=final)))
+
+    def _evaluator_back(self) -> None:
+        """The evaluator joined (again, after a restart): what its lost predecessor was asked
+        and never answered is forgotten, except the final evaluation, which is asked again."""
+        self._eval_pending = False
+        if self._final is not None and not self._final.done():
+            self._request_evaluation(self.progress.epoch(self.config.cluster.workers),
+                                     final=True)
 
     # -- helpers --------------------------------------------------------------------------------
 

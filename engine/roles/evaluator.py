@@ -149,9 +149,9 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str,
         if stopped:
             return
         raise
-    evaluator = build(client)
     try:
-        serve_requests(evaluator, control)
+        with control.reporting(own_errors=False):  # a crash in the user's model, say
+            serve_requests(build(client), control)
     finally:
         client.close()
         control.close()

@@ -68,7 +68,7 @@ class CoordinatorBase:
     membership: Membership
     checkpoints: CheckpointKeeper | None
     faults: FaultPlan
-    restarts: dict[int, int]
+    restarts: dict[tuple[str, int], int]
     training: asyncio.Event
     servers_ready: asyncio.Event
     _stop_reason: str | None

@@ -8,12 +8,16 @@ import time
 from collections.abc import Callable
 
 from engine.errors import ConnectionClosed
+from engine.roles.exits import read_exit_note
 from engine.roles.liveness import ServerWatch
 from engine.roles.moves import MOVE_KINDS
 from engine.roles.peer import CoordinatorBase, Peer
 from engine.wire.beats import Beat
 from engine.wire.messages import Checkpoint, Message, dump_control
 from engine.wire.records import EventRecord, RunStatus
+
+# How often a lost role's rejoin wait looks for the launcher's word that it will not come back.
+REJOIN_POLL_S = 0.25
 
 
 class Recovery(CoordinatorBase):
@@ -26,6 +30,7 @@ class Recovery(CoordinatorBase):
     _killed_at: dict[tuple[str, int], float]
     _watch: ServerWatch
     _training_at: float
+    started_at: float
 
     def _on_server_event(self, row: EventRecord) -> None:
         detail = row.detail
@@ -130,27 +135,41 @@ class Recovery(CoordinatorBase):
         self._spawn(peer.connection.close())
 
     def _restartable(self, peer: Peer) -> bool:
-        """A worker that dies mid-run is restarted by the launcher while it has restarts left."""
-        return (peer.role == "worker" and peer.welcomed
-                and self.restarts.get(peer.rank, 0) < self.config.fault.max_restarts)
+        """A worker or the evaluator that dies mid-run is restarted by the launcher while it
+        has restarts left (one that fails with an error says so first, and the run ends)."""
+        return (peer.role in ("worker", "evaluator") and peer.welcomed
+                and self.restarts.get((peer.role, peer.rank), 0)
+                < self.config.fault.max_restarts)
 
     def _lose(self, peer: Peer) -> None:
         peer.lost = True
-        count = self.restarts[peer.rank] = self.restarts.get(peer.rank, 0) + 1
-        self._event("worker_lost", rank=peer.rank, pid=peer.pid, restart=count,
+        key = (peer.role, peer.rank)
+        count = self.restarts[key] = self.restarts.get(key, 0) + 1
+        self._event(f"{peer.role}_lost", rank=peer.rank, pid=peer.pid, restart=count,
                     max_restarts=self.config.fault.max_restarts)
         self._spawn(self._await_rejoin(peer))
 
     async def _await_rejoin(self, lost: Peer) -> None:
+        """Until its restart takes its place: the run fails when the launcher says it will not
+        come back (it exited with an error), or after cluster.connect_timeout_s."""
         limit = self.config.cluster.connect_timeout_s
-        await asyncio.sleep(limit)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            await asyncio.sleep(REJOIN_POLL_S)
+            if self.peers.get((lost.role, lost.rank)) is not lost:
+                return
+            note = None if self.folder is None else read_exit_note(
+                self.folder, lost.role, lost.rank, self.started_at)
+            if note is not None:
+                self.fail(f"{lost} {note}")
+                return
         if self.peers.get((lost.role, lost.rank)) is lost:
             self.fail(f"{lost} died and was not restarted within {limit:g} s "
                       "(cluster.connect_timeout_s); see its log")
 
     def _loss_hint(self, peer: Peer) -> str:
-        if peer.role == "worker" and peer.welcomed:
-            used = self.restarts.get(peer.rank, 0)
+        if peer.role in ("worker", "evaluator") and peer.welcomed:
+            used = self.restarts.get((peer.role, peer.rank), 0)
             return (f"it was restarted {used} times already (fault.max_restarts = "
                     f"{self.config.fault.max_restarts}); see its log")
         if peer.role == "server":

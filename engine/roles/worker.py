@@ -54,7 +54,10 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
                             faults=link_faults(config), duplicates_ok=True,
                             control=control)
     try:
-        return Worker(welcome, rank, control, client).run(shard, model)
+        # A crash in the user's model (or a bug) fails the run at once with its message;
+        # psctl's own errors here are the run ending, or the coordinator saying why itself.
+        with control.reporting(own_errors=False):
+            return Worker(welcome, rank, control, client).run(shard, model)
     finally:
         stats = client.link_stats
         if stats["dropped"] or stats["resent"]:

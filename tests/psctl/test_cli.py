@@ -103,6 +103,23 @@ def test_ctrl_c_stops_every_process_within_5_s_and_marks_interrupted(tmp_path: P
             and "zombie" not in Path(f"/proc/{pid}/status").read_text()] == []
 
 
+@pytest.mark.integration
+def test_ctrl_c_twice_stops_every_process_and_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    launch = launch_in_background(db)
+    wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 10,
+             90, "training to start")
+    run_id = query(db, "SELECT id FROM runs")[0][0]
+    launch.send_signal(signal.SIGINT)
+    time.sleep(0.3)  # while the first one stops the run
+    launch.send_signal(signal.SIGINT)
+    _, stderr = launch.communicate(timeout=30)
+    assert launch.returncode == 130
+    assert "between runs" not in stderr
+    assert "interrupted" in stderr
+    wait_for(lambda: not processes_with(run_id), 10, "the run's processes to end")
+
+
 def _parent_chain_has(pid: int, ancestor: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
