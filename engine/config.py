@@ -494,8 +494,9 @@ class FaultConfig(_Frozen):
         "OOM killer) is restarted; a worker rejoins at the clock the servers hold for it, a "
         "server takes copies of its key ranges back from their chains"))
     inject: tuple[str, ...] = Field((), max_length=64, description=(
-        "faults to inject: kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS (after training "
-        "started), drop:PERCENT% and delay:MSms on the workers' data plane"))
+        "faults to inject: kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
+        "kill:evaluator:0@SECONDS (after training started), drop:PERCENT% and delay:MSms on "
+        "the workers' data plane"))
     resend_after_s: float = Field(0.1, gt=0, le=60, description=(
         "with drop faults, a data-plane request unanswered this long is sent again (by "
         "request id; the servers discard duplicates)"))
@@ -716,7 +717,9 @@ def _killable(config: RunConfig) -> None:
 
     counts = {"worker": config.cluster.workers, "server": config.cluster.servers}
     for kill in FaultPlan.of(config.fault.inject).kills:
-        if kill.rank >= counts[kill.role]:
+        if kill.role == "evaluator" and kill.rank != 0:
+            raise ValueError(f"fault {kill.spec}: a run has one evaluator, evaluator 0")
+        if kill.role != "evaluator" and kill.rank >= counts[kill.role]:
             raise ValueError(f"fault {kill.spec}: there is no {kill.role} {kill.rank} "
                              f"(cluster.{kill.role}s = {counts[kill.role]}; ranks count from 0)")
 

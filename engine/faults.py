@@ -2,8 +2,9 @@
 
 Four kinds, each recorded as a ``fault_injected`` event when it takes effect:
 
-- ``kill:worker:RANK@SECONDS`` / ``kill:server:RANK@SECONDS``: SIGKILL that role's process that
-  many seconds after training started (the coordinator does it: it knows every role's pid).
+- ``kill:worker:RANK@SECONDS`` / ``kill:server:RANK@SECONDS`` / ``kill:evaluator:0@SECONDS``:
+  SIGKILL that role's process that many seconds after training started (the coordinator does
+  it: it knows every role's pid).
 - ``drop:PERCENT%``: each data-plane frame a worker sends, and each reply it receives, is lost
   with that probability; the worker's client resends unanswered requests by request id and the
   servers discard the duplicates.
@@ -19,13 +20,14 @@ from dataclasses import dataclass
 
 from engine.errors import ConfigError
 
-KILLABLE = ("worker", "server")
-_KILL = re.compile(r"kill:(worker|server):(\d+)@(\d+(?:\.\d+)?)s?")
+KILLABLE = ("worker", "server", "evaluator")
+_KILL = re.compile(r"kill:(worker|server|evaluator):(\d+)@(\d+(?:\.\d+)?)s?")
 _DROP = re.compile(r"drop:(\d+(?:\.\d+)?)%")
 _DELAY = re.compile(r"delay:(\d+(?:\.\d+)?)ms")
 MAX_DROP_PERCENT = 50.0
 MAX_DELAY_MS = 10_000.0
-FORMS = "kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, drop:PERCENT% or delay:MSms"
+FORMS = ("kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, kill:evaluator:0@SECONDS, "
+         "drop:PERCENT% or delay:MSms")
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,9 +204,9 @@ def launch(
         help="times a worker (or, with replicas, a server) killed by a signal is restarted: a "
         "worker rejoins at its clock, a server takes its copies back [3]")] = None,
     fault: Annotated[list[str] | None, typer.Option(
-        help="inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS "
-        "(after training started), drop:PERCENT% or delay:MSms on the workers' data plane")] =
-        None,
+        help="inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
+        "kill:evaluator:0@SECONDS (after training started), drop:PERCENT% or delay:MSms on "
+        "the workers' data plane")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="TOML file with [cluster], [sync], [train], ... sections")] = None,
     no_config: Annotated[bool, typer.Option(

@@ -22,8 +22,9 @@ from engine.faults import (
     parse_fault,
 )
 
-FORMS = ("is not one of kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, drop:PERCENT% or "
-         "delay:MSms (e.g. kill:worker:1@20s, drop:1%, delay:5ms)")
+FORMS = ("is not one of kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
+         "kill:evaluator:0@SECONDS, drop:PERCENT% or delay:MSms (e.g. kill:worker:1@20s, "
+         "drop:1%, delay:5ms)")
 
 
 # -- parse_fault: accepted forms --------------------------------------------------------------
@@ -90,7 +91,6 @@ def test_spec_is_the_canonical_text(text: str, spec: str) -> None:
         "kill",
         "kill:worker",
         "kill:worker:1",
-        "kill:evaluator:0@5s",
         "kill:coordinator:0@5s",
         "kill:worker:-1@5s",
         "kill:worker:a@5s",
@@ -329,3 +329,12 @@ def test_the_config_round_trips_through_json_with_its_faults() -> None:
     again = parse_config(run.to_json_dict())
     assert again == run
     assert again.fault.inject == ("kill:worker:1@20s", "drop:1%")
+
+
+def test_the_evaluator_can_be_killed_and_only_evaluator_0() -> None:
+    from engine.config import build_config
+
+    assert parse_fault("kill:evaluator:0@3s") == Kill("evaluator", 0, 3.0)
+    build_config({}, {"data.dataset": "digits", "fault.inject": ["kill:evaluator:0@3s"]})
+    with pytest.raises(ConfigError, match="a run has one evaluator, evaluator 0"):
+        build_config({}, {"data.dataset": "digits", "fault.inject": ["kill:evaluator:1@3s"]})
