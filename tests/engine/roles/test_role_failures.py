@@ -23,8 +23,8 @@ from engine.transport.admission import credential
 from engine.transport.base import Connection
 from engine.wire.messages import (
     Evaluate,
+    Exit,
     Fatal,
-    Heartbeat,
     Hello,
     Message,
     Serving,
@@ -162,7 +162,7 @@ def test_every_bad_hello_is_refused_and_recorded_and_the_run_goes_on() -> None:
         await garbage.send(b"\x00{not json")
         reasons["garbage"] = await refused(garbage)
         first = await roles.connect()
-        await first.send(dump_control(Heartbeat(seq=1)))
+        await first.send(dump_control(Exit()))
         reasons["not a hello"] = await refused(first)
         reasons["silent"] = await refused(await roles.connect())
         assert not coordinator.outcome.done(), coordinator.outcome.result()
@@ -170,7 +170,7 @@ def test_every_bad_hello_is_refused_and_recorded_and_the_run_goes_on() -> None:
         assert "worker 0 joined twice" in reasons["again"]
         assert "worker rank 99 is outside 0..1" in reasons["rank"]
         assert "it said hello as worker 1" in reasons["other rank"]
-        assert "expected hello, got heartbeat" in reasons["not a hello"]
+        assert "expected hello, got exit" in reasons["not a hello"]
         assert "no hello within 0.5 s of connecting" in reasons["silent"]
         # the roles that were there are undisturbed
         assert coordinator.peers[("server", 0)].connection is not None
