@@ -313,7 +313,9 @@ class Launcher(NewRun):
     def _result(self) -> LaunchResult:
         # Stopping an interrupted run ends its roles mid-step, and some exit non-zero on the
         # way out: that is the interruption working, not a process failing.
-        failed = () if self._interrupted else tuple(
+        # Roles that lost a killed coordinator exit non-zero too: that is its death, not theirs.
+        orphaned = (self.children[0].process.returncode or 0) < 0
+        failed = () if self._interrupted or orphaned else tuple(
             c.label for c in self.children[1:]
             if c.process.returncode not in (0, None, -signal.SIGKILL))
         status, guess = self._unrecorded_end()

@@ -147,3 +147,13 @@ def test_a_note_keeps_what_happened_and_the_end_of_a_long_last_line(tmp_path: Pa
     made._watch_roles()
     stored = json.loads(exit_note_path(made.logs, "evaluator", 0).read_text())
     assert stored == {"why": "exited with code 2: " + "x" * 599 + "y"}
+
+
+def test_roles_that_lost_a_killed_coordinator_are_not_named_as_failed(tmp_path: Path) -> None:
+    made, _ = launcher(tmp_path)
+    role(made, "worker", 0, 1, "psctl worker 0: the coordinator went away\n")
+    role(made, "server", 0, 1)
+    made.children[0].process.returncode = -signal.SIGKILL  # type: ignore[misc]
+    assert made._result().failed_children == ()
+    made.children[0].process.returncode = 1  # type: ignore[misc]
+    assert made._result().failed_children == ("worker 0", "server 0")
