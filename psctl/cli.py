@@ -439,8 +439,14 @@ def ui_command(
     host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the dashboard "
                                       "to the network")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port to listen on")] = 8765,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", help="also answer requests that name the dashboard by this host name "
+                             "(a reverse proxy's, say; repeatable; '*': any, which lets pages "
+                             "from other sites reach it by DNS rebinding)")] = None,
 ) -> None:
-    """Serve the live dashboard over the experiments database (read-only)."""
+    """Serve the live dashboard over the experiments database (read-only but for tags and
+    notes). It answers only requests that name it by the host it is bound to (or 127.0.0.1,
+    localhost, [::1]) and only same-origin writes and websockets."""
     from webui.server import listening_socket, serve
 
     path = settings.database_path(db)
@@ -450,7 +456,7 @@ def ui_command(
         raise _fail(exc) from None
     err.print(f"psctl dashboard on http://{host}:{sock.getsockname()[1]} over {path} "
               "(Ctrl-C stops it)", highlight=False, markup=False)
-    serve(path, sock)
+    serve(path, sock, allow=[host, *(allow_host or [])])
 
 
 from psctl.commands import register  # noqa: E402  (compare, export, runs rm/tag, config)
