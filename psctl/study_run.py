@@ -46,15 +46,20 @@ def new_study_id() -> str:
     return secrets.token_hex(4)
 
 
-def plan(study: Study, points: list[Point]) -> list[Planned]:
+def plan(study: Study, points: list[Point], data_dir: Path | None = None) -> list[Planned]:
     """Every run of the grid, each configuration validated and its data set located before
-    any run starts: a mistake in the last point must not surface hours into the study."""
+    any run starts: a mistake in the last point must not surface hours into the study.
+    ``data_dir`` (``--data-dir``) is where data sets are looked for first, before the file's
+    own ``data.data_dir``."""
     repeat = study.spec.study.repeat
     located: dict[tuple[str, str | None], str] = {}
     planned = []
     for point in points:
         for config in point_configs(study, point):
             seed = config.train.seed if repeat > 1 else None
+            if data_dir is not None:
+                update = {"data_dir": str(data_dir)}
+                config = config.model_copy(update={"data": config.data.model_copy(update=update)})
             planned.append(Planned(point, _pinned(config, located), seed))
     return planned
 
