@@ -256,15 +256,19 @@ def resume(
     run: RunArgument,
     db: DbOption = None,
     live: Annotated[bool, typer.Option(help="show live progress")] = True,
+    data_dir: Annotated[Path | None, typer.Option(
+        help="folder with the data set's files, when they moved since the run started [the "
+        "folder the run used]", show_default=False)] = None,
 ) -> None:
     """Continue a failed, interrupted or crashed run from its newest complete checkpoint,
     under the same run id (launch it with --checkpoint-every SECONDS)."""
     from psctl.launch import print_summary, run_launch
-    from psctl.resume import plan_resume, resumed_launcher
+    from psctl.resume import plan_resume, resumed_launcher, with_data_dir
 
     path = settings.database_path(db)
     try:
         config, point = plan_resume(path, run)
+        config = with_data_dir(config, data_dir)
         err.print(f"resuming run {point.run_id[:8]} ({point.name}) from checkpoint "
                   f"{point.seq} in {point.checkpoint}", highlight=False, markup=False)
         result = run_launch(config, path, err, live=live,
