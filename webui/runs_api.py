@@ -16,6 +16,7 @@ from engine.db.queries import quoted, resolve_run
 from engine.db.schema import translate_errors
 from engine.errors import PsctlError, RunNotFound, StoreError
 from engine.recorder import NOTES_MAX_CHARS, set_notes, set_tags
+from engine.recorder.admin import TAG_KEY_MAX, TAG_VALUE_MAX, TAGS_MAX
 from engine.wire.records import RunStatus
 from psctl import settings
 from psctl.compare import compare
@@ -28,9 +29,6 @@ from webui.api import store
 router = APIRouter(prefix="/api")
 
 WRITE_HEADER = "x-psctl-write"
-TAG_KEY_MAX = 64
-TAG_VALUE_MAX = 256
-TAGS_MAX = 64
 MAX_WHERE = 20
 MAX_CONDITION = 200
 # The metrics of an ended run never change: measured once (two scans of its iterations), then
