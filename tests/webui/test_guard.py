@@ -137,3 +137,29 @@ def test_allow_host_star_answers_any_name(db: Path) -> None:
     client = TestClient(create_app(db, served_names("127.0.0.1", ["*"])),
                         base_url="http://anything.example")
     assert client.get("/api/runs").status_code == 200
+
+
+def test_psctl_ui_serves_the_bound_host_and_the_allowed_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from typer.testing import CliRunner
+
+    import webui.server
+    from psctl.cli import app
+
+    served: list[tuple[str, ...]] = []
+
+    def serve(db: Path, sock: socket.socket, allow: list[str]) -> None:
+        sock.close()
+        served.append(tuple(allow))
+
+    monkeypatch.setattr(webui.server, "serve", serve)
+    done = CliRunner().invoke(app, ["ui", "--port", "0", "--db", str(tmp_path / "x.db"),
+                                    "--allow-host", "dash.example", "--allow-host", "[fd00::1]"])
+    assert done.exit_code == 0, done.output
+    (allow,) = served
+    assert allow == ("127.0.0.1", "dash.example", "[fd00::1]")  # the --host given, then these
+    names = served_names("127.0.0.1", allow)
+    assert {"127.0.0.1", "localhost", "::1", "dash.example", "fd00::1"} <= set(names)
+    assert "evil.example" not in names
