@@ -98,7 +98,7 @@ class HostOriginGuard:
         origin = headers.get("origin")
         if origin is None and scope["type"] == "http":
             origin = headers.get("referer")
-        if origin is None or _same_origin(origin, host, scope.get("scheme", "http")):
+        if origin is None or same_origin(origin, host):
             return None
         what = "websocket" if scope["type"] == "websocket" else "write"
         return (f"refused a {what} from another site (origin {_short(origin)}, the dashboard is "
@@ -119,20 +119,19 @@ class HostOriginGuard:
                 f"{ALLOW_HOST_OPTION} NAME")
 
 
-def _same_origin(origin: str, host: str, scheme: str) -> bool:
-    """Whether ``origin`` (an Origin or Referer) is the scheme and host:port of this request."""
+def same_origin(origin: str, host: str) -> bool:
+    """Whether ``origin`` (an Origin or Referer) names the host and port this request was sent
+    to. The scheme is not compared: behind a reverse proxy that ends TLS the page is https and
+    the request reaching the dashboard http, and one port serves one scheme anyway."""
     try:
         parts = urlsplit(origin)
         port = parts.port
     except ValueError:
         return False
     own = _split_host(host)
-    if own is None or not parts.hostname:
+    if own is None or not parts.hostname or parts.scheme not in ("http", "https"):
         return False
-    defaults = {"http": 80, "https": 443, "ws": 80, "wss": 443}
-    own_scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
-    return (parts.scheme == own_scheme and parts.hostname.lower() == own[0]
-            and (port or defaults.get(parts.scheme)) == (own[1] or defaults.get(own_scheme)))
+    return parts.hostname.lower() == own[0] and port == own[1]
 
 
 def _short(value: str, limit: int = 80) -> str:

@@ -25,6 +25,7 @@ from psctl.compare_groups import GROUP_TAG
 from psctl.compare_render import cell
 from psctl.selection import UsageError, flatten, select_runs
 from webui.api import store
+from webui.guard import same_origin
 
 router = APIRouter(prefix="/api")
 
@@ -83,8 +84,7 @@ async def _write_body(request: Request) -> dict[str, Any]:
     if request.headers.get(WRITE_HEADER) != "1":
         raise HTTPException(403, f"writes need the header {WRITE_HEADER}: 1")
     origin = request.headers.get("origin")
-    own = f"{request.url.scheme}://{request.url.netloc}"
-    if origin is not None and origin != own:
+    if origin is not None and not same_origin(origin, request.headers.get("host", "")):
         raise HTTPException(403, "cross-site writes are refused")
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise HTTPException(415, "the body must be application/json")

@@ -63,6 +63,18 @@ def test_every_loopback_name_is_served(client: TestClient, host: str) -> None:
     assert client.get("/api/runs", headers={"Host": host}).status_code == 200
 
 
+def test_a_proxy_ending_tls_keeps_the_page_same_origin(db: Path) -> None:
+    # https://dash.example -> proxy (Host passed through) -> http://127.0.0.1:8765
+    client = TestClient(create_app(db, served_names("127.0.0.1", ["dash.example"])),
+                        base_url="http://dash.example")
+    got = client.put(f"/api/runs/{RUN}/notes", json={"notes": "via proxy"},
+                     headers={**WRITE, "Origin": "https://dash.example"})
+    assert got.status_code == 200, got.text
+    with client.websocket_connect("ws://dash.example/ws/runs",
+                                  headers={"Origin": "https://dash.example"}) as socket:
+        assert socket.receive_json()["type"] == "runs"
+
+
 def test_a_write_without_origin_is_a_cli_client_and_served(client: TestClient, db: Path) -> None:
     got = client.put(f"/api/runs/{RUN}/notes", json={"notes": "curl"}, headers=WRITE)
     assert got.status_code == 200, got.text
@@ -87,7 +99,9 @@ def test_a_rebinding_page_cannot_write_notes(client: TestClient, db: Path) -> No
 
 @pytest.mark.parametrize("headers", [{"Origin": EVIL}, {"Origin": "null"},
                                      {"Origin": "http://127.0.0.1:9999"},
-                                     {"Origin": "https://127.0.0.1:8765"},
+                                     {"Origin": "http://127.0.0.1"},
+                                     {"Origin": "http://localhost:8765"},
+                                     {"Origin": "file://127.0.0.1:8765"},
                                      {"Referer": f"{EVIL}/page.html"}])
 def test_a_write_from_another_origin_is_refused(client: TestClient, db: Path,
                                                headers: dict[str, str]) -> None:
