@@ -144,3 +144,12 @@ def test_the_recorder_bounds_tags_for_every_caller(recorded: Path) -> None:
     with pytest.raises(ValueError, match="keys have 1 to 64"):
         set_tags(recorded, "ab" * 16, {"k" * 65: "v"})
     assert _tags(recorded) == []
+
+
+def test_the_documented_tag_bounds_are_those_in_force() -> None:
+    from engine.recorder.admin import TAG_KEY_MAX, TAGS_MAX
+    from tests.conftest import REPO
+
+    doc = " ".join((REPO / "docs" / "cli.md").read_text().split())
+    assert (f"keys of 1 to {TAG_KEY_MAX} characters, values of at most {TAG_VALUE_MAX} (as in "
+            f"the dashboard; longer text belongs in the notes), at most {TAGS_MAX} at once") in doc

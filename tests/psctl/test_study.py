@@ -229,3 +229,10 @@ def test_plan_pins_the_folder_given_by_data_dir(tmp_path: Path, mnist_dir: Path,
                                                     'data.dataset = "mnist"')))
     planned = plan(study, grid(study, smoke=True), data_dir=mnist_dir.parent)
     assert {p.config.data.data_dir for p in planned} == {str(mnist_dir.resolve())}
+
+
+def test_the_documented_limit_is_the_one_in_force() -> None:
+    from tests.conftest import REPO
+
+    doc = " ".join((REPO / "docs" / "studies.md").read_text().split())
+    assert f"A study has at most {MAX_RUNS:,} runs" in doc

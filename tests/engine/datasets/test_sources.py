@@ -145,3 +145,11 @@ def test_two_samples_hold_one_out(tmp_path: Path) -> None:
     path.write_text("+1 1:1\n-1 2:1\n")
     data = load_dataset(f"libsvm:{path}")
     assert (len(data.train_y), len(data.test_y)) == (1, 1)
+
+
+def test_the_documented_dense_limit_is_the_one_in_force() -> None:
+    from engine.datasets.sources import MAX_DENSE_BYTES
+    from tests.conftest import REPO
+
+    doc = " ".join((REPO / "docs" / "models.md").read_text().split())
+    assert f"more than {MAX_DENSE_BYTES >> 20} MiB as dense float32" in doc
