@@ -10,7 +10,7 @@ from engine.config import RunConfig, parse_config
 from engine.db.queries import CRASH_AFTER_S, effective_status
 from engine.errors import LaunchError, StoreError
 from engine.launcher import Launcher, ResumePoint
-from engine.server.checkpoint import declared, shard_file
+from engine.server.checkpoint import check_clocks, declared, shard_file
 from engine.stopping import run_processes
 from psctl.runstate import run_and_event
 
@@ -68,6 +68,10 @@ def _check_workers(folder: Path, workers: int, shards: int, run_id: str) -> None
             raise LaunchError(f"run {run_id[:8]} had {rows} worker slots when checkpoint "
                               f"{folder.name} was saved, not the {workers} of its config (its "
                               "workers changed with psctl scale): it cannot be resumed")
+        try:
+            check_clocks(path, shape)
+        except StoreError as exc:
+            raise LaunchError(str(exc)) from None
 
 
 def with_data_dir(config: RunConfig, data_dir: Path | None) -> RunConfig:

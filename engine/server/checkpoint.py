@@ -246,6 +246,24 @@ def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None
     floats = [arrays["params"], *(arrays[f"slot{i}"] for i in range(len(slots)))]
     if not all(a.dtype == np.float32 and np.isfinite(a).all() for a in floats):
         raise StoreError(f"checkpoint {path} holds values that are not finite float32")
+    _check_counts(arrays, path)
+
+
+def check_clocks(path: Path, shape: tuple[int, ...]) -> None:
+    """The checks a shard makes of the clocks in ``path`` (whose header declares ``shape``
+    for them, see :func:`declared`), without the shard: for ``psctl resume``, so that a
+    checkpoint a server would refuse is refused before any process starts."""
+    arrays = _load(path, {"next": shape, "versions": (shape[1],), "pushes": (1,), "seq": (1,)},
+                   {})
+    for name, expected in (("next", shape), ("versions", (shape[1],)), ("pushes", (1,)),
+                           ("seq", (1,))):
+        if name not in arrays:
+            raise StoreError(f"checkpoint {path} does not fit this shard: {name} should have "
+                             f"shape {expected}, has nothing (was the run's config changed?)")
+    _check_counts(arrays, path)
+
+
+def _check_counts(arrays: dict[str, np.ndarray], path: Path) -> None:
     for name in ("next", "versions", "pushes", "seq"):
         if arrays[name].dtype.kind != "i" or (arrays[name] < 0).any():
             raise StoreError(f"checkpoint {path} holds negative or non-integer {name}")

@@ -150,3 +150,20 @@ def test_data_dir_reaches_the_loader_for_a_file_data_set(monkeypatch: pytest.Mon
     assert asked == [("mnist", tmp_path)]
     assert moved.data.data_dir == str((tmp_path / "mnist").resolve())
     assert with_data_dir(config, None) is config
+
+
+def test_clocks_a_server_would_refuse_are_refused_before_any_process(db: Path,
+                                                                     tmp_path: Path) -> None:
+    folder = tmp_path / "psctl-logs" / "run" / "checkpoints" / "000003"
+    _save_shards(folder, workers=2)
+    path = folder / "shard-1.npz"
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["next"][1, 0] = 10**9  # replaying it would spin the server for minutes
+    np.savez(path, **arrays)
+    _record(db, "9" * 32, RunStatus.FAILED, folder)
+    with pytest.raises(LaunchError) as caught:
+        plan_resume(db, "9" * 8)
+    assert str(caught.value) == (f"checkpoint {path} holds clock 1000000000, more than the "
+                                 f"{int(arrays['pushes'][0])} pushes it records (damaged or not "
+                                 "a checkpoint of this run)")
