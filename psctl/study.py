@@ -28,6 +28,7 @@ RESERVED_TAGS = frozenset({"study", "study_id", "group", "seed", "smoke"})
 # Runs one study may have (grid points x repeat): runs go one after another, so a larger grid
 # is a mistake (a 10^6-point grid took 105 s only to be listed); split it into studies.
 MAX_RUNS = 1000
+STUDY_ID_TAIL = 9  # "-" and the study id's 8 hex digits (psctl.study_run.new_study_id)
 
 
 class _Strict(BaseModel):
@@ -247,6 +248,22 @@ def _check(spec: StudyFile, path: Path) -> None:
             owners[key] = axis.name
     if spec.smoke is not None:
         _check_smoke(spec, path, require_known)
+    _check_group_tags(spec, path)
+
+
+def _check_group_tags(spec: StudyFile, path: Path) -> None:
+    """With ``repeat``, each point's runs are tagged group=<run name>-<study id>: within the
+    tag values' bound, so that tagging cannot fail between runs."""
+    from engine.recorder.admin import TAG_VALUE_MAX
+
+    if spec.study.repeat == 1:
+        return
+    longest = len(spec.study.name) + sum(
+        1 + max(len(slug(value.label)) for value in axis.points()) for axis in spec.axis)
+    if longest + STUDY_ID_TAIL > TAG_VALUE_MAX:
+        raise ConfigError(f"{path}: run names reach {longest} characters; with repeat they "
+                          f"are group tags (name-study id) of at most {TAG_VALUE_MAX}: "
+                          "shorten the study's name or the values' labels")
 
 
 def _check_smoke(spec: StudyFile, path: Path,

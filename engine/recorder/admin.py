@@ -18,6 +18,7 @@ from engine.db.schema import (
     tags,
     translate_errors,
 )
+from engine.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,11 @@ def _brief(text: str, limit: int = 40) -> str:
 def set_tags(
     db_path: Path, run_id: str, values: dict[str, str], remove: Sequence[str] = ()
 ) -> None:
-    """Set (insert or replace) and remove tags of one run in one transaction; ValueError
+    """Set (insert or replace) and remove tags of one run in one transaction; StoreError
     (nothing written) when they are out of bounds (:func:`tag_problem`)."""
     problem = tag_problem(values, remove)
     if problem is not None:
-        raise ValueError(problem)
+        raise StoreError(problem)
     engine = open_engine(Path(db_path))
     try:
         with translate_errors(f"tagging run {run_id}"), engine.begin() as conn:

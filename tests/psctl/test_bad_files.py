@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.config import MAX_NESTING, check_nesting
-from engine.errors import ConfigError
+from engine.errors import ConfigError, StoreError
 from engine.recorder import Recorder
 from engine.recorder.admin import TAG_VALUE_MAX, set_tags
 from psctl.cli import app
@@ -139,9 +139,9 @@ def test_a_tag_value_over_the_dashboards_limit_is_refused_in_the_cli(recorded: P
 
 
 def test_the_recorder_bounds_tags_for_every_caller(recorded: Path) -> None:
-    with pytest.raises(ValueError, match="values have at most 256"):
+    with pytest.raises(StoreError, match="values have at most 256"):
         set_tags(recorded, "ab" * 16, {"k": "v" * 257})
-    with pytest.raises(ValueError, match="keys have 1 to 64"):
+    with pytest.raises(StoreError, match="keys have 1 to 64"):
         set_tags(recorded, "ab" * 16, {"k" * 65: "v"})
     assert _tags(recorded) == []
 
@@ -153,3 +153,13 @@ def test_the_documented_tag_bounds_are_those_in_force() -> None:
     doc = " ".join((REPO / "docs" / "cli.md").read_text().split())
     assert (f"keys of 1 to {TAG_KEY_MAX} characters, values of at most {TAG_VALUE_MAX} (as in "
             f"the dashboard; longer text belongs in the notes), at most {TAGS_MAX} at once") in doc
+
+
+def test_a_repeated_launch_whose_group_tag_would_be_too_long_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "fresh" / "experiments.db"
+    done = CliRunner().invoke(app, ["launch", *SMALL, "--repeat", "2", "--name", "n" * 300,
+                                    "--no-config", "--db", str(db)])
+    assert done.exit_code == 1
+    line = one_line(done.stderr)
+    assert "the run name has 300 characters" in line and f"at most {TAG_VALUE_MAX}" in line
+    assert not db.parent.exists()

@@ -236,3 +236,16 @@ def test_the_documented_limit_is_the_one_in_force() -> None:
 
     doc = " ".join((REPO / "docs" / "studies.md").read_text().split())
     assert f"A study has at most {MAX_RUNS:,} runs" in doc
+
+
+def test_repeated_points_whose_group_tag_would_be_too_long_are_refused(tmp_path: Path) -> None:
+    label = "x" * 60
+    keys = ["train.epochs", "train.batch_size", "optimizer.lr", "optimizer.momentum"]
+    axes = "".join(f'\n[[axis]]\nname = "a{n}"\n  [[axis.values]]\n  label = "{label}"\n'
+                   f'  set = {{ "{key}" = 0.5 }}\n' for n, key in enumerate(keys))
+    text = GOOD.partition("[[axis]]")[0].replace("target = 0.97", "target = 0.97\nrepeat = 2")
+    with pytest.raises(ConfigError, match=r"run names reach 259 characters; with repeat they "
+                                          r"are group tags \(name-study id\) of at most 256"):
+        load_study(write(tmp_path, text + axes))
+    # 15 + 4 x 61 = 259 characters; 12 fewer and the group tag is exactly 256
+    assert load_study(write(tmp_path, text + axes.replace("x" * 60, "x" * 48, 1)))
