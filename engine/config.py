@@ -764,16 +764,41 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
         raise ConfigError(_describe(exc)) from None
 
 
+# Tables and arrays inside one another: psctl's own files nest a handful of levels; far deeper
+# is a damaged or hostile file that would exhaust Python's recursion limit downstream.
+MAX_NESTING = 32
+
+
 def load_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            values = tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8 text, as TOML must be") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"cannot read config file {path}: it nests arrays or tables too "
+                          f"deeply (psctl reads at most {MAX_NESTING} levels)") from None
+    check_nesting(values, f"config file {path}")
+    return values
+
+
+def check_nesting(value: Any, where: str) -> None:
+    """ConfigError when ``value`` holds tables or arrays more than MAX_NESTING deep (checked
+    without recursion, so that the check itself cannot overflow)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise ConfigError(f"{where} nests tables or arrays more than {MAX_NESTING} levels "
+                              "deep; psctl's settings nest a few")
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
 
 
 def _describe(exc: ValidationError) -> str:

@@ -256,15 +256,19 @@ def resume(
     run: RunArgument,
     db: DbOption = None,
     live: Annotated[bool, typer.Option(help="show live progress")] = True,
+    data_dir: Annotated[Path | None, typer.Option(
+        help="folder with the data set's files, when they moved since the run started [the "
+        "folder the run used]", show_default=False)] = None,
 ) -> None:
     """Continue a failed, interrupted or crashed run from its newest complete checkpoint,
     under the same run id (launch it with --checkpoint-every SECONDS)."""
     from psctl.launch import print_summary, run_launch
-    from psctl.resume import plan_resume, resumed_launcher
+    from psctl.resume import plan_resume, resumed_launcher, with_data_dir
 
     path = settings.database_path(db)
     try:
         config, point = plan_resume(path, run)
+        config = with_data_dir(config, data_dir)
         err.print(f"resuming run {point.run_id[:8]} ({point.name}) from checkpoint "
                   f"{point.seq} in {point.checkpoint}", highlight=False, markup=False)
         result = run_launch(config, path, err, live=live,
@@ -444,8 +448,14 @@ def ui_command(
     host: Annotated[str, typer.Option(help="address to bind; 0.0.0.0 exposes the dashboard "
                                       "to the network")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="port to listen on")] = 8765,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", help="also answer requests that name the dashboard by this host name "
+                             "(a reverse proxy's, say; repeatable; '*': any, which lets pages "
+                             "from other sites reach it by DNS rebinding)")] = None,
 ) -> None:
-    """Serve the live dashboard over the experiments database (read-only)."""
+    """Serve the live dashboard over the experiments database (read-only but for tags and
+    notes). It answers only requests that name it by the host it is bound to (or 127.0.0.1,
+    localhost, [::1]) and only same-origin writes and websockets."""
     from webui.server import listening_socket, serve
 
     path = settings.database_path(db)
@@ -455,7 +465,7 @@ def ui_command(
         raise _fail(exc) from None
     err.print(f"psctl dashboard on http://{host}:{sock.getsockname()[1]} over {path} "
               "(Ctrl-C stops it)", highlight=False, markup=False)
-    serve(path, sock)
+    serve(path, sock, allow=[host, *(allow_host or [])])
 
 
 from psctl.commands import register  # noqa: E402  (compare, export, runs rm/tag, config)

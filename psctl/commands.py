@@ -97,13 +97,16 @@ def runs_tag(
     """Set or remove tags on a run; `psctl compare --where KEY=VALUE` selects by them."""
     from engine.db import open_engine
     from engine.db.queries import resolve_run
-    from engine.recorder import set_tags
+    from engine.recorder.admin import set_tags, tag_problem
 
     path = settings.database_path(db)
     try:
         values = dict(parse_pairs(pairs or [], "runs tag"))
         if not values and not remove:
             raise UsageError("give KEY=VALUE tags to set or --remove KEY")
+        problem = tag_problem(values, remove or [])
+        if problem is not None:
+            raise UsageError(problem)
         engine = open_engine(path, readonly=True)
         run_id = resolve_run(engine, run)
         engine.dispose()

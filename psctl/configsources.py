@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig, load_toml
+from engine.config import RunConfig, check_nesting, load_toml
 from engine.errors import ConfigError
 from psctl.selection import flatten
 
@@ -71,6 +71,7 @@ def env_layer(environ: Mapping[str, str]) -> Layer:
             continue  # PSCTL_DB, PSCTL_DATA_DIR, PSCTL_TOKEN... are not run settings
         key = var[len(ENV_PREFIX):].lower().replace(ENV_SEPARATOR, ".")
         values[key] = _env_value(raw)
+        check_nesting(values[key], f"environment variable {var}")
         origins[key] = var
     return _checked(Layer("env", values, origins))
 
@@ -79,7 +80,7 @@ def _env_value(raw: str) -> Any:
     # TOML's value syntax: 8 is an int, 0.1 a float, true a bool, [256, 256] a list.
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return raw
 
 

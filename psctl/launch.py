@@ -58,7 +58,12 @@ def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
 def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:
     """The group's name and the configs of ``count`` runs with seeds s, s+1, ..., s+count-1,
     each named after the group and its seed; validated like any config."""
+    from engine.recorder.admin import TAG_VALUE_MAX
+
     group = config.name or default_run_name(config)
+    if len(group) > TAG_VALUE_MAX:  # the runs are tagged group=NAME
+        raise ConfigError(f"--repeat {count}: the run name has {len(group)} characters; a "
+                          f"repeated run's name is its group tag, of at most {TAG_VALUE_MAX}")
     first = config.train.seed
     runs = []
     for seed in range(first, first + count):

@@ -4,20 +4,20 @@ checkpoint, under the same run id, its iterations and series going on."""
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
-
-import numpy as np
 
 from engine.config import RunConfig, parse_config
 from engine.db.queries import CRASH_AFTER_S, effective_status
-from engine.errors import LaunchError
+from engine.errors import LaunchError, StoreError
 from engine.launcher import Launcher, ResumePoint
-from engine.server.checkpoint import shard_file
+from engine.server.checkpoint import check_clocks, declared, shard_file
 from engine.stopping import run_processes
 from psctl.runstate import run_and_event
 
 RESUMABLE = ("failed", "interrupted", "crashed")
+# A job's worker slots: cluster.workers (at most 256) plus those psctl scale added; far more
+# is a damaged header.
+MAX_WORKER_SLOTS = 65_536
 
 
 def plan_resume(db: Path, selector: str) -> tuple[RunConfig, ResumePoint]:
@@ -50,14 +50,43 @@ def _check_workers(folder: Path, workers: int, shards: int, run_id: str) -> None
     for index in range(shards):
         path = shard_file(folder, index)
         try:
-            with np.load(path, allow_pickle=False) as data:
-                rows = data["next"].shape[0]
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-            raise LaunchError(f"cannot read checkpoint {path}: {exc}") from None
+            # Headers only: an array is read by the server that restores it, checked first.
+            shape, _ = declared(path)["next"]
+        except StoreError as exc:
+            raise LaunchError(str(exc)) from None
+        except KeyError:
+            raise LaunchError(f"cannot read checkpoint {path}: it has no clocks (next); it is "
+                              "not a psctl checkpoint") from None
+        if len(shape) != 2:
+            raise LaunchError(f"cannot read checkpoint {path}: its clocks (next) have shape "
+                              f"{shape}, not workers x clock ranges")
+        rows = shape[0]
+        if rows > MAX_WORKER_SLOTS:
+            raise LaunchError(f"cannot read checkpoint {path}: its clocks declare {rows} "
+                              "workers (damaged or not a psctl checkpoint)")
         if rows != workers:
             raise LaunchError(f"run {run_id[:8]} had {rows} worker slots when checkpoint "
                               f"{folder.name} was saved, not the {workers} of its config (its "
                               "workers changed with psctl scale): it cannot be resumed")
+        try:
+            check_clocks(path, shape)
+        except StoreError as exc:
+            raise LaunchError(str(exc)) from None
+
+
+def with_data_dir(config: RunConfig, data_dir: Path | None) -> RunConfig:
+    """``config`` reading its data set from ``data_dir`` (``psctl resume --data-dir``, for
+    files that moved since the run started), located and pinned as ``psctl launch`` does."""
+    from engine.datasets import locate
+    from engine.datasets.sources import is_user_source
+
+    if data_dir is None or is_user_source(config.data.dataset):
+        return config
+    source = locate(config.data.dataset, data_dir, allow_download=True)
+    if source in ("sklearn", "generated"):
+        return config
+    data = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
+    return config.model_copy(update={"data": data})
 
 
 def resumed_launcher(config: RunConfig, db: Path, point: ResumePoint) -> Launcher:

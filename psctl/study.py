@@ -9,6 +9,7 @@ docs/studies.md for the format.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ from psctl.selection import flatten, text
 SLUG = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 # Tags every run of a study carries besides one per axis; an axis may not shadow them.
 RESERVED_TAGS = frozenset({"study", "study_id", "group", "seed", "smoke"})
+# Runs one study may have (grid points x repeat): runs go one after another, so a larger grid
+# is a mistake (a 10^6-point grid took 105 s only to be listed); split it into studies.
+MAX_RUNS = 1000
+STUDY_ID_TAIL = 9  # "-" and the study id's 8 hex digits (psctl.study_run.new_study_id)
 
 
 class _Strict(BaseModel):
@@ -113,6 +118,7 @@ def load_study(path: Path) -> Study:
     except ValidationError as exc:
         problems = "; ".join(f"{where}: {what}" for where, what in _problems(exc, raw))
         raise ConfigError(f"{path}: {problems}") from None
+    _check_size(spec, path)
     for axis in spec.axis:
         _check_values(axis, path)
     _check(spec, path)
@@ -163,6 +169,18 @@ def _restricted(axis: Axis, smoke: Smoke) -> list[AxisValue]:
         return axis.points()
     wanted = {text(value) for value in keep}  # a shorthand value's label is the value
     return [p for p in axis.points() if p.label in wanted]
+
+
+def _check_size(spec: StudyFile, path: Path) -> None:
+    """The whole grid within MAX_RUNS, counted before any point is made."""
+    sizes = [len(axis.values) for axis in spec.axis]
+    runs = math.prod(sizes) * spec.study.repeat
+    if runs > MAX_RUNS:
+        shape = " x ".join(map(str, sizes))
+        repeat = f" x {spec.study.repeat} seeds" if spec.study.repeat > 1 else ""
+        raise ConfigError(f"{path}: the grid has {runs:,} runs ({shape} values{repeat}); a "
+                          f"study runs at most {MAX_RUNS:,}, one after another: split it into "
+                          "several studies or drop values")
 
 
 def _check_values(axis: Axis, path: Path) -> None:
@@ -230,6 +248,22 @@ def _check(spec: StudyFile, path: Path) -> None:
             owners[key] = axis.name
     if spec.smoke is not None:
         _check_smoke(spec, path, require_known)
+    _check_group_tags(spec, path)
+
+
+def _check_group_tags(spec: StudyFile, path: Path) -> None:
+    """With ``repeat``, each point's runs are tagged group=<run name>-<study id>: within the
+    tag values' bound, so that tagging cannot fail between runs."""
+    from engine.recorder.admin import TAG_VALUE_MAX
+
+    if spec.study.repeat == 1:
+        return
+    longest = len(spec.study.name) + sum(
+        1 + max(len(slug(value.label)) for value in axis.points()) for axis in spec.axis)
+    if longest + STUDY_ID_TAIL > TAG_VALUE_MAX:
+        raise ConfigError(f"{path}: run names reach {longest} characters; with repeat they "
+                          f"are group tags (name-study id) of at most {TAG_VALUE_MAX}: "
+                          "shorten the study's name or the values' labels")
 
 
 def _check_smoke(spec: StudyFile, path: Path,

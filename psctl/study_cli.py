@@ -34,6 +34,9 @@ def study_command(
     report: Annotated[str | None, typer.Option(
         "--report", metavar="STUDY_ID", help="run nothing: write the report again from the "
         "runs of an earlier invocation (tagged study_id=STUDY_ID) in the database")] = None,
+    data_dir: Annotated[Path | None, typer.Option(
+        help="folder with the data sets' files, over the file's data.data_dir "
+        "[env: PSCTL_DATA_DIR]", show_default=False)] = None,
     db: DbOption = None,
 ) -> None:
     """Run a study: every point of a grid of configurations, one after another, each run tagged
@@ -56,18 +59,18 @@ def study_command(
                              db=settings.database_path(db))
         else:
             code = _run(study, points, file, smoke=smoke, out=out,
-                        db=settings.database_path(db))
+                        db=settings.database_path(db), data_dir=data_dir)
     except Handled as exc:
         raise fail(exc) from None
     raise typer.Exit(code)
 
 
 def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Path | None,
-         db: Path) -> int:
+         db: Path, data_dir: Path | None = None) -> int:
     from psctl.study_report import Header, collect, write_report
     from psctl.study_run import new_study_id, plan, prepare_database, run_grid
 
-    planned = plan(study, points)
+    planned = plan(study, points, data_dir)
     prepare_database(db)
     study_id = new_study_id()
     folder = out or file.parent / "results" / (study.name + ("-smoke" if smoke else ""))

@@ -46,16 +46,18 @@ def new_study_id() -> str:
     return secrets.token_hex(4)
 
 
-def plan(study: Study, points: list[Point]) -> list[Planned]:
+def plan(study: Study, points: list[Point], data_dir: Path | None = None) -> list[Planned]:
     """Every run of the grid, each configuration validated and its data set located before
-    any run starts: a mistake in the last point must not surface hours into the study."""
+    any run starts: a mistake in the last point must not surface hours into the study.
+    ``data_dir`` (``--data-dir``) is where data sets are looked for first, before the file's
+    own ``data.data_dir``."""
     repeat = study.spec.study.repeat
     located: dict[tuple[str, str | None], str] = {}
     planned = []
     for point in points:
         for config in point_configs(study, point):
             seed = config.train.seed if repeat > 1 else None
-            planned.append(Planned(point, _pinned(config, located), seed))
+            planned.append(Planned(point, _pinned(config, located, data_dir), seed))
     return planned
 
 
@@ -128,15 +130,17 @@ def prepare_database(path: Path) -> None:
                          f"{exc.strerror or exc}") from None
 
 
-def _pinned(config: RunConfig, located: dict[tuple[str, str | None], str]) -> RunConfig:
+def _pinned(config: RunConfig, located: dict[tuple[str, str | None], str],
+            data_dir: Path | None = None) -> RunConfig:
     # As psctl launch does: the data set is found (or fetched) once, here, and its folder
     # pinned in the config, so every run's processes read the same files.
     from engine.datasets import locate
     from engine.datasets.sources import is_user_source
 
-    key = (config.data.dataset, config.data.data_dir)
+    if data_dir is None and config.data.data_dir:
+        data_dir = Path(config.data.data_dir)
+    key = (config.data.dataset, None if data_dir is None else str(data_dir))
     if key not in located:
-        data_dir = Path(config.data.data_dir) if config.data.data_dir else None
         located[key] = locate(config.data.dataset, data_dir, allow_download=True)
     source = located[key]
     if source in ("sklearn", "generated") or is_user_source(config.data.dataset):

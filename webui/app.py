@@ -14,7 +14,7 @@ import os
 import sys
 import sysconfig
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from engine.db.queries import resolve_run
 from engine.errors import PsctlError, RunNotFound
 from webui import compare_api, live, runs_api
 from webui.api import router
+from webui.guard import LOOPBACK_NAMES, HostOriginGuard
 
 HERE = Path(__file__).resolve().parent
 
@@ -123,7 +124,9 @@ class _LazyEngine:
                 self._engine = None
 
 
-def create_app(db: Path) -> FastAPI:
+def create_app(db: Path, hosts: Sequence[str] = LOOPBACK_NAMES) -> FastAPI:
+    """The dashboard over ``db``, answering only requests for ``hosts`` (see
+    :func:`webui.guard.served_names`) and same-origin writes and websockets."""
     engine = _LazyEngine(Path(db))
 
     @asynccontextmanager
@@ -140,6 +143,7 @@ def create_app(db: Path) -> FastAPI:
     app.state.engine = engine
     app.state.db = Path(db)
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_middleware(HostOriginGuard, names=hosts)
     app.include_router(router)
     app.include_router(compare_api.router)
     app.include_router(runs_api.router)

@@ -16,6 +16,7 @@ from engine.db.queries import quoted, resolve_run
 from engine.db.schema import translate_errors
 from engine.errors import PsctlError, RunNotFound, StoreError
 from engine.recorder import NOTES_MAX_CHARS, set_notes, set_tags
+from engine.recorder.admin import TAG_KEY_MAX, TAG_VALUE_MAX, TAGS_MAX
 from engine.wire.records import RunStatus
 from psctl import settings
 from psctl.compare import compare
@@ -24,13 +25,11 @@ from psctl.compare_groups import GROUP_TAG
 from psctl.compare_render import cell
 from psctl.selection import UsageError, flatten, select_runs
 from webui.api import store
+from webui.guard import same_origin
 
 router = APIRouter(prefix="/api")
 
 WRITE_HEADER = "x-psctl-write"
-TAG_KEY_MAX = 64
-TAG_VALUE_MAX = 256
-TAGS_MAX = 64
 MAX_WHERE = 20
 MAX_CONDITION = 200
 # The metrics of an ended run never change: measured once (two scans of its iterations), then
@@ -85,8 +84,7 @@ async def _write_body(request: Request) -> dict[str, Any]:
     if request.headers.get(WRITE_HEADER) != "1":
         raise HTTPException(403, f"writes need the header {WRITE_HEADER}: 1")
     origin = request.headers.get("origin")
-    own = f"{request.url.scheme}://{request.url.netloc}"
-    if origin is not None and origin != own:
+    if origin is not None and not same_origin(origin, request.headers.get("host", "")):
         raise HTTPException(403, "cross-site writes are refused")
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise HTTPException(415, "the body must be application/json")

@@ -7,6 +7,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -22,15 +23,17 @@ DEFAULT_PORT = 8765
 SHUTDOWN_GRACE_S = 1  # seconds (uvicorn takes whole ones)
 
 
-def _config(db: Path, host: str, port: int) -> uvicorn.Config:
+def _config(db: Path, host: str, port: int, allow: Sequence[str] = ()) -> uvicorn.Config:
     from uvicorn.config import WS_PROTOCOLS
 
     from webui.app import create_app
+    from webui.guard import served_names
 
     # The sans-I/O implementation avoids the deprecated legacy websockets API where it exists.
     ws = "websockets-sansio" if "websockets-sansio" in WS_PROTOCOLS else "auto"
-    return uvicorn.Config(create_app(db), host=host, port=port, log_level="warning", ws=ws,
-                          lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    return uvicorn.Config(create_app(db, served_names(host, allow)), host=host, port=port,
+                          log_level="warning", ws=ws, lifespan="on",
+                          timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -62,11 +65,12 @@ def port_taken(exc: ConfigError) -> bool:
     return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
-def serve(db: Path, sock: socket.socket) -> None:
-    """Serve on ``sock`` (see :func:`listening_socket`) until interrupted."""
+def serve(db: Path, sock: socket.socket, allow: Sequence[str] = ()) -> None:
+    """Serve on ``sock`` (see :func:`listening_socket`) until interrupted, answering to the
+    host names in ``allow`` besides the bound ones (see :func:`webui.guard.served_names`)."""
     host, port = sock.getsockname()[:2]
     with sock:
-        uvicorn.Server(_config(db, host, port)).run(sockets=[sock])
+        uvicorn.Server(_config(db, host, port, allow)).run(sockets=[sock])
 
 
 class BackgroundServer:

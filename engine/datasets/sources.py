@@ -33,8 +33,10 @@ from engine.userfiles import parse_file_ref
 LIBSVM = "libsvm:"
 HOLDOUT_SEED = 0
 HOLDOUT_FRACTION = 0.2
-# Dense float32 inputs beyond this are refused with the size they would take, not swapped to.
-MAX_DENSE_BYTES = 4 << 30
+# A libsvm file's inputs are made dense float32 in every process that loads it (the workers, the
+# evaluator, the coordinator): beyond this they are refused with the size they would take, before
+# any process starts. MNIST's 70,000 x 784 inputs take 209 MiB.
+MAX_DENSE_BYTES = 256 << 20
 
 
 def is_user_source(text: str) -> bool:
@@ -66,8 +68,13 @@ def check_source(text: str) -> str:
 
 
 def locate_user_source(text: str) -> str:
-    """Where a user data set comes from (checked to exist; nothing is loaded)."""
-    return check_source(text).removeprefix(LIBSVM)
+    """Where a user data set comes from, checked to exist; a libsvm file is also read (kept
+    sparse) and checked as its loading will, so that a bad one fails before any process
+    starts."""
+    name = check_source(text)
+    if name.startswith(LIBSVM):
+        _read_libsvm(Path(name.removeprefix(LIBSVM)))
+    return name.removeprefix(LIBSVM)
 
 
 def load_user_source(text: str, *, train_limit: int | None = None) -> Dataset:
@@ -147,6 +154,16 @@ def _libsvm_path(name: str) -> Path:
 
 
 def _load_libsvm(path: Path) -> Arrays:
+    train_x, train_y, test_x, test_y = _read_libsvm(path)
+    features = max(train_x.shape[1], test_x.shape[1])
+    labels = np.unique(np.concatenate([train_y, test_y]))
+    return (_dense(train_x, features), np.searchsorted(labels, train_y).astype(np.int64),
+            _dense(test_x, features), np.searchsorted(labels, test_y).astype(np.int64))
+
+
+def _read_libsvm(path: Path) -> tuple[Any, np.ndarray, Any, np.ndarray]:
+    """The file's (train inputs, labels, test inputs, labels), inputs still sparse, refused in
+    one line naming the file when it cannot be trained on as dense float32 inputs."""
     try:
         from sklearn.datasets import load_svmlight_file, load_svmlight_files
     except ImportError as exc:
@@ -158,22 +175,50 @@ def _load_libsvm(path: Path) -> Arrays:
             train_x, train_y, test_x, test_y = load_svmlight_files([str(path), str(test_path)])
         else:
             x, y = load_svmlight_file(str(path))
+            _check_samples(path, x.shape[0], 2, " (one to train on, one to test)")
             order = np.random.default_rng(HOLDOUT_SEED).permutation(x.shape[0])
-            cut = x.shape[0] - round(x.shape[0] * HOLDOUT_FRACTION)
+            cut = x.shape[0] - max(1, round(x.shape[0] * HOLDOUT_FRACTION))
             train_x, train_y, test_x, test_y = x[order[:cut]], y[order[:cut]], \
                 x[order[cut:]], y[order[cut:]]
     except (OSError, ValueError) as exc:
-        raise DatasetFormatError(f"{path}: not a readable libsvm file: {exc}") from exc
-    features = max(train_x.shape[1], test_x.shape[1])
-    needed = (train_x.shape[0] + test_x.shape[0]) * features * 4
+        raise DatasetFormatError(f"{path}: not a readable libsvm file: {_one_line(exc)}") \
+            from None
+    except OverflowError:  # a feature index or a label past what a C long holds
+        raise DatasetFormatError(f"{path}: not a readable libsvm file: a feature index or "
+                                 "label is above 2^63") from None
+    _check_samples(path, train_x.shape[0], 1, "")
+    _check_samples(test_path, test_x.shape[0], 1, "")
+    for inputs, labels in ((train_x, train_y), (test_x, test_y)):
+        if not (np.isfinite(inputs.data).all() and np.isfinite(labels).all()):
+            where = test_path if inputs is test_x and test_path.is_file() else path
+            raise DatasetFormatError(f"{where}: holds NaN or infinite features or labels")
+    _check_dense_size(path, train_x.shape[0] + test_x.shape[0],
+                      max(train_x.shape[1], test_x.shape[1]))
+    return train_x, train_y, test_x, test_y
+
+
+def _check_samples(path: Path, count: int, least: int, why: str) -> None:
+    if count < least:
+        raise DatasetFormatError(f"{path}: {count} sample{'' if count == 1 else 's'}; a "
+                                 f"libsvm data set needs at least {least}{why}")
+
+
+def _check_dense_size(path: Path, samples: int, features: int) -> None:
+    needed = samples * features * 4
     if needed > MAX_DENSE_BYTES:
         raise DatasetFormatError(
-            f"{path}: {train_x.shape[0] + test_x.shape[0]} samples x {features} features would "
-            f"take {needed / 2**30:.1f} GiB as dense float32 inputs (limit "
-            f"{MAX_DENSE_BYTES / 2**30:.0f} GiB)")
-    labels = np.unique(np.concatenate([train_y, test_y]))
-    return (_dense(train_x, features), np.searchsorted(labels, train_y).astype(np.int64),
-            _dense(test_x, features), np.searchsorted(labels, test_y).astype(np.int64))
+            f"{path}: {samples} samples x {features} features would take {_size(needed)} as "
+            f"the dense float32 inputs every process loads (limit {_size(MAX_DENSE_BYTES)}); "
+            "is a feature index wrong?")
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _dense(matrix: Any, features: int) -> np.ndarray:

@@ -6,7 +6,7 @@ They live beside the recorder because it is the one place that writes the databa
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sqlalchemy import delete, update
@@ -18,6 +18,7 @@ from engine.db.schema import (
     tags,
     translate_errors,
 )
+from engine.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,40 @@ def delete_runs(db_path: Path, run_ids: Sequence[str]) -> int:
         engine.dispose()
 
 
+# The same bounds for every writer (psctl runs tag, the dashboard): a tag is a label to select
+# runs by, not a place for documents (notes are).
+TAG_KEY_MAX = 64
+TAG_VALUE_MAX = 256
+TAGS_MAX = 64
+
+
+def tag_problem(values: Mapping[str, str], remove: Sequence[str] = ()) -> str | None:
+    """Why these tag changes are refused, in one line; None when they are within bounds."""
+    if len(values) + len(remove) > TAGS_MAX:
+        return f"at most {TAGS_MAX} tags can be set or removed at once"
+    for key in [*values, *remove]:
+        if not 0 < len(key) <= TAG_KEY_MAX:
+            return (f"tag key {_brief(key)} has {len(key)} characters; keys have 1 to "
+                    f"{TAG_KEY_MAX}")
+    for key, value in values.items():
+        if len(value) > TAG_VALUE_MAX:
+            return (f"tag {_brief(key)}: the value has {len(value)} characters; values have at "
+                    f"most {TAG_VALUE_MAX} (longer text belongs in the run's notes)")
+    return None
+
+
+def _brief(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
 def set_tags(
     db_path: Path, run_id: str, values: dict[str, str], remove: Sequence[str] = ()
 ) -> None:
-    """Set (insert or replace) and remove tags of one run in one transaction."""
+    """Set (insert or replace) and remove tags of one run in one transaction; StoreError
+    (nothing written) when they are out of bounds (:func:`tag_problem`)."""
+    problem = tag_problem(values, remove)
+    if problem is not None:
+        raise StoreError(problem)
     engine = open_engine(Path(db_path))
     try:
         with translate_errors(f"tagging run {run_id}"), engine.begin() as conn:

@@ -23,8 +23,10 @@ import contextlib
 import os
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -93,7 +95,7 @@ def save(state: ShardState, folder: Path, rank: int, seq: int) -> tuple[Path, in
 def restore(state: ShardState, path: Path, *, live: bool = False) -> int:
     """Load ``path`` into a fresh ``state``; returns the checkpoint's sequence number. A live
     snapshot keeps its open rounds (nothing is pushed again)."""
-    arrays = _load(path)
+    arrays = _load(path, _shapes(state), _live_shapes(state) if live else {})
     _check(state, arrays, path)
     if live:
         _check_live(state, arrays, path)
@@ -129,31 +131,105 @@ def replay(state: ShardState, clocks: np.ndarray) -> None:
     controller.take_syncs()
 
 
-def _load(path: Path) -> dict[str, np.ndarray]:
-    try:
+Declared = dict[str, tuple[tuple[int, ...], np.dtype[Any]]]
+LiveShapes = dict[str, tuple[tuple[int, ...], np.dtype[Any]]]
+
+
+def declared(path: Path) -> Declared:
+    """Each array's shape and dtype as the file's headers declare them, no array read: what a
+    caller checks before loading one, since numpy allocates whatever a header declares."""
+    with _npz(path) as data:
+        return _declared(data, path)
+
+
+def _load(path: Path, shapes: dict[str, tuple[int, ...]],
+          live: LiveShapes) -> dict[str, np.ndarray]:
+    """The arrays of ``path`` named in ``shapes`` and ``live``, each read only once its header
+    declares the shape this shard has (a damaged header must not allocate gigabytes)."""
+    with _npz(path) as data:
+        heads = _declared(data, path)
+        for name, shape in shapes.items():
+            if name in heads and heads[name][0] != shape:
+                raise StoreError(f"checkpoint {path} does not fit this shard: {name} should "
+                                 f"have shape {shape}, has {heads[name][0]} (was the run's "
+                                 "config changed?)")
+        for name, (shape, dtype) in live.items():
+            if name in heads and heads[name] != (shape, dtype):
+                raise StoreError(f"{path} is not a live copy of this shard: {name} should be "
+                                 f"{dtype} of shape {shape}")
+        wanted = [name for name in [*shapes, *live] if name in heads]
+        return _guarded(path, lambda: {name: data[name] for name in wanted})
+
+
+def _npz(path: Path) -> np.lib.npyio.NpzFile:
+    def opened() -> np.lib.npyio.NpzFile:
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise StoreError(f"cannot read checkpoint {path}: it holds one array, not the "
                              "arrays of a psctl checkpoint")
-        with data:
-            return {name: data[name] for name in data.files}
+        return data
+
+    return _guarded(path, opened)
+
+
+def _declared(data: np.lib.npyio.NpzFile, path: Path) -> Declared:
+    def read() -> Declared:
+        heads: Declared = {}
+        archive = data.zip
+        assert archive is not None  # None only once closed
+        for member in archive.namelist():
+            if not member.endswith(".npy"):
+                continue
+            with archive.open(member) as raw:
+                version = np.lib.format.read_magic(raw)
+                if version not in ((1, 0), (2, 0)):
+                    raise StoreError(f"cannot read checkpoint {path}: {member} is in npy format "
+                                     f"{version}, which psctl never writes")
+                header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                          else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = header(raw)
+            if dtype.hasobject:
+                raise StoreError(f"cannot read checkpoint {path}: {PYTHON_OBJECTS}")
+            heads[member.removesuffix(".npy")] = (tuple(shape), dtype)
+        return heads
+
+    return _guarded(path, read)
+
+
+PYTHON_OBJECTS = "it holds Python objects, which psctl never loads; it is not a psctl checkpoint"
+T = TypeVar("T")
+
+
+def _guarded(path: Path, read: Callable[[], T]) -> T:
+    """``read()``, with every way a damaged file fails as one StoreError naming ``path``."""
+    try:
+        return read()
     except ValueError as exc:  # numpy's advice (load it with pickles allowed) is not ours
         if "allow_pickle" in str(exc):
-            raise StoreError(f"cannot read checkpoint {path}: it holds Python objects, which "
-                             "psctl never loads; it is not a psctl checkpoint") from None
+            raise StoreError(f"cannot read checkpoint {path}: {PYTHON_OBJECTS}") from None
         raise StoreError(f"cannot read checkpoint {path}: {exc}") from None
-    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise StoreError(f"cannot read checkpoint {path}: {exc} (damaged or not a "
-                         "checkpoint)") from None
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError, SyntaxError, MemoryError) as exc:
+        raise StoreError(f"cannot read checkpoint {path}: {exc or type(exc).__name__} (damaged "
+                         "or not a checkpoint)") from None
+
+
+def _shapes(state: ShardState) -> dict[str, tuple[int, ...]]:
+    """The shape of every array a checkpoint of ``state`` holds."""
+    return {"format": (1,), "seq": (1,), "keys": (2,), "params": state.params.shape,
+            "next": state.clocks.next.shape, "versions": state.versions.shape,
+            "pushes": (1,), "finished": (state.clocks.next.shape[0],),
+            **{f"slot{i}": s.shape for i, s in enumerate(state.optimizer.slots())}}
+
+
+def _live_shapes(state: ShardState) -> LiveShapes:
+    return {"initialized": ((1,), np.dtype(np.bool_)),
+            **{f"round{i}": (p.shape, p.dtype)
+               for i, p in enumerate(state.aggregator.round_state())}}
 
 
 def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None:
     slots = state.optimizer.slots()
-    expected = {"format": (1,), "seq": (1,), "keys": (2,), "params": state.params.shape,
-                "next": state.clocks.next.shape, "versions": state.versions.shape,
-                "pushes": (1,), "finished": (state.clocks.next.shape[0],),
-                **{f"slot{i}": s.shape for i, s in enumerate(slots)}}
-    for name, shape in expected.items():
+    for name, shape in _shapes(state).items():
         if name not in arrays or arrays[name].shape != shape:
             got = arrays[name].shape if name in arrays else "nothing"
             raise StoreError(f"checkpoint {path} does not fit this shard: {name} should have "
@@ -170,16 +246,37 @@ def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None
     floats = [arrays["params"], *(arrays[f"slot{i}"] for i in range(len(slots)))]
     if not all(a.dtype == np.float32 and np.isfinite(a).all() for a in floats):
         raise StoreError(f"checkpoint {path} holds values that are not finite float32")
+    _check_counts(arrays, path)
+
+
+def check_clocks(path: Path, shape: tuple[int, ...]) -> None:
+    """The checks a shard makes of the clocks in ``path`` (whose header declares ``shape``
+    for them, see :func:`declared`), without the shard: for ``psctl resume``, so that a
+    checkpoint a server would refuse is refused before any process starts."""
+    arrays = _load(path, {"next": shape, "versions": (shape[1],), "pushes": (1,), "seq": (1,)},
+                   {})
+    for name, expected in (("next", shape), ("versions", (shape[1],)), ("pushes", (1,)),
+                           ("seq", (1,))):
+        if name not in arrays:
+            raise StoreError(f"checkpoint {path} does not fit this shard: {name} should have "
+                             f"shape {expected}, has nothing (was the run's config changed?)")
+    _check_counts(arrays, path)
+
+
+def _check_counts(arrays: dict[str, np.ndarray], path: Path) -> None:
     for name in ("next", "versions", "pushes", "seq"):
         if arrays[name].dtype.kind != "i" or (arrays[name] < 0).any():
             raise StoreError(f"checkpoint {path} holds negative or non-integer {name}")
+    # Every clock was reached by pushes to this shard (a joining worker starts at a clock
+    # others reached), and restoring replays each one: a damaged clock of 10^9 would spin.
+    pushes, top = int(arrays["pushes"][0]), int(arrays["next"].max(initial=0))
+    if top > pushes:
+        raise StoreError(f"checkpoint {path} holds clock {top}, more than the {pushes} pushes "
+                         "it records (damaged or not a checkpoint of this run)")
 
 
 def _check_live(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None:
-    parts = state.aggregator.round_state()
-    expected = {"initialized": ((1,), np.dtype(np.bool_)),
-                **{f"round{i}": (p.shape, p.dtype) for i, p in enumerate(parts)}}
-    for name, (shape, dtype) in expected.items():
+    for name, (shape, dtype) in _live_shapes(state).items():
         if name not in arrays or arrays[name].shape != shape or arrays[name].dtype != dtype:
             raise StoreError(f"{path} is not a live copy of this shard: {name} should be "
                              f"{dtype} of shape {shape}")

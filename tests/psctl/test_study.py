@@ -3,14 +3,15 @@ and the key, for each kind of mistake. Nothing here starts a run."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, DatasetNotFound
 from psctl.cli import app
-from psctl.study import grid, load_study, point_configs, slug
+from psctl.study import MAX_RUNS, grid, load_study, point_configs, slug
 
 GOOD = """
 [study]
@@ -166,3 +167,85 @@ def test_smoke_without_a_smoke_table_warns_and_keeps_the_grid(tmp_path: Path) ->
     assert done.exit_code == 0, done.stderr
     assert "has no [smoke] table; --smoke runs the whole grid" in done.stderr
     assert done.stdout.startswith("sync-stragglers: 9 points\n")
+
+
+def test_a_grid_above_the_limit_is_refused_in_one_line_before_any_point(tmp_path: Path) -> None:
+    values = ", ".join(str(v) for v in range(1, 101))
+    axes = "".join(f'\n[[axis]]\nname = "a{n}"\nkey = "train.epochs"\nvalues = [{values}]\n'
+                   for n in range(3))
+    # 100 x 100 x 100 = 10^6 points: counted, never made (listing them took 105 s).
+    text = GOOD.partition("[[axis]]")[0] + axes
+    path = write(tmp_path, text)
+    db = tmp_path / "experiments.db"
+    started = time.monotonic()
+    done = CliRunner().invoke(app, ["study", str(path), "--dry-run", "--db", str(db)])
+    assert done.exit_code == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert str(path) in line and "1,000,000 runs (100 x 100 x 100 values)" in line
+    assert f"at most {MAX_RUNS:,}" in line
+    assert done.stdout == "" and not db.exists()
+    assert time.monotonic() - started < 30  # a bound against listing the grid, not a benchmark
+
+
+def test_repeat_counts_toward_the_limit(tmp_path: Path) -> None:
+    values = ", ".join(str(v) for v in range(1, 11))
+    text = (GOOD.partition("[[axis]]")[0].replace("target = 0.97", "target = 0.97\nrepeat = 100")
+            + f'[[axis]]\nname = "e"\nkey = "train.epochs"\nvalues = [{values}]\n')
+    assert load_study(write(tmp_path, text)).spec.study.repeat == 100  # 1,000 runs: allowed
+    with pytest.raises(ConfigError, match=r"1,100 runs \(11 values x 100 seeds\)"):
+        load_study(write(tmp_path, text.replace("values = [1,", "values = [0.5, 1,")))
+
+
+def test_data_dir_reaches_the_data_set_loader_over_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.datasets
+
+    asked: list[tuple[str, Path | None]] = []
+
+    def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = False) -> str:
+        asked.append((name, data_dir))
+        raise DatasetNotFound(f"data set {name!r} not found in {data_dir}")
+
+    monkeypatch.setattr(engine.datasets, "locate", locate)
+    monkeypatch.setenv("PSCTL_DATA_DIR", str(tmp_path / "elsewhere"))
+    path = write(tmp_path, GOOD.replace('data.dataset = "digits"', 'data.dataset = "mnist"'))
+    db = tmp_path / "experiments.db"
+    done = CliRunner().invoke(app, ["study", str(path), "--smoke", "--db", str(db),
+                                    "--data-dir", "../shared/data"])
+    assert done.exit_code == 1
+    assert asked == [("mnist", Path("../shared/data"))]
+    (line,) = done.stderr.strip().splitlines()
+    assert "not found in ../shared/data" in line
+    assert not db.exists()  # located before the database is made or any run starts
+
+
+def test_plan_pins_the_folder_given_by_data_dir(tmp_path: Path, mnist_dir: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from psctl.study_run import plan
+
+    monkeypatch.delenv("PSCTL_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./data or ../shared to find by accident
+    study = load_study(write(tmp_path, GOOD.replace('data.dataset = "digits"',
+                                                    'data.dataset = "mnist"')))
+    planned = plan(study, grid(study, smoke=True), data_dir=mnist_dir.parent)
+    assert {p.config.data.data_dir for p in planned} == {str(mnist_dir.resolve())}
+
+
+def test_the_documented_limit_is_the_one_in_force() -> None:
+    from tests.conftest import REPO
+
+    doc = " ".join((REPO / "docs" / "studies.md").read_text().split())
+    assert f"A study has at most {MAX_RUNS:,} runs" in doc
+
+
+def test_repeated_points_whose_group_tag_would_be_too_long_are_refused(tmp_path: Path) -> None:
+    label = "x" * 60
+    keys = ["train.epochs", "train.batch_size", "optimizer.lr", "optimizer.momentum"]
+    axes = "".join(f'\n[[axis]]\nname = "a{n}"\n  [[axis.values]]\n  label = "{label}"\n'
+                   f'  set = {{ "{key}" = 0.5 }}\n' for n, key in enumerate(keys))
+    text = GOOD.partition("[[axis]]")[0].replace("target = 0.97", "target = 0.97\nrepeat = 2")
+    with pytest.raises(ConfigError, match=r"run names reach 259 characters; with repeat they "
+                                          r"are group tags \(name-study id\) of at most 256"):
+        load_study(write(tmp_path, text + axes))
+    # 15 + 4 x 61 = 259 characters; 12 fewer and the group tag is exactly 256
+    assert load_study(write(tmp_path, text + axes.replace("x" * 60, "x" * 48, 1)))

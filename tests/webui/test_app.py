@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.webui.hosts import TEST_HOSTS
 from webui.app import create_app
 
 
 @pytest.fixture(scope="module")
 def client(seeded_db: Path) -> TestClient:
-    return TestClient(create_app(seeded_db))
+    return TestClient(create_app(seeded_db, hosts=TEST_HOSTS))
 
 
 def test_api_lists_and_shows_runs(client: TestClient) -> None:
@@ -27,7 +28,7 @@ def test_api_lists_and_shows_runs(client: TestClient) -> None:
 
 
 def test_missing_database_is_503(tmp_path: Path) -> None:
-    client = TestClient(create_app(tmp_path / "none.db"))
+    client = TestClient(create_app(tmp_path / "none.db", hosts=TEST_HOSTS))
     assert client.get("/api/runs").status_code == 503
 
 
@@ -109,7 +110,7 @@ def test_syncs_are_decoded(seeded_db: Path, tmp_path: Path) -> None:
         conn.execute("INSERT INTO syncs VALUES (?, 0, 1.0, 'mean', 4, ?, ?, ?, ?, 0.02, ?, 0.03, "
                      "2.0)", (run_id, "[3, 4]", "[[1.1], [1.2]]", "[1, 0]", "[4, 4]",
                               json.dumps([1.9, 1.93])))
-    syncs = TestClient(create_app(db)).get(f"/api/runs/{run_id}/syncs").json()
+    syncs = TestClient(create_app(db, hosts=TEST_HOSTS)).get(f"/api/runs/{run_id}/syncs").json()
     assert syncs[0]["predicted"] == [[1.1], [1.2]] and syncs[0]["actual_wait"] == 0.03
 
 

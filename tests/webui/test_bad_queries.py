@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from engine.config import RunConfig
 from engine.recorder import Recorder
 from engine.wire.records import EvaluationRecord, IterationRecord, RunStatus
+from tests.webui.hosts import TEST_HOSTS
 from webui.app import create_app
 
 RUN = "ab" * 16
@@ -41,7 +42,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     finally:
         recorder.close()
     # raise_server_exceptions=False: a bug must show up as the 500 a browser would get.
-    with TestClient(create_app(db), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(db, hosts=TEST_HOSTS), raise_server_exceptions=False) as test_client:
         yield test_client
 
 

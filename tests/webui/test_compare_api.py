@@ -18,6 +18,7 @@ from engine.config import RunConfig
 from engine.recorder import Recorder, set_tags
 from engine.wire.records import EvaluationRecord, IterationRecord, RunStatus
 from tests.conftest import psctl
+from tests.webui.hosts import TEST_HOSTS
 from webui.app import create_app
 
 # A lone bsp run, then three asp runs of group g1 (launch --repeat 3 tags them so).
@@ -73,7 +74,8 @@ def recorded_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def client(recorded_db: Path) -> Iterator[TestClient]:
     # raise_server_exceptions=False: a bug must show up as the 500 a browser would get.
-    with TestClient(create_app(recorded_db), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(recorded_db, hosts=TEST_HOSTS),
+                    raise_server_exceptions=False) as test_client:
         yield test_client
 
 

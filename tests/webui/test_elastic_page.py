@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import psctl
+from tests.webui.hosts import TEST_HOSTS
 from webui.app import create_app
 
 CHROMIUM = shutil.which("chromium")
@@ -30,7 +31,7 @@ def elastic_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_barriers_reach_the_api_and_the_snapshot(elastic_db: Path) -> None:
-    client = TestClient(create_app(elastic_db))
+    client = TestClient(create_app(elastic_db, hosts=TEST_HOSTS))
     syncs = client.get("/api/runs/@last/syncs").json()
     released = [s for s in syncs if s["released_at"] is not None]
     assert len(released) >= 2
@@ -57,7 +58,7 @@ def test_page_marks_barriers_and_plots_their_waits(elastic_db: Path) -> None:
 
     from webui.server import BackgroundServer
 
-    client = TestClient(create_app(elastic_db))
+    client = TestClient(create_app(elastic_db, hosts=TEST_HOSTS))
     syncs = client.get("/api/runs/@last/syncs").json()
     released = sum(s["released_at"] is not None for s in syncs)
     predicted = sum(bool(s["predicted"]) and s["actual_wait"] is not None for s in syncs)

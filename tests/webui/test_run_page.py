@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from engine.db import open_engine
 from engine.recorder import REBUILD_ROLLUPS_SQL
 from tests.webui.chromium import block_foreign, chromium, needs_chromium, screenshot, serving
+from tests.webui.hosts import TEST_HOSTS
 from webui import live
 from webui.app import create_app
 
@@ -145,7 +146,7 @@ def test_new_samples_arrive_as_deltas(run_db: Path, tmp_path: Path) -> None:
 
 
 def test_plotly_is_served_gzipped_and_immutable(run_db: Path) -> None:
-    client = TestClient(create_app(run_db))
+    client = TestClient(create_app(run_db, hosts=TEST_HOSTS))
     page = client.get(f"/runs/{BSP}").text
     found = re.search(r'"/vendor/plotly\.min\.js(\?v=[^"]+)"', page)
     assert found is not None

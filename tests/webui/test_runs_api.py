@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.recorder import NOTES_MAX_CHARS, Recorder
+from tests.webui.hosts import TEST_HOSTS
 from webui.app import create_app
 
 RUN = "ab" * 16
@@ -31,7 +32,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(db: Path) -> TestClient:
-    return TestClient(create_app(db))
+    return TestClient(create_app(db, hosts=TEST_HOSTS))
 
 
 def _rows(db: Path, sql: str) -> list[tuple[Any, ...]]:

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from engine.recorder import Recorder, set_notes
 from tests.conftest import psctl
+from tests.webui.hosts import TEST_HOSTS
 from tests.webui.test_compare_api import GROUP, SOLO, seed_compare_db
 from webui import runs_api
 from webui.app import create_app
@@ -33,7 +34,8 @@ def recorded_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def client(recorded_db: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(recorded_db), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(recorded_db, hosts=TEST_HOSTS),
+                    raise_server_exceptions=False) as test_client:
         yield test_client
 
 
@@ -109,7 +111,7 @@ def test_ended_runs_are_measured_once_and_live_runs_every_time(
 
     monkeypatch.setattr(runs_api, "run_metrics", counting)
     try:
-        with TestClient(create_app(db)) as test_client:
+        with TestClient(create_app(db, hosts=TEST_HOSTS)) as test_client:
             for _ in range(3):
                 assert test_client.get("/api/table").status_code == 200
             test_client.get("/api/table", params={"target": 0.5})
@@ -122,6 +124,6 @@ def test_ended_runs_are_measured_once_and_live_runs_every_time(
 def test_an_empty_database_is_an_empty_table(tmp_path: Path) -> None:
     db = tmp_path / "experiments.db"
     Recorder(db).close()
-    with TestClient(create_app(db)) as test_client:
+    with TestClient(create_app(db, hosts=TEST_HOSTS)) as test_client:
         body = test_client.get("/api/table").json()
     assert body["rows"] == [] and "no runs" in body["message"]

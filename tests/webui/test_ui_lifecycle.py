@@ -152,9 +152,10 @@ def test_launch_ui_keeps_serving_the_finished_run(tmp_path: Path, browser: Any) 
 def test_docs_load_nothing_from_the_network(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
+    from tests.webui.hosts import TEST_HOSTS
     from webui.app import create_app
 
-    client = TestClient(create_app(tmp_path / "experiments.db"))
+    client = TestClient(create_app(tmp_path / "experiments.db", hosts=TEST_HOSTS))
     html = client.get("/docs")
     assert html.status_code == 200
     urls = re.findall(r"""(?:src|href|url)\s*[=:]\s*["']([^"']+)["']""", html.text)

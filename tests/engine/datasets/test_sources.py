@@ -97,3 +97,59 @@ def test_bad_libsvm_sources(tmp_path: Path) -> None:
 def test_named_data_sets_are_not_user_sources() -> None:
     assert not is_user_source("mnist") and check_source("mnist") == "mnist"
     assert is_user_source("x.py") and is_user_source("x.py:fn") and is_user_source("libsvm:x")
+
+
+# -- bad libsvm files (issue 37): one line naming the file, checked when the launch locates it --
+
+
+BAD_LIBSVM = {
+    "empty": ("", "0 samples; a libsvm data set needs at least 2 (one to train on, one to test)"),
+    "one-sample": ("+1 1:0.5 2:1\n", "1 sample; a libsvm data set needs at least 2"),
+    "index-past-2^63": ("+1 18446744073709551617:1\n-1 1:1\n-1 2:1\n",
+                        "not a readable libsvm file: a feature index or label is above 2^63"),
+    "nan": ("+1 1:nan 2:1\n-1 1:1\n+1 2:1\n", "holds NaN or infinite features or labels"),
+    "inf": ("+1 1:1\n-1 1:inf\n+1 2:1\n", "holds NaN or infinite features or labels"),
+    # 208 bytes declaring 2^24 features: 1 GiB of dense inputs in every process
+    "wide": ("".join(f"{i % 2} 16777216:1\n" for i in range(16)),
+             "16 samples x 16777216 features would take 1.0 GiB as the dense float32 inputs "
+             "every process loads (limit 256 MiB)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_LIBSVM)
+def test_a_bad_libsvm_file_is_refused_in_one_line_when_located(tmp_path: Path,
+                                                                case: str) -> None:
+    from engine.datasets import locate
+
+    text, says = BAD_LIBSVM[case]
+    path = tmp_path / f"{case}.svm"
+    path.write_text(text)
+    for attempt in (lambda: locate(f"libsvm:{path}"), lambda: load_dataset(f"libsvm:{path}")):
+        with pytest.raises(DatasetFormatError) as caught:
+            attempt()
+        assert str(caught.value).startswith(f"{path}: {says}")
+        assert "\n" not in str(caught.value)
+
+
+def test_an_empty_test_file_beside_it_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "a9"
+    path.write_text("\n".join(LINES) + "\n")
+    (tmp_path / "a9.t").write_text("")
+    with pytest.raises(DatasetFormatError, match=r"a9\.t: 0 samples; a libsvm data set needs "
+                                                 "at least 1$"):
+        load_dataset(f"libsvm:{path}")
+
+
+def test_two_samples_hold_one_out(tmp_path: Path) -> None:
+    path = tmp_path / "two.svm"
+    path.write_text("+1 1:1\n-1 2:1\n")
+    data = load_dataset(f"libsvm:{path}")
+    assert (len(data.train_y), len(data.test_y)) == (1, 1)
+
+
+def test_the_documented_dense_limit_is_the_one_in_force() -> None:
+    from engine.datasets.sources import MAX_DENSE_BYTES
+    from tests.conftest import REPO
+
+    doc = " ".join((REPO / "docs" / "models.md").read_text().split())
+    assert f"more than {MAX_DENSE_BYTES >> 20} MiB as dense float32" in doc

@@ -835,3 +835,67 @@ def test_a_folder_path_that_is_a_file_is_a_store_error(tmp_path: Path, below: bo
         raise AssertionError(f"{type(exc).__name__}: {exc}") from None
     assert blocker.read_text() == "not a folder"
     assert sorted(os.listdir(tmp_path)) == ["checkpoints"]
+
+
+# -- damaged headers and clocks (issue 37): refused in one line, nothing allocated or replayed --
+
+
+def forged(path: Path, name: str, shape: tuple[int, ...], dtype: str = "<i8") -> Path:
+    """A copy of the npz at ``path`` whose array ``name`` has a header declaring ``shape`` over
+    a few bytes of data, as a damaged or hostile file might."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": dtype, "fortran_order": False, "shape": shape})
+    bad = path.with_name(f"forged-{path.name}")
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(bad, "w") as target:
+        for member in source.namelist():
+            body = source.read(member)
+            if member == f"{name}.npy":
+                body = header.getvalue() + bytes(16)
+            target.writestr(member, body)
+    return bad
+
+
+@pytest.mark.parametrize(("name", "shape"), [("params", (2**40,)), ("next", (2**31, 2**31)),
+                                             ("slot0", (2**62,))])
+def test_a_header_declaring_a_huge_shape_is_refused_before_allocating(
+        checkpointed: Path, name: str, shape: tuple[int, ...]) -> None:
+    import tracemalloc
+
+    bad = forged(checkpointed, name, shape, dtype="<f4" if name != "next" else "<i8")
+    target = fresh(run_config("asp"))
+    tracemalloc.start()
+    try:
+        with pytest.raises(StoreError) as caught:
+            restore(target, bad)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint {bad} does not fit this shard: {name} should have "
+                              f"shape ") and f"has {shape}" in message and "\n" not in message
+    assert peak < 2**24  # numpy allocates what a header declares; it must not be asked to
+    assert not target.initialized
+
+
+def test_a_header_declaring_python_objects_is_refused_unread(checkpointed: Path) -> None:
+    bad = forged(checkpointed, "versions", (2,), dtype="|O")
+    with pytest.raises(StoreError) as caught:
+        restore(fresh(run_config("asp")), bad)
+    assert str(caught.value) == f"cannot read checkpoint {bad}: {PYTHON_OBJECTS}"
+    assert "allow_pickle" not in str(caught.value)
+
+
+def test_clocks_beyond_the_pushes_recorded_are_refused_without_replaying(
+        checkpointed: Path) -> None:
+    def far(arrays: dict[str, np.ndarray]) -> None:
+        arrays["next"][0, 0] = 10**9  # replaying it would commit 10^9 clocks
+
+    with np.load(checkpointed) as data:
+        pushes = int(data["pushes"][0])
+    refused(run_config("asp"), rewritten(checkpointed, far),
+            f"checkpoint {{path}} holds clock 1000000000, more than the {pushes} pushes it "
+            "records (damaged or not a checkpoint of this run)")
