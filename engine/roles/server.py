@@ -31,6 +31,7 @@ from engine.wire.messages import (
     Drop,
     Event,
     Exit,
+    Fatal,
     Handoff,
     Members,
     Message,
@@ -64,8 +65,14 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
                              bytes.fromhex(welcome.run_id)[:16], host, port),
                     on_syncs=reports.put_nowait)
     resume = Path(welcome.checkpoint) if welcome.checkpoint is not None else None
-    for info in welcome.held:
-        await copies.add(info, primary=info.index in welcome.primaries, restore_from=resume)
+    try:
+        for info in welcome.held:
+            await copies.add(info, primary=info.index in welcome.primaries,
+                             restore_from=resume)
+    except PsctlError as exc:  # a damaged checkpoint, say: the run's reason, in its words
+        with contextlib.suppress(PsctlError):
+            await channel.send(Fatal(message=str(exc)))
+        raise
     await channel.send(Serving(copies=copies.infos()))
     reporter = asyncio.create_task(_report_syncs(channel, reports))
     beating = _heartbeat(coordinator, welcome.heartbeat_port, rank, token, config)

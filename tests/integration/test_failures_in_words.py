@@ -28,3 +28,34 @@ def test_a_learning_rate_that_diverges_ends_the_run_saying_so(tmp_path: Path) ->
     # every worker that diverged says so; the first one's words are the run's reason
     [(count,)] = query(db, "SELECT count(*) FROM events WHERE kind = 'diverged'")
     assert count >= 1
+
+
+def test_a_checkpoint_the_server_refuses_is_the_resumed_runs_reason(tmp_path: Path) -> None:
+    import glob
+
+    import numpy as np
+
+    from tests.integration.support import launch_in_background, wait_for
+
+    db = tmp_path / "experiments.db"
+    launch = launch_in_background(db, "--checkpoint-every", "1")
+    try:
+        wait_for(lambda: db.exists() and query(
+            db, "SELECT count(*) FROM events WHERE kind = 'checkpoint'")[0][0] >= 1, 120,
+            "a checkpoint")
+    finally:
+        launch.kill()  # its roles die with it
+        launch.communicate(timeout=30)
+    [(run_id,)] = query(db, "SELECT id FROM runs")
+    for path in glob.glob(str(tmp_path / "psctl-logs" / run_id / "checkpoints" / "*" / "*.npz")):
+        arrays = dict(np.load(path, allow_pickle=False))
+        arrays["params"][:3] = np.nan  # headers intact: psctl resume cannot tell
+        np.savez(path, **arrays)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "psctl", "resume", run_id[:8], "--db", str(db), "--no-live"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=150,
+        env=dict(os.environ, NO_COLOR="1", COLUMNS="300"))
+    assert resumed.returncode != 0
+    [(reason,)] = query(db, "SELECT reason FROM runs")
+    assert reason.startswith("server 0 failed: checkpoint ")
+    assert reason.endswith("holds values that are not finite float32")
