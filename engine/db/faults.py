@@ -25,6 +25,12 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "process_error": lambda d: f"{d.get('role')} {d.get('rank')} failed: {d.get('message')}",
     "hello_refused": lambda d: f"refused a connection from {d.get('remote')}: {d.get('reason')}",
     "server_lost": lambda d: f"server {d.get('rank')} lost",
+    "server_unresponsive": lambda d: (f"server {d.get('rank')} fenced (killed): "
+                                      f"{d.get('reason') or 'it did not answer'}"),
+    "server_slow": lambda d: f"server {d.get('rank')} slow, not fenced: {d.get('reason')}",
+    "fence_withheld": lambda d: str(d.get("message")),
+    "diverged": lambda d: str(d.get("message") or f"the model diverged at step {d.get('step')}"),
+    "task_failed": lambda d: f"the coordinator's {d.get('task')} failed: {d.get('error')}",
     "failover": lambda d: (f"shard {d.get('index')} failed over from server {d.get('lost')} to "
                            f"server {d.get('primary')}"),
     "failover_complete": lambda d: (f"shard {d.get('index')}: first pull served by its new "

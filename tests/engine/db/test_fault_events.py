@@ -42,3 +42,32 @@ def test_role_failures_are_told_in_words_and_the_evaluator_is_where_it_last_ran(
         (7.0, "process_error", "worker 1 failed: RuntimeError: boom"),
     )
     assert detail.nodes == (("127.0.0.3", ("evaluator",)), ("127.0.0.4", ("coordinator",)))
+
+
+def test_the_failure_detectors_verdicts_and_a_divergence_are_told_in_words(
+        tmp_path: Path) -> None:
+    db = tmp_path / "faults.db"
+    record_run(db, RUN_A, "hit", 100.0, events=[
+        EventRecord(at=101.0, kind="server_slow", detail={
+            "rank": 1, "reason": "no heartbeat for 1.20 s (φ = 9.1), but its process works: "
+                                 "waiting for it"}),
+        EventRecord(at=102.0, kind="server_unresponsive", detail={
+            "rank": 1, "pid": 7, "silent_s": 0.8,
+            "reason": "no heartbeat for 0.80 s (φ = 9.5), and its process is stopped"}),
+        EventRecord(at=103.0, kind="fence_withheld", detail={
+            "rank": 0, "message": "server 0 ..., but it holds the last copy of key ranges 0, "
+                                  "1: waiting for it rather than losing them"}),
+        EventRecord(at=104.0, kind="diverged", detail={
+            "role": "worker", "rank": 1, "message": "the model diverged: worker 1 at "
+                                                    "iteration 4: its training loss is nan"}),
+    ])
+    engine = open_engine(db, readonly=True)
+    try:
+        said = {kind: text for _, kind, text in run_detail(engine, RUN_A).faults}
+    finally:
+        engine.dispose()
+    assert said["server_slow"].startswith("server 1 slow, not fenced: no heartbeat for 1.20 s")
+    assert said["server_unresponsive"] == ("server 1 fenced (killed): no heartbeat for 0.80 s "
+                                           "(φ = 9.5), and its process is stopped")
+    assert said["fence_withheld"].endswith("waiting for it rather than losing them")
+    assert said["diverged"].startswith("the model diverged: worker 1 at iteration 4")
