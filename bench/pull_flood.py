@@ -10,7 +10,9 @@ while this process attacks its shard server with worker 0's own credential:
 Each attack window (``ATTACK_S``) follows a baseline window of the same length with no attack,
 and its rate is divided by that baseline's (iterations of both workers per second, from the
 run's ``iterations`` table). The server's RSS is sampled every 0.1 s; growth is the peak during
-the attacks over the median of the first baseline. Passes alternate the order of the transports:
+the attacks over the median of the first baseline, and "after" is the median over the window
+that follows an attack (0.5 s after it, its connections gone) over that same baseline: whether
+the server gave the memory back. Passes alternate the order of the transports:
 the machine is shared and noisy. Goals (issue 37): rate >= 0.5x, RSS growth < 64 MB.
 """
 
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import statistics
 import sys
@@ -191,6 +194,7 @@ async def _abort(connection: Connection) -> None:
 def measure_run(transport: str, counts: list[int], window_s: float, db: Path) -> dict[str, Any]:
     """One run on ``transport``: a baseline and an attack window per (attack, count)."""
     seconds = 30 + 2 * window_s * len(counts) * len(ATTACKS) + window_s
+    load_at_start = os.getloadavg()[0]
     launcher = Launcher(_config(transport, seconds), db=db)
     launcher.start()
     try:
@@ -218,7 +222,7 @@ def measure_run(transport: str, counts: list[int], window_s: float, db: Path) ->
                 during = (start, time.time())
                 time.sleep(0.5)  # let the recorder commit the window's rows
                 windows.append({
-                    "attack": kind, "connections": count,
+                    "attack": kind, "connections": count, "ended_at": during[1],
                     "base_rate": round(_rate(db, run_id, base), 2),
                     "attack_rate": round(_rate(db, run_id, during), 2),
                     "rss_peak_mb": round(max(sampler.between(*during), default=0) / MIB, 1),
@@ -233,28 +237,35 @@ def measure_run(transport: str, counts: list[int], window_s: float, db: Path) ->
             row["ratio"] = round(row["attack_rate"] / row["base_rate"], 3) if row["base_rate"] \
                 else None
             row["rss_growth_mb"] = round(row["rss_peak_mb"] - before, 1)
+            settled = sampler.between(row["ended_at"] + 0.5, row["ended_at"] + 0.5 + window_s)
+            row["rss_after_growth_mb"] = round(statistics.median(settled) / MIB - before, 1) \
+                if settled else None
         return {"transport": transport, "rss_before_mb": round(before, 1),
-                "rss_after_mb": round(after, 1), "windows": windows}
+                "rss_after_mb": round(after, 1), "windows": windows,
+                "loadavg_1min": [round(load_at_start, 2), round(os.getloadavg()[0], 2)]}
     finally:
         launcher.stop_all()
 
 
 def summarise(passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per (transport, attack, connections): the median rate ratio and RSS growth over passes,
-    and whether the goals were met."""
+    """Per (transport, attack, connections): the median rate ratio, the largest RSS growth and
+    the largest RSS left after the attack over passes, and whether the goals were met."""
     cells: dict[str, dict[str, list[float]]] = {}
     for run in (r for p in passes for r in p["runs"]):
         for row in run["windows"]:
             key = f"{run['transport']} / {row['attack']} / {row['connections']}"
-            cell = cells.setdefault(key, {"ratio": [], "growth": []})
+            cell = cells.setdefault(key, {"ratio": [], "growth": [], "after": []})
             if row["ratio"] is not None:
                 cell["ratio"].append(row["ratio"])
             cell["growth"].append(row["rss_growth_mb"])
+            if row.get("rss_after_growth_mb") is not None:
+                cell["after"].append(row["rss_after_growth_mb"])
     summary = {}
     for key, cell in cells.items():
         ratio = statistics.median(cell["ratio"]) if cell["ratio"] else None
         growth = max(cell["growth"])
         summary[key] = {"rate_ratio": ratio, "rss_growth_mb": growth,
+                        "rss_after_mb": max(cell["after"], default=None),
                         "rate_goal_met": ratio is not None and ratio >= MIN_RATIO,
                         "memory_goal_met": growth < MAX_GROWTH_MB}
     return summary
@@ -267,21 +278,33 @@ def docs_body(payload: dict[str, Any]) -> str:
         "*slow readers* = N connections sending full-shard pulls and never reading. Rate = "
         "the workers' iterations per second during the attack over a baseline window just "
         "before it (median over passes); RSS growth = the server's peak during the attack "
-        "over its resident size before the first attack (largest over passes). Goals: rate "
+        "over its resident size before the first attack (largest over passes); RSS after = "
+        "the same for the median over the window after the attack, its connections gone "
+        "(largest over passes). Goals: rate "
         f">= {MIN_RATIO}x, growth < {MAX_GROWTH_MB:.0f} MB. Passes alternate the order of "
         "the transports; the machine is shared with other work (2 cores), so single windows "
-        f"are noisy. {payload['passes_run']} passes of {payload['window_s']:g} s windows.",
+        f"are noisy. {payload['passes_run']} passes of {payload['window_s']:g} s windows"
+        f"{_load_note(payload)}.",
         "",
-        "| transport | attack | connections | rate (x before) | RSS growth (MB) | goals |",
-        "|---|---|---|---|---|---|",
+        "| transport | attack | connections | rate (x before) | RSS growth (MB) "
+        "| RSS after (MB) | goals |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, cell in payload["summary"].items():
         transport, attack, count = key.split(" / ")
         ratio = "n/a" if cell["rate_ratio"] is None else f"{cell['rate_ratio']:.2f}"
         met = "met" if cell["rate_goal_met"] and cell["memory_goal_met"] else "NOT met"
+        after = cell.get("rss_after_mb")
         lines.append(f"| {transport} | {attack} | {count} | {ratio} | "
-                     f"{cell['rss_growth_mb']:.1f} | {met} |")
+                     f"{cell['rss_growth_mb']:.1f} | {'n/a' if after is None else f'{after:.1f}'} "
+                     f"| {met} |")
     return "\n".join(lines)
+
+
+def _load_note(payload: dict[str, Any]) -> str:
+    loads = [x for p in payload.get("passes", []) for r in p["runs"]
+             for x in r.get("loadavg_1min", [])]
+    return f"; load average (1 min) {min(loads):.1f}-{max(loads):.1f}" if loads else ""
 
 
 def main() -> None:

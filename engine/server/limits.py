@@ -3,14 +3,20 @@
 Bounds per connection alone do not bound a server: 16 connections that never read their replies
 grew one from 98 to 608 MB, and pulls for clocks that cannot come, parked from several
 connections of one credential, slowed every push. ``ServerBudget`` is shared by every copy
-(``ShardServer``) a process holds and keeps the totals: reply bytes queued on all connections
-(past ``max_server_queued_bytes`` the slowest readers are disconnected first, though each
-connection always gets one reply through), and waiting pulls per sender (the role and rank its
-admission lets it speak as, over all its connections) and in all.
+(``ShardServer``) a process holds and keeps the totals: reply bytes held for all connections
+(their queues, plus what their transports still hold in this process's memory, also for
+connections being closed), and waiting pulls per sender (the role and rank its admission lets it
+speak as, over all its connections) and in all.
+
+Past ``max_server_queued_bytes`` the slowest readers are disconnected first: those with more than
+one reply queued, or whose one reply has waited ``STALLED_S``, the longest waiting first. A
+connection's one fresh reply is never a reason to disconnect it (at a BSP barrier every worker's
+reply is queued at once), so the budget may be passed by such replies for up to ``STALLED_S``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import ctypes.util
@@ -28,6 +34,10 @@ MIB = 2**20
 # keeps its own pulls (a worker waits on a few at a time).
 RESERVED_PULLS_PER_CONNECTION = 16
 _TRIM_EVERY_S = 1.0
+# A connection whose only queued reply has waited this long to leave this process's memory
+# counts as a slow reader once the budget is full. An honest worker takes a reply in
+# milliseconds on loopback, tens of them across a network.
+STALLED_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,14 @@ class Reader(Protocol):
     @property
     def queued_frames(self) -> int: ...
 
+    def unsent_bytes(self) -> int: ...
+
+
+class Unsent(Protocol):
+    """A connection being closed: what its transport still holds counts until it is gone."""
+
+    def unsent_bytes(self) -> int: ...
+
 
 class ServerBudget:
     """The totals of one server process (see the module's doc)."""
@@ -70,7 +88,9 @@ class ServerBudget:
         self.waiting = 0
         self._by_sender: dict[Hashable, int] = {}
         self.readers: set[Reader] = set()
+        self.closing: set[Unsent] = set()
         self._trimmed_at = 0.0
+        self._trim_pending = False
 
     def refuse_pull(self, sender: Hashable, own_waiting: int) -> str | None:
         """Why a pull of ``sender`` (on a connection with ``own_waiting`` pulls waiting) may
@@ -101,25 +121,61 @@ class ServerBudget:
     def waiting_of(self, sender: Hashable) -> int:
         return self._by_sender.get(sender, 0)
 
-    def over(self, size: int) -> bool:
-        return self.queued_bytes + size > self.limits.max_server_queued_bytes
+    def held_bytes(self) -> int:
+        """Reply bytes this process holds for its connections: queued, and still in their
+        transports' buffers (connections being closed included, until they are empty)."""
+        gone = [c for c in self.closing if not c.unsent_bytes()]
+        if gone:
+            self.closing.difference_update(gone)
+            self.release_memory()
+        return (self.queued_bytes + sum(r.unsent_bytes() for r in self.readers)
+                + sum(c.unsent_bytes() for c in self.closing))
 
-    def slowest(self, sender: Reader) -> Reader | None:
+    def over(self, size: int) -> bool:
+        return self.held_bytes() + size > self.limits.max_server_queued_bytes
+
+    def slowest(self, sender: Reader, now: float | None = None) -> Reader | None:
         """The reader to disconnect to make room for ``sender``'s next reply: the one whose
         oldest unsent reply waits longest, among those with more than their one reply queued
-        (``sender`` counts its next); None if none."""
-        candidates = [r for r in self.readers
-                      if r.queued_frames >= 2 or (r is sender and r.queued_frames)]
-        return min(candidates, key=lambda r: r.head_since, default=None)
+        (``sender`` counts its next) or whose one reply has waited ``STALLED_S``; None if
+        none."""
+        now = time.monotonic() if now is None else now
+
+        def behind(r: Reader) -> bool:
+            if not r.queued_frames:  # nothing queued: its next reply always goes
+                return False
+            return r.queued_frames + (r is sender) >= 2 or now - r.head_since >= STALLED_S
+
+        return min((r for r in self.readers if behind(r)), key=lambda r: r.head_since,
+                   default=None)
 
     def release_memory(self) -> None:
-        """Hand freed memory back to the system (at most once a second): glibc keeps the heap
-        pages of freed replies otherwise, and the server's RSS never comes down."""
+        """Hand freed memory back to the system (at most once a second; a call within the
+        second is done at its end): glibc keeps the heap pages of freed replies otherwise, and
+        the server's RSS never comes down."""
         now = time.monotonic()
-        if now - self._trimmed_at < _TRIM_EVERY_S:
+        wait = self._trimmed_at + _TRIM_EVERY_S - now
+        if wait > 0:
+            self._trim_later(wait)
             return
         self._trimmed_at = now
         _malloc_trim()
+
+    def _trim_later(self, delay: float) -> None:
+        # The last connections of a burst leave within the second of an earlier trim: without
+        # this, what they held stayed in the server's RSS (38 MB of 16 slow readers' replies).
+        if self._trim_pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._trim_pending = True
+        loop.call_later(delay, self._trim_now)
+
+    def _trim_now(self) -> None:
+        self._trim_pending = False
+        self.release_memory()
 
 
 def _malloc_trim() -> None:

@@ -36,6 +36,12 @@ class Connection(Protocol):
 
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
+    def unsent_bytes(self) -> int:
+        """Bytes ``send`` took that still wait in this process's memory for the socket (the
+        event loop's write buffer; what the kernel holds is not counted): a shard server counts
+        them in its reply budget."""
+        ...
+
 
 class PeerInfo:
     """``remote`` and ``admission`` as a connection class keeps them (set both in __init__)."""

@@ -46,6 +46,9 @@ class MemoryConnection(PeerInfo):
         assert isinstance(item, bytes | str)
         return item
 
+    def unsent_bytes(self) -> int:
+        return 0  # delivered at once, into the peer's inbox
+
     async def close(self, code: int = 1000, reason: str = "") -> None:
         if self._closed_reason is None:
             self._closed_reason = f"connection to {self._remote} closed (code {code}: {reason})"

@@ -49,6 +49,9 @@ class WebSocketConnection(PeerInfo):
         except websockets.ConnectionClosed as exc:
             raise ConnectionClosed(_closed_reason(self._remote, exc), _close_code(exc)) from None
 
+    def unsent_bytes(self) -> int:
+        return self._socket.transport.get_write_buffer_size()
+
     async def close(self, code: int = 1000, reason: str = "") -> None:
         # websockets waits for the close frame to be written, which never happens while a peer
         # that stopped reading keeps the socket's buffers full: past the timeout, drop the TCP

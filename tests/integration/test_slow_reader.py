@@ -15,7 +15,9 @@ shard server:
 Asserted: during each attack and after it the workers' iteration rate (from the ``iterations``
 table) stays at half the rate before it or more; the server's resident memory grows by less
 than 64 MB; the slow connections are closed with code 1008 and a reason; the pulls past the
-per-connection bound are refused with an ERROR each; the run finishes.
+bound on one sender's waiting pulls (``cluster.max_pending_pulls``, counted over all the
+connections that speak as that sender, within a per-server bound) are refused with an ERROR each;
+the run finishes.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ async def _probe(address: str, token: str, pulls: list[bytes]) -> dict[str, Any]
 
 async def _park(address: str, token: str, pulls: list[bytes], until: float) -> dict[str, Any]:
     """Pulls that can never be answered, from a connection that reads what comes back (the
-    refusals past the per-connection bound) until ``until``, then leaves."""
+    refusals past its sender's bound on waiting pulls) until ``until``, then leaves."""
     seen: dict[str, Any] = {"errors": 0, "other": 0, "error_messages": [], "close_code": None,
                             "close_reason": None}
     socket = await connect(address, additional_headers={TOKEN_HEADER: token},

@@ -239,3 +239,36 @@ def test_closing_the_listener_closes_its_connections_with_1001() -> None:
 
     closed = asyncio.run(main())
     assert closed.code == tcp.CLOSE_GOING_AWAY and "server shutting down" in str(closed)
+
+
+def test_a_peer_that_does_not_read_leaves_at_most_one_piece_in_our_memory() -> None:
+    # What the kernel will not take stays in the event loop's write buffer, in this process:
+    # a shard server counts it in its reply budget, and it must stay small however much is sent.
+    seen: list[int] = []
+    message = bytes(8 * 2**20)
+
+    async def handler(connection: Connection) -> None:
+        assert isinstance(connection, TcpConnection)
+        sending = asyncio.ensure_future(connection.send(message))
+        for _ in range(100):  # 1 s: the sockets' buffers fill in a few ms
+            seen.append(connection.unsent_bytes())
+            await asyncio.sleep(0.01)
+        assert not sending.done()  # still blocked: the peer reads nothing
+        sending.cancel()
+        await connection.close()
+
+    async def script(address: str) -> None:
+        host, port = tcp.parse_address(address)
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(raw, (host, port))
+        hello = tcp.PREFACE + SECRET.encode()
+        await loop.sock_sendall(raw, struct.pack("<B3xQ", tcp.HELLO, len(hello)) + hello)
+        await asyncio.sleep(1.5)  # never read
+        raw.close()
+
+    serve(handler, script)
+    assert max(seen) > 0  # it did back up
+    assert max(seen) <= tcp.PIECE_BYTES

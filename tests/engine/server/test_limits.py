@@ -1,0 +1,56 @@
+"""engine.server.limits: what counts against a server's reply budget and whom it disconnects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.server.limits import STALLED_S, ServerBudget, ServerLimits
+
+MIB = 2**20
+
+
+@dataclass(eq=False)
+class FakeReader:
+    queued_frames: int = 0
+    queued_bytes: int = 0
+    head_since: float = 0.0
+    unsent: int = 0
+
+    def unsent_bytes(self) -> int:
+        return self.unsent
+
+
+def test_held_bytes_count_transport_buffers_also_of_closing_connections_until_empty() -> None:
+    budget = ServerBudget(ServerLimits(max_server_queued_bytes=4 * MIB))
+    reader, closing = FakeReader(unsent=MIB), FakeReader(unsent=2 * MIB)
+    budget.readers.add(reader)
+    budget.closing.add(closing)
+    budget.queued_bytes = MIB
+    assert budget.held_bytes() == 4 * MIB
+    assert budget.over(1)
+    closing.unsent = 0  # its transport is gone or sent everything: no longer counted
+    assert budget.held_bytes() == 2 * MIB
+    assert closing not in budget.closing
+    assert not budget.over(2 * MIB)
+
+
+def test_one_fresh_reply_is_never_a_reason_but_one_stalled_reply_is() -> None:
+    budget = ServerBudget()
+    now = 100.0
+    fresh = FakeReader(queued_frames=1, head_since=now - 0.01)
+    stalled = FakeReader(queued_frames=1, head_since=now - STALLED_S - 0.01)
+    idle = FakeReader(queued_frames=0, head_since=now - 50.0)  # nothing queued: never
+    budget.readers.update({fresh, idle})
+    assert budget.slowest(idle, now) is None
+    assert budget.slowest(fresh, now) is fresh  # its next reply would be its second
+    budget.readers.add(stalled)
+    assert budget.slowest(idle, now) is stalled
+
+
+def test_the_longest_waiting_reader_goes_first() -> None:
+    budget = ServerBudget()
+    now = 100.0
+    behind = FakeReader(queued_frames=3, head_since=now - 0.5)
+    older = FakeReader(queued_frames=2, head_since=now - 0.8)
+    budget.readers.update({behind, older})
+    assert budget.slowest(FakeReader(), now) is older
