@@ -27,12 +27,23 @@ def test_a_role_runs_with_its_node_address_and_its_exit_code_comes_back(tmp_path
     assert "invalid choice" in host.log_tail()
 
 
+def _command_once_exec(pid: int, limit_s: float = 30.0) -> list[str]:
+    """The child's command line once it has replaced the forked copy of this process (on a
+    loaded machine the fork's own command line, pytest's, shows for a while)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        command = psutil.Process(pid).cmdline()
+        if "engine.roles" in command or time.monotonic() > deadline:
+            return command
+        time.sleep(0.02)
+
+
 def test_signals_reach_its_own_child_and_a_kill_shows_in_the_exit(tmp_path: Path) -> None:
     host = RoleHost()
     pid, _, _ = host.start(_WAITING, {"PSCTL_CREDENTIAL": "x" * 40}, {}, str(tmp_path / "w.log"),
                            node="127.0.0.9")
     try:
-        command = psutil.Process(pid).cmdline()
+        command = _command_once_exec(pid)
         assert command[command.index("--host") + 1] == "127.0.0.9"
         assert host.wait_exit(pid, timeout=0.2) is None  # still trying to join
         host.signal(pid, signal.SIGKILL)
