@@ -81,7 +81,7 @@ PROCESS_MODULES = frozenset({
 
 
 FAST_TIER = "not integration"
-# More workers than this cost more in start-up (each imports torch) than they win back.
+# A cap, so that a many-core machine does not start dozens of workers that each import torch.
 _MOST_WORKERS = 4
 
 
@@ -99,7 +99,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return  # -n was given (-n 0 included), or this is a worker already
     if option.collectonly or getattr(option, "usepdb", False):
         return
-    workers = min(len(os.sched_getaffinity(0)), _MOST_WORKERS)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = min(cores or 1, _MOST_WORKERS)
     if workers > 1:
         option.numprocesses = workers
 
