@@ -1,8 +1,10 @@
 """A whole run in one process over the in-memory transport.
 
 The coordinator and the shard servers run on event-loop threads of their own, each worker and the
-evaluator on a plain thread (as the main thread of their process would), all on the ``digits``
-data set, which needs no network. The coordinator reports into a sink that keeps rows in lists.
+evaluator on a plain thread (as the main thread of their process would), all on the first
+``TRAIN`` samples of the ``digits`` data set, which needs no network: enough clocks to show each
+behaviour, few enough to keep the fast tier fast. The coordinator reports into a sink that keeps
+rows in lists.
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from engine.wire.records import (
     EventRecord,
     IterationRecord,
     LayerRecord,
+    ProcessSample,
     RunStatus,
     SyncRecord,
 )
 
 TOKEN = "cluster-test-token"
-DIGITS_TRAIN = 1438  # 1797 samples, 20 % held out for the test set
+TRAIN = 384  # of digits' 1438 training samples: 6 batches of 32 per worker of two, 4 of three
+CHANCE = 0.1  # ten classes
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Sink:
     evaluations: list[EvaluationRecord] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
     layers: list[LayerRecord] = field(default_factory=list)
+    samples: list[ProcessSample] = field(default_factory=list)
 
     def record_iterations(self, rows: list[IterationRecord]) -> None:
         self.iterations.extend(rows)
@@ -69,6 +74,9 @@ class Sink:
 
     def record_sync(self, row: SyncRecord) -> None:
         self.syncs.append(row)
+
+    def record_process_samples(self, rows: list[ProcessSample]) -> None:
+        self.samples.extend(rows)
 
     def kinds(self) -> list[str]:
         return [event.kind for event in self.events]
@@ -121,6 +129,7 @@ def run_cluster(overrides: dict[str, Any], *, timeout: float = 60.0) -> Outcome:
             "cluster.request_timeout_s": 30.0,
             "cluster.connect_timeout_s": 30.0,
             "eval.interval_s": 600.0,
+            "data.train_limit": TRAIN,
             **overrides,
         },
     )
@@ -192,8 +201,17 @@ def run_cluster(overrides: dict[str, Any], *, timeout: float = 60.0) -> Outcome:
                 loop_thread.loop.close()
 
 
+def learned(outcome: Outcome) -> None:
+    """The final model beats guessing by a wide margin: what a broken update rule, a lost push
+    or a garbled pull would not reach. A floor, not a benchmark: how well each policy learns is
+    measured in bench/."""
+    final = outcome.sink.evaluations[-1]
+    print(f"accuracy {final.accuracy:.3f} after step {final.step}")
+    assert final.accuracy > 3 * CHANCE, final
+
+
 def iterations_per_epoch(workers: int, batch_size: int) -> int:
-    per_worker = DIGITS_TRAIN // workers
+    per_worker = TRAIN // workers
     return -(-per_worker // batch_size)
 
 
@@ -214,7 +232,7 @@ def test_bsp_run_over_memory() -> None:
     assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
 
     ipe = iterations_per_epoch(2, 32)
-    assert ipe == 23
+    assert ipe == 6
     per_worker = config.train.epochs * ipe
     assert outcome.worker_iterations == {0: per_worker, 1: per_worker}
     rows = sink.iterations
@@ -223,7 +241,7 @@ def test_bsp_run_over_memory() -> None:
         mine = [row for row in rows if row.worker == worker]
         assert [row.iteration for row in mine] == list(range(per_worker))
         assert [row.epoch for row in mine] == [i // ipe for i in range(per_worker)]
-        assert sum(row.samples for row in mine) == config.train.epochs * (DIGITS_TRAIN // 2)
+        assert sum(row.samples for row in mine) == config.train.epochs * (TRAIN // 2)
     for row in rows:
         wall = row.ended_at - row.started_at
         phases = row.compute_s + row.push_s + row.pull_s + row.wait_s
@@ -238,7 +256,7 @@ def test_bsp_run_over_memory() -> None:
     assert any(row.wait_s > 0 for row in rows)  # the first pusher of a clock waits
 
     final = sink.evaluations[-1]
-    assert final.accuracy > 0.85
+    learned(outcome)
     assert final.step == per_worker  # one server version per BSP clock
     epochs = [row.epoch for row in sink.evaluations]
     assert epochs[0] == 1.0  # after the first epoch (a skipped one shows no 1.0 here)
@@ -286,7 +304,7 @@ def test_asp_run_over_memory_shows_staleness() -> None:
     stats = [e.detail for e in outcome.sink.events if e.kind == "server_stats"]
     assert [s["version"] for s in stats] == [2 * per_worker] * 2  # one version per push
     assert outcome.sink.evaluations[-1].step == 2 * per_worker
-    assert outcome.sink.evaluations[-1].accuracy > 0.7
+    learned(outcome)
 
 
 @pytest.mark.timeout(120)
@@ -371,7 +389,7 @@ def test_pruned_pushes_travel_sparse_and_commit_every_clock(model: str,
         assert shard["duplicates"] == 0
         if model == "bsp":
             assert set(shard["range_versions"]) == {len(rows) // 2}
-    assert outcome.sink.evaluations[-1].accuracy > 0.6
+    learned(outcome)
 
 
 @pytest.mark.timeout(120)
@@ -396,7 +414,7 @@ def test_filtered_pulls_train_from_the_workers_copies(model: str,
     # Bounded delay and the overlapped loop train these short runs to anywhere between 12 %
     # and 82 %, with or without the filter (measured), so only the others are held to a bar.
     if model != "bounded-delay" and not extra.get("train.overlap"):
-        assert outcome.sink.evaluations[-1].accuracy > 0.6
+        learned(outcome)
 
 
 @pytest.mark.timeout(120)
@@ -416,7 +434,7 @@ def test_a_range_size_keeps_every_model_in_step(model: str, extra: dict[str, obj
     if model == "bsp":  # one round per clock on every clock range, and staleness 0
         assert all(set(shard["range_versions"]) == {per_worker} for shard in stats)
         assert {row.staleness for row in outcome.sink.iterations} == {0}
-    assert outcome.sink.evaluations[-1].accuracy > 0.5
+    learned(outcome)
 
 
 @pytest.mark.timeout(120)
@@ -425,7 +443,7 @@ def test_scheduled_requests_record_every_layer(schedule: str) -> None:
     outcome = run_cluster({"cluster.workers": 3, "cluster.servers": 2, "train.epochs": 2,
                            "train.batch_size": 32, "sync.model": "ssp", "sync.staleness": 1,
                            "model.hidden": [64], "comm.schedule": schedule,
-                           "heterogeneity.stragglers": [{"rank": 1, "factor": 3.0}]})
+                           "heterogeneity.stragglers": [{"rank": 1, "factor": 10.0}]})
     assert (outcome.status, outcome.reason) == (RunStatus.FINISHED, "all epochs done")
     per_worker = 2 * iterations_per_epoch(3, 32)
     assert outcome.worker_iterations == {0: per_worker, 1: per_worker, 2: per_worker}
@@ -447,4 +465,4 @@ def test_scheduled_requests_record_every_layer(schedule: str) -> None:
     # SSP's bound holds per layer: no push more than 1 + (workers - 1) clocks stale is a
     # stronger claim than the model makes, so only that the straggler made others wait.
     assert max(r.suspend_s for r in outcome.sink.layers if r.worker != 1) > 0
-    assert outcome.sink.evaluations[-1].accuracy > 0.5
+    learned(outcome)

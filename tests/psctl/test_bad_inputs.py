@@ -2,14 +2,17 @@
 that is not there, as documented), never a traceback: files that are not UTF-8, database paths
 that cannot be used, non-finite or huge numbers, and megabyte-long arguments.
 
-Each case runs ``python -m psctl`` as a user would; none starts a run, because every input here
-must be refused before anything is launched.
+Each case calls psctl's Typer app in this process (tests.conftest.psctl_in_process), with the
+exit code, stdout and stderr a user would see; a few run ``python -m psctl`` itself, in the
+integration tier (test_bad_inputs_process.py). None starts a run, because every input here must be
+refused before anything is launched.
 """
 
 from __future__ import annotations
 
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ import pytest
 from engine.config import RunConfig
 from engine.recorder import Recorder
 from engine.wire.records import RunStatus
-from tests.conftest import psctl
+from tests.conftest import psctl_in_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,10 +52,13 @@ def fresh_db(tmp_path: Path) -> Path:
     return tmp_path / "fresh" / "experiments.db"
 
 
+Psctl = Callable[..., subprocess.CompletedProcess[str]]
+
+
 def refused(*args: str, db: Path, code: int | tuple[int, ...] = (1, 2),
-            cwd: Path | None = None) -> str:
+            cwd: Path | None = None, via: Psctl = psctl_in_process) -> str:
     """psctl's one-line error (without the ``error: `` prefix) for a command that must fail."""
-    done = run(*args, db=db, cwd=cwd)
+    done = run(*args, db=db, cwd=cwd, via=via)
     codes = code if isinstance(code, tuple) else (code,)
     assert done.returncode in codes, done.stderr[-2000:]
     lines = done.stderr.splitlines()
@@ -61,17 +67,18 @@ def refused(*args: str, db: Path, code: int | tuple[int, ...] = (1, 2),
     return lines[0].removeprefix("error: ")
 
 
-def usage_error(*args: str, db: Path, option: str) -> str:
+def usage_error(*args: str, db: Path, option: str, via: Psctl = psctl_in_process) -> str:
     """Typer's own usage error (exit 2): a usage line, a hint and a boxed one-line message."""
-    done = run(*args, db=db)
+    done = run(*args, db=db, via=via)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 5, done.stderr
     assert f"Invalid value for '{option}'" in done.stderr, done.stderr
     return done.stderr
 
 
-def run(*args: str, db: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    done = psctl(*args, db=db, timeout=60, cwd=cwd)
+def run(*args: str, db: Path, cwd: Path | None = None,
+        via: Psctl = psctl_in_process) -> subprocess.CompletedProcess[str]:
+    done = via(*args, db=db, cwd=cwd)
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done
 

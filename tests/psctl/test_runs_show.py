@@ -15,7 +15,7 @@ import pytest
 from engine.config import RunConfig
 from engine.recorder import Recorder
 from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
-from tests.conftest import psctl
+from tests.conftest import psctl_in_process as psctl
 
 T0 = 1_700_000_000.0
 

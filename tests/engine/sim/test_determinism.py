@@ -1,16 +1,17 @@
-"""Acceptance 1 of the simulator: the same configuration and seed give identical rows."""
+"""Acceptance 1 of the simulator: the same configuration and seed give identical rows (psctl
+launch --backend sim, called in this process: the simulator starts no process of its own)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from tests.conftest import psctl
+from tests.conftest import psctl_in_process
 
 _ARGS = ("launch", "--backend", "sim", "--dataset", "digits", "--workers", "4", "--servers", "2",
          "--epochs", "2", "--sync", "ssp", "--staleness", "2", "--straggler", "1:3x",
          "--jitter", "lognormal:0.3", "--compute-ms", "20", "--server-ms", "2",
-         "--eval-interval", "0.2", "--no-live")
+         "--eval-interval", "0.2", "--train-limit", "768", "--no-live")
 # Every timestamp is the run's start plus virtual time: compared relative to the start.
 _TIMES = ("started_at", "ended_at", "pushed_at", "acked_at")
 
@@ -21,7 +22,7 @@ def _rows(db: Path, name: str, table: str, order: str) -> list[tuple[object, ...
         cursor = conn.execute(f"SELECT * FROM {table} WHERE run_id = (SELECT id FROM runs WHERE "
                               f"name = ?) ORDER BY {order}", (name,))
         columns = [d[0] for d in cursor.description]
-        rows = []
+        rows: list[tuple[object, ...]] = []
         for row in cursor.fetchall():
             values = dict(zip(columns, row, strict=True))
             values.pop("run_id")
@@ -36,10 +37,10 @@ def _rows(db: Path, name: str, table: str, order: str) -> list[tuple[object, ...
 def test_same_seed_same_rows_and_another_seed_differs(tmp_path: Path) -> None:
     db = tmp_path / "sim.db"
     for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
-        done = psctl(*_ARGS, "--seed", seed, "--name", name, db=db)
+        done = psctl_in_process(*_ARGS, "--seed", seed, "--name", name, db=db)
         assert done.returncode == 0, done.stderr
     first = _rows(db, "a", "iterations", "worker, iteration")
-    assert len(first) == 4 * 2 * 6  # digits: 1437 samples, 80 % to train: 359 per worker
+    assert len(first) == 4 * 2 * 3  # 768 training samples: 192 per worker, 3 batches of 64
     assert first == _rows(db, "b", "iterations", "worker, iteration")
     assert _rows(db, "a", "evaluations", "at") == _rows(db, "b", "evaluations", "at")
     assert first != _rows(db, "c", "iterations", "worker, iteration")
