@@ -104,6 +104,9 @@ class Recovery(CoordinatorBase):
         self._watch.detector.heard(beat.rank, beat.seq, beat.loop_lag_s)
 
     def _judge(self, peer: Peer) -> None:
+        if peer.rank not in self._watch.detector.arrivals:  # joined since (psctl scale)
+            self._watch.watch(peer.rank)
+            return
         only = self.placement.only_copies(peer.rank)
         verdict = self._watch.judge(peer.rank, peer.pid, ours=peer.ours, last_copy=bool(only))
         detail = {"rank": peer.rank, "pid": peer.pid, "silent_s": round(verdict.silent_s, 3),

@@ -176,3 +176,24 @@ def test_no_final_checkpoint_is_tried_once_a_range_has_no_copy_left(tmp_path: Pa
 
     # one copy left: saved (resumable); none left: not tried (it waited 30 s for nobody)
     assert asyncio.run(wants()) == (True, False)
+
+
+def test_a_server_that_joined_while_training_is_watched_from_its_first_look() -> None:
+    from engine.config import build_config
+    from engine.roles.coordinator import model_layout
+    from engine.roles.peer import Peer
+
+    async def main() -> tuple[bool, list[str]]:
+        config = build_config({}, {"data.dataset": "digits", "cluster.workers": 1,
+                                   "cluster.servers": 2, "cluster.replicas": 1})
+        events = _Events()
+        coordinator = Coordinator(config, run_id="f" * 32, token="t",
+                                  layout=model_layout(config), recorder=events)
+        newcomer = Peer("server", 2, _Connection(), welcomed=True, pid=4444,  # type: ignore[arg-type]
+                        newcomer=True)
+        coordinator._judge(newcomer)  # was a KeyError that ended the run (psctl scale)
+        coordinator._judge(newcomer)
+        return 2 in coordinator._watch.detector.arrivals, events.kinds
+
+    watched, kinds = asyncio.run(main())
+    assert watched and "server_unresponsive" not in kinds
