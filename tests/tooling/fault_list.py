@@ -69,7 +69,9 @@ def load_faults(path: Path = FAULTS_FILE) -> list[Fault]:
         missing = [f for f in _FIELDS if not isinstance(entry.get(f), str) or not entry[f]]
         if missing:
             raise FaultError(f"{path.name}: fault {number} lacks {', '.join(missing)}")
-        faults.append(Fault(*(entry[f] for f in _FIELDS), first=tuple(entry.get("first", ()))))
+        name, area, description, file, original, replacement = (entry[f] for f in _FIELDS)
+        faults.append(Fault(name, area, description, file, original, replacement,
+                            tuple(entry.get("first", ()))))
     names = [f.name for f in faults]
     if len(set(names)) != len(names):
         raise FaultError(f"{path.name}: two faults share a name")
