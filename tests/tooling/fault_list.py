@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -198,7 +199,7 @@ def write_report(faults: list[Fault], results: list[dict[str, Any]],
     known = {r["name"]: r for r in previous.get("faults", [])} | {r["name"]: r for r in results}
     entries = [known[f.name] for f in faults if f.name in known]
     report = {
-        "command": " ".join(["python", *FAST_TIER[1:]]),
+        "command": shlex.join(["python", *FAST_TIER, "tests"]),
         "cpus": os.cpu_count(), "python": platform.python_version(),
         "load_average_at_end": list(os.getloadavg()),
         **_tree_state(),
