@@ -117,7 +117,8 @@ def _environment(root: Path) -> dict[str, str]:
     return env
 
 
-def run_fast_tier(root: Path, first: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+def run_fast_tier(root: Path, first: tuple[str, ...], timeout_s: float,
+                  deselect: tuple[str, ...] = ()) -> dict[str, Any]:
     """The fast tier in ``root``: the verdict, the exit code, the time and the failing tests.
 
     ``first`` (test files of the fast tier) run on their own before the rest: when they fail,
@@ -127,16 +128,19 @@ def run_fast_tier(root: Path, first: tuple[str, ...], timeout_s: float) -> dict[
     started = time.monotonic()
     ordered = [path for path in first if (root / path).is_file()]
     stage = "first files"
-    run = _pytest(root, ordered, timeout_s) if ordered else None
+    run = _pytest(root, ordered, timeout_s, deselect) if ordered else None
     if run is None or run["verdict"] == "passed" or run["exit_code"] == 5:  # 5: none selected
         stage = "whole tier"
-        run = _pytest(root, ["tests"], max(timeout_s - (time.monotonic() - started), 1.0))
+        run = _pytest(root, ["tests"], max(timeout_s - (time.monotonic() - started), 1.0),
+                      deselect)
     return {**run, "stage": stage, "first": ordered,
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def _pytest(root: Path, paths: list[str], timeout_s: float) -> dict[str, Any]:
-    command = [sys.executable, *FAST_TIER, *paths]
+def _pytest(root: Path, paths: list[str], timeout_s: float,
+            deselect: tuple[str, ...]) -> dict[str, Any]:
+    skipped = [arg for node in deselect for arg in ("--deselect", node)]
+    command = [sys.executable, *FAST_TIER, *skipped, *paths]
     with tempfile.TemporaryFile() as log:
         # Its own session, so that a run past its time is ended with everything it started.
         process = subprocess.Popen(command, cwd=root, env=_environment(root), stdout=log,
@@ -151,7 +155,7 @@ def _pytest(root: Path, paths: list[str], timeout_s: float) -> dict[str, Any]:
         output = log.read().decode(errors="replace")
     verdict = ("timeout" if code is None else "failed" if code in FAILED_CODES
                else "passed" if code == 0 else "error")
-    return {"verdict": verdict, "exit_code": code,
+    return {"verdict": verdict, "exit_code": code, "deselected": list(deselect),
             "failing": re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)[:5],
             "summary": _summary_line(output)}
 
@@ -162,12 +166,13 @@ def _summary_line(output: str) -> str:
                  or "error" in line), output.strip().splitlines()[-1] if output.strip() else "")
 
 
-def run_one(fault: Fault | None, timeout_s: float) -> dict[str, Any]:
+def run_one(fault: Fault | None, timeout_s: float,
+            deselect: tuple[str, ...] = ()) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="psctl-fault-") as scratch:
         root = scratch_copy(Path(scratch))
         if fault is not None:
             apply_fault(root, fault)
-        return run_fast_tier(root, fault.first if fault else (), timeout_s)
+        return run_fast_tier(root, fault.first if fault else (), timeout_s, deselect)
 
 
 def fault_result(fault: Fault, run: dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +230,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="do not run the unmutated copy first")
     parser.add_argument("--baseline-only", action="store_true",
                         help="run the unmutated copy only")
+    parser.add_argument("--deselect", action="append", metavar="NODEID", default=[],
+                        help="leave this test out of every run (repeatable; e.g. one that "
+                             "fails on a loaded machine); the report lists it")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="time limit of one fast-tier run (default %(default)g)")
     return parser.parse_args(argv)
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     baseline = None
     if args.baseline_only or not (args.only or args.no_baseline):
-        baseline = run_one(None, args.timeout)
+        baseline = run_one(None, args.timeout, tuple(args.deselect))
         print(f"baseline (no fault): {baseline['verdict']} in {baseline['seconds']} s: "
               f"{baseline['summary']}", flush=True)
         if baseline["verdict"] != "passed":
@@ -264,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     results = []
     for fault in chosen:
-        results.append(fault_result(fault, run_one(fault, args.timeout)))
+        results.append(fault_result(fault, run_one(fault, args.timeout,
+                                                   tuple(args.deselect))))
         last = results[-1]
         print(f"{fault.name}: {last['result']} in {last['seconds']} s "
               f"{' '.join(last['failing'][:1]) or last['summary']}", flush=True)
