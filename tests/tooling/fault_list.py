@@ -8,9 +8,10 @@ time, to a scratch copy of the repository and run the fast tier there.
 
 A fault is caught when the fast tier fails on the mutated copy; that only means something if
 the unmutated copy passes, so a full run checks it first (``--no-baseline`` skips it). The
-working tree is never changed: the tracked files (as they are on disk, edits included) are
-copied to a temporary folder for each run. Results go to bench/results/fault_list.json; runs of
-some faults only (``--only``) update their entries and keep the others'.
+working tree is never changed: the tracked files (as they are on disk, edits included; a new
+test file must be `git add`ed to be in the copy) are copied to a temporary folder for each run.
+Results go to bench/results/fault_list.json; runs of some faults only (``--only``) update their
+entries and keep the others'.
 """
 
 from __future__ import annotations

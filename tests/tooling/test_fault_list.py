@@ -3,6 +3,7 @@ list cannot rot silently when the code it patches moves."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,10 @@ def test_each_fault_applies_once_and_changes_the_code(fault: Fault) -> None:
     # Product code only, not the tests that should catch it; the run-first files exist.
     assert not fault.file.startswith("tests/")
     assert all((REPO / path).is_file() for path in fault.first), fault.first
+    # The scratch copy holds tracked files only: an untracked first file would be skipped.
+    tracked = subprocess.run(["git", "ls-files", "--", *fault.first], cwd=REPO, text=True,
+                             capture_output=True, check=True, timeout=60).stdout.split()
+    assert sorted(tracked) == sorted(fault.first)
 
 
 def test_a_moved_original_is_refused_loudly(tmp_path: Path) -> None:
