@@ -1,0 +1,85 @@
+"""A worker's pull over several shards puts each shard's answer in that shard's own keys: a whole
+range, a range that straddles shards, and a key list, in process over the memory transport."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from engine.aio import LoopThread
+from engine.consistency.registry import make_controller
+from engine.keys import KeyRange
+from engine.server.optimizers import SGD
+from engine.server.pull_filter import make_pull_filter
+from engine.server.service import ShardServer
+from engine.server.shard import ShardState
+from engine.transport import MemoryTransport
+from engine.wire.protocol import Role
+from engine.worker.client import ParameterClient, ShardAddress
+
+TOKEN = "join-token-for-pull-range-tests"
+RUN = bytes.fromhex("00112233445566778899aabbccddeeff")
+MIB = 2**20
+# Three shards of the same size: an answer put in another shard's keys keeps its shape.
+SHARDS = [KeyRange(0, 4), KeyRange(4, 8), KeyRange(8, 12)]
+START = np.arange(1, 13, dtype=np.float32) * 10
+
+
+@pytest.fixture
+def client() -> Iterator[ParameterClient]:
+    transport = MemoryTransport()
+    server_loop, io = LoopThread("pull-range-servers"), LoopThread("pull-range-client")
+    servers, shards = [], []
+    for rank, keys in enumerate(SHARDS):
+        state = ShardState(keys, make_controller("asp", workers=1, ranges=1),
+                           SGD(len(keys), lr=1.0), workers=1)
+        server = ShardServer(state, run=RUN, rank=rank, max_frame_bytes=MIB,
+                             pull_filter=make_pull_filter("none", 1000, 1, len(keys)))
+        address = server_loop.call(server.start(transport, "127.0.0.1", 0, token=TOKEN), 10)
+        servers.append(server)
+        shards.append(ShardAddress(rank, address, keys))
+    worker = ParameterClient(transport, shards, token=TOKEN, run=RUN, role=Role.WORKER, rank=0,
+                             connect_timeout_s=5.0, request_timeout_s=10.0,
+                             max_frame_bytes=4 * MIB, io=io)
+    try:
+        worker.connect()
+        worker.wait(worker.init(START.copy()), timeout=5)
+        yield worker
+    finally:
+        worker.close()
+        for server in servers:
+            server_loop.call(server.close(), 10)
+        for thread in (io, server_loop):
+            thread.stop()
+
+
+def pulled(client: ParameterClient, keys: KeyRange | np.ndarray) -> list[float]:
+    out = np.zeros(len(keys), dtype=np.float32)
+    client.wait(client.pull(keys, out, clock=0), timeout=5)
+    return out.tolist()
+
+
+def test_a_pull_of_every_key_gets_each_shard_s_values_in_place(client: ParameterClient) -> None:
+    assert pulled(client, KeyRange(0, 12)) == START.tolist()
+
+
+@pytest.mark.parametrize("keys", [KeyRange(2, 11), KeyRange(3, 5), KeyRange(4, 8)])
+def test_a_pull_of_a_range_across_shards_gets_those_keys(client: ParameterClient,
+                                                           keys: KeyRange) -> None:
+    assert pulled(client, keys) == START[keys.start:keys.end].tolist()
+
+
+def test_a_pull_of_a_key_list_across_shards_gets_those_keys(client: ParameterClient) -> None:
+    keys = np.array([1, 5, 6, 9, 11], dtype=np.uint32)
+    assert pulled(client, keys) == START[keys].tolist()
+
+
+def test_a_pushed_gradient_lands_on_its_own_shard_s_keys(client: ParameterClient) -> None:
+    grad = np.zeros(12, dtype=np.float32)
+    grad[5] = 1.0  # on the middle shard only
+    client.wait(client.push(KeyRange(0, 12), grad, clock=0, base_versions={}), timeout=5)
+    expected = START.copy()
+    expected[5] -= 1.0  # lr 1, one worker: the mean is the gradient
+    assert pulled(client, KeyRange(0, 12)) == expected.tolist()
