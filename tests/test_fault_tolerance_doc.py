@@ -148,7 +148,7 @@ def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
         tmp_path: Path) -> None:
     env, db = _env(tmp_path), tmp_path / "experiments.db"
     resume, grow, shrink = _lines(BLOCKS[1])
-    crashing = _start(env, tmp_path, "--epochs", "40", "--sync", "asp", "--checkpoint-every",
+    crashing = _start(env, tmp_path, "--epochs", "15", "--sync", "asp", "--checkpoint-every",
                       "1", "--name", "crashed")
     try:
         _await(lambda: db.exists() and _query(db, "SELECT count(*) FROM events WHERE kind = "
