@@ -21,7 +21,8 @@ from tests.integration.support import config, processes_with, query, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-DIGITS = {"data__dataset": "digits", "cluster__workers": 2, "cluster__servers": 2,
+WORKERS = 2
+DIGITS = {"data__dataset": "digits", "cluster__workers": WORKERS, "cluster__servers": 2,
           "train__seed": 3}
 
 
@@ -45,7 +46,7 @@ def _every_clock_done(launcher: Launcher) -> None:
     is bench/faults.py's (a gap there is reported, not failed)."""
     planned = json.loads(query(launcher.db, "SELECT detail FROM events WHERE kind = "
                                             "'training_started'")[0][0])["total_iterations"]
-    workers = int(DIGITS["cluster__workers"])
+    workers = WORKERS
     per_worker = planned // workers
     assert query(launcher.db, "SELECT worker, count(DISTINCT iteration), max(iteration) FROM "
                               "iterations GROUP BY worker") == [
