@@ -15,9 +15,9 @@ if str(REPO) not in sys.path:
 
 from bench import peers  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-
+@pytest.mark.integration  # real DDP and psctl processes; the findings below are in-process
+@pytest.mark.timeout(300)
 def test_quick_run_compares_ddp_and_psctl(tmp_path: Path) -> None:
     out = tmp_path / "peers.json"
     docs_before = peers.C.DOCS.read_text()
