@@ -46,11 +46,10 @@ def _every_clock_done(launcher: Launcher) -> None:
     is bench/faults.py's (a gap there is reported, not failed)."""
     planned = json.loads(query(launcher.db, "SELECT detail FROM events WHERE kind = "
                                             "'training_started'")[0][0])["total_iterations"]
-    workers = WORKERS
-    per_worker = planned // workers
+    per_worker = planned // WORKERS
     assert query(launcher.db, "SELECT worker, count(DISTINCT iteration), max(iteration) FROM "
                               "iterations GROUP BY worker") == [
-        (worker, per_worker, per_worker - 1) for worker in range(workers)]
+        (worker, per_worker, per_worker - 1) for worker in range(WORKERS)]
 
 
 def _events(launcher: Launcher, kind: str) -> list[dict[str, object]]:
