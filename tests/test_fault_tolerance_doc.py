@@ -50,6 +50,24 @@ def _kinds(db: Path, name: str) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+def _every_clock_done(db: Path, name: str, restarted_at: dict[int, int] | None = None) -> None:
+    """Each worker of the run did each of its planned clocks, whatever was killed on the way:
+    the exact part of "the run ends as if undisturbed". A restarted worker's rows count from
+    the clock it went on from (rows it had not reported when killed are lost with it). How
+    close accuracy and time come to a clean run's is bench/faults.py's (reported, not failed)."""
+    [(run_id, config)] = _query(db, "SELECT id, config_json FROM runs WHERE name = ?", name)
+    workers = json.loads(config)["cluster"]["workers"]
+    [(detail,)] = _query(db, "SELECT detail FROM events WHERE run_id = ? AND kind = "
+                             "'training_started'", run_id)
+    per_worker = json.loads(detail)["total_iterations"] // workers
+    for worker in range(workers):
+        since = (restarted_at or {}).get(worker, 0)
+        assert _query(db, "SELECT count(DISTINCT iteration), max(iteration) FROM iterations "
+                          "WHERE run_id = ? AND worker = ? AND iteration >= ?",
+                      run_id, worker, since) == [(per_worker - since, per_worker - 1)], (
+            name, worker)
+
+
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PSCTL_DB": str(tmp_path / "experiments.db"), "NO_COLOR": "1",
             "COLUMNS": "200"}
@@ -64,15 +82,28 @@ def test_the_four_documented_runs_finish_with_the_events_the_document_names(
     statuses = dict(_query(db, "SELECT name, status FROM runs"))
     assert statuses == {name: "finished" for name in ("restarted", "failover", "rereplicated",
                                                        "lossy", "saved")}
+    # These runs are also the suite's only real-process checks of a restarted worker, a
+    # failed-over primary, re-replication and lossy ASP links (tests/integration/
+    # test_fault_tolerance.py has BSP's lossy links and the hung primary).
     restarted = _kinds(db, "restarted")
+    assert [e["spec"] for e in restarted["fault_injected"]] == ["kill:worker:1@2s"]
     assert [e["rank"] for e in restarted["worker_lost"]] == [1]
     assert [e["rank"] for e in restarted["worker_rejoined"]] == [1]
+    first = [e for e in restarted["worker_ready"] if e["rank"] == 1][-1]["first_iteration"]
+    assert isinstance(first, int) and first > 0  # it went on from its clock, not from 0
+    _every_clock_done(db, "restarted", {1: first})
     failover = _kinds(db, "failover")
-    assert [e["lost"] for e in failover["failover"]] == [0]
-    assert 0 < failover["failover_complete"][0]["seconds"] <= 1.0
-    assert "server_lost" in failover
+    assert [e["rank"] for e in failover["server_lost"]] == [0]
+    assert [(e["index"], e["lost"], e["primary"]) for e in failover["failover"]] == [(0, 0, 1)]
+    # How fast the backup took over is bench/faults.py's (failover_s), not a bound here.
+    assert len(failover["failover_complete"]) == 1
+    assert failover["failover_complete"][0]["seconds"] > 0
+    _every_clock_done(db, "failover")  # the backup served the lost keys to the end
     lossy = _kinds(db, "lossy")
     assert sum(e["dropped"] for e in lossy["link_faults"]) > 0
+    assert sum(e["resent"] for e in lossy["link_faults"]) > 0
+    assert {e["spec"] for e in lossy["fault_injected"]} == {"drop:1%", "delay:5ms"}
+    _every_clock_done(db, "lossy")  # how well lossy ASP learns: bench/faults.py
     assert len(_kinds(db, "saved")["checkpoint"]) >= 1
     shown = _psctl(["psctl", "runs", "show", "failover"], env, tmp_path)
     assert shown.returncode == 0, shown.stderr
@@ -80,9 +111,15 @@ def test_the_four_documented_runs_finish_with_the_events_the_document_names(
         assert kind in shown.stdout
     rereplicated = _kinds(db, "rereplicated")
     assert [e["rank"] for e in rereplicated["server_lost"]] == [0, 1]
-    assert [e["lost"] for e in rereplicated["failover"]] == [0, 1]
-    assert sorted((e["rank"], e["index"]) for e in rereplicated["rereplicated"]) == [
-        (0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [e["rank"] for e in rereplicated["server_rejoined"]] == [0, 1]
+    assert [(e["index"], e["lost"], e["primary"]) for e in rereplicated["failover"]] == [
+        (0, 0, 1), (1, 1, 0)]
+    handed = [(e["index"], e["rank"]) for e in rereplicated["rereplicated"]]
+    assert sorted(handed[:2]) == [(0, 0), (1, 0)]  # server 0 took both ranges back ...
+    assert sorted(handed[2:]) == [(0, 1), (1, 1)]  # ... and so did server 1 after its death
+    # each serves its own range again; how long each hand-over held is bench/moves.py's
+    assert [(e["index"], e["rank"]) for e in rereplicated["primary_moved"]] == [(0, 0), (1, 1)]
+    _every_clock_done(db, "rereplicated")
     shown = _psctl(["psctl", "runs", "show", "rereplicated"], env, tmp_path)
     for kind in ("server_rejoined", "rereplicated", "primary_moved"):
         assert kind in shown.stdout
@@ -111,7 +148,7 @@ def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
         tmp_path: Path) -> None:
     env, db = _env(tmp_path), tmp_path / "experiments.db"
     resume, grow, shrink = _lines(BLOCKS[1])
-    crashing = _start(env, tmp_path, "--epochs", "40", "--sync", "asp", "--checkpoint-every",
+    crashing = _start(env, tmp_path, "--epochs", "15", "--sync", "asp", "--checkpoint-every",
                       "1", "--name", "crashed")
     try:
         _await(lambda: db.exists() and _query(db, "SELECT count(*) FROM events WHERE kind = "

@@ -45,7 +45,6 @@ def _finish(processes: list[subprocess.Popen[str]], timeout: float) -> list[tupl
 
 def test_a_role_that_never_arrives_is_named_when_the_wait_ends(tmp_path: Path) -> None:
     db, token = tmp_path / "missing.db", secrets.token_urlsafe(32)
-    started = time.monotonic()
     coordinator, address = _coordinator(db, token, "--workers", "2", "--servers", "1",
                                         "--dataset", "digits", "--join-timeout", "12")
     contract = {"PSCTL_COORDINATOR": address, "PSCTL_TOKEN": token}
@@ -58,7 +57,6 @@ def test_a_role_that_never_arrives_is_named_when_the_wait_ends(tmp_path: Path) -
     assert "1 of 4 processes (worker 0) did not join" in output, output
     assert "--join-timeout" in output
     assert all(process.returncode is not None for process in (server, worker, evaluator))
-    assert time.monotonic() - started < 80  # 12 s + 3 s per process, plus starting up
     [(status, reason)] = query(db, "SELECT status, reason FROM runs")
     assert status == "failed" and "worker 0" in reason
 

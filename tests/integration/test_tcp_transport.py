@@ -42,5 +42,4 @@ def test_a_run_over_tcp_trains_exactly_as_one_over_websockets(tmp_path: Path) ->
     assert losses["tcp"] == losses["websocket"]
     finals = {name: query(db, "SELECT accuracy, loss FROM evaluations WHERE run_id = ? "
                               "ORDER BY id DESC LIMIT 1", ids[name])[0] for name in ids}
-    assert finals["tcp"] == finals["websocket"]
-    assert finals["tcp"][0] > 0.8  # 2 epochs of digits reach about 0.88
+    assert finals["tcp"] == finals["websocket"]  # to the bit; how well: bench/end_to_end.py
