@@ -204,7 +204,9 @@ class Coordinator(Recovery, Scaling, Moves):
         self.progress = Progress()
         self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
             asyncio.get_running_loop().create_future()
-        self.started_at = time.time()
+        # started_at moves back by a resumed run's active time (its evaluations' clock);
+        # opened_at is when this coordinator began, for what happened since (exit notes).
+        self.started_at = self.opened_at = time.time()
         self.join_deadline_s = join_deadline_s(config)
         self._role_config = _role_config(config)
         self.best_accuracy = 0.0

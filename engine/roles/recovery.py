@@ -31,6 +31,7 @@ class Recovery(CoordinatorBase):
     _watch: ServerWatch
     _training_at: float
     started_at: float
+    opened_at: float
 
     def _on_server_event(self, row: EventRecord) -> None:
         detail = row.detail
@@ -162,7 +163,7 @@ class Recovery(CoordinatorBase):
             if self.peers.get((lost.role, lost.rank)) is not lost:
                 return
             note = None if self.folder is None else read_exit_note(
-                self.folder, lost.role, lost.rank, self.started_at)
+                self.folder, lost.role, lost.rank, self.opened_at)
             if note is not None:
                 self.fail(f"{lost} {note}")
                 return
