@@ -30,7 +30,6 @@ class Recovery(CoordinatorBase):
     _killed_at: dict[tuple[str, int], float]
     _watch: ServerWatch
     _training_at: float
-    started_at: float
     opened_at: float
 
     def _on_server_event(self, row: EventRecord) -> None:
@@ -90,10 +89,7 @@ class Recovery(CoordinatorBase):
         if not self.config.cluster.replicas:
             return
         await self.training.wait()
-        detector = self._watch.detector
-        for peer in self.peers.values():
-            if peer.role == "server" and peer.rank not in detector.arrivals:
-                self._watch.watch(peer.rank)
+        detector = self._watch.detector  # each server is watched from its first look (_judge)
         while True:
             await asyncio.sleep(detector.interval_s)
             detector.tick(time.monotonic())
