@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from psctl.study_report import Row
+    from psctl.study_rows import Row
 
 _PANEL_W, _PANEL_H, _MAX_COLUMNS = 5.5, 3.8, 3
 

@@ -80,34 +80,66 @@ PROCESS_MODULES = frozenset({
 })
 
 
-FAST_TIER = "not integration"
 # A cap, so that a many-core machine does not start dozens of workers that each import torch.
 _MOST_WORKERS = 4
+# The slowest modules (seconds of work, measured on 2 cores), started first so that the last
+# minutes of a parallel run are spent on short tests on both workers, not on one long module
+# while the other worker idles. Only the order depends on this list, never what runs.
+SLOW_FIRST = (
+    "tests/test_fault_tolerance_doc.py", "tests/integration/test_sync_models.py",
+    "tests/integration/test_fault_tolerance.py", "tests/test_readme.py",
+    "tests/integration/test_sandblaster.py", "tests/integration/test_pipeline.py",
+    "tests/integration/test_slow_reader.py", "tests/integration/test_role_failures.py",
+    "tests/integration/test_learning_runs.py", "tests/integration/test_ray_backend.py",
+)
+
+
+def _whole_tiers(config: pytest.Config) -> bool:
+    """True when the run names no test file or test: the suite, a tier or a folder of it."""
+    return all(Path(arg.split("::")[0]).is_dir() for arg in config.args)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """The fast tier (``-m "not integration"``) runs on pytest-xdist workers, one per core, unless
-    ``-n`` was given or xdist is missing or disabled (``-p no:xdist``). Only the fast tier:
-    its tests share no ports, processes or files, while an integration test starts 4-6
-    processes of its own, which are better not doubled on a small machine. ``-n 0`` runs the
-    fast tier in this one process."""
+    """The suite and its tiers run on pytest-xdist workers, one per core, unless ``-n`` was
+    given (``-n 0``: in this one process), xdist is missing or disabled (``-p no:xdist``), or
+    the run names a file or a test (seconds: not worth starting workers).
+
+    The tests of one module stay on one worker (``--dist loadfile``): its module fixtures, such
+    as one recorded run that every test reads, are then made once. (Not ``loadgroup``:
+    pytest-xdist 3.8 marks a group in a node attribute that pytest 9.2 no longer reads.) Two
+    integration tests side by side put 8-12 busy processes on 2 cores: the oversubscription
+    every timeout and detector of psctl must hold under anyway."""
     option = config.option
-    if getattr(option, "markexpr", "") != FAST_TIER or not hasattr(option, "numprocesses"):
-        return  # not the fast tier, or xdist is not loaded
-    if option.numprocesses is not None or os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # -n was given (-n 0 included), or this is a worker already
-    if option.collectonly or getattr(option, "usepdb", False):
+    if not hasattr(option, "numprocesses") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # xdist is not loaded, or this is a worker already
+    if option.numprocesses is not None or option.collectonly or getattr(option, "usepdb", False):
+        return  # -n was given (-n 0 included)
+    if not _whole_tiers(config):
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = min(cores or 1, _MOST_WORKERS)
     if workers > 1:
         option.numprocesses = workers
+        option.dist = "loadfile"
+        option.loadscopereorder = False  # the order below, slowest integration modules first
+
+
+def _launches(item: pytest.Item) -> bool:
+    where = item.path.relative_to(REPO).as_posix()
+    launches = LAUNCHING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    return bool(launches) or any(where == m or where.startswith(m + "/") for m in PROCESS_MODULES)
+
+
+def _order(item: pytest.Item) -> tuple[int, int]:
+    where = item.path.relative_to(REPO).as_posix()
+    if where in SLOW_FIRST:
+        return (0, SLOW_FIRST.index(where))
+    return (1, 0) if item.get_closest_marker("integration") else (2, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        where = item.path.relative_to(REPO).as_posix()
-        launches = LAUNCHING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if launches or any(where == m or where.startswith(m + "/") for m in PROCESS_MODULES):
+        if _launches(item):
             item.add_marker(pytest.mark.integration)
+    items.sort(key=_order)  # stable: the collection's order within each class

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from engine.db.schema import events
+from engine.db.schema import events, parse_json
 
 MAX_SHOWN = 40  # the first ones; `psctl export` has them all
 
@@ -68,8 +68,6 @@ def fault_timeline(conn: Connection, run_id: str,
         select(events.c.at, events.c.kind, events.c.detail)
         .where(events.c.run_id == run_id, events.c.kind.in_(tuple(DESCRIPTIONS)))
         .order_by(events.c.at, events.c.id).limit(MAX_SHOWN)).all()
-    from engine.db.queries import parse_json
-
     return [(row.at - started_at, row.kind, DESCRIPTIONS[row.kind](parse_json(row.detail)))
             for row in rows]
 
@@ -83,8 +81,6 @@ def crash_traceback(conn: Connection, run_id: str) -> tuple[str, str] | None:
         .order_by(events.c.id).limit(1)).first()
     if row is None:
         return None
-    from engine.db.queries import parse_json
-
     found = parse_json(row.detail)
     message, text = found.get("message"), found.get("traceback")
     if not (isinstance(message, str) and isinstance(text, str) and text.strip()):

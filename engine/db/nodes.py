@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Connection, select
 
-from engine.db.schema import events
+from engine.db.schema import events, parse_json
 
 _KINDS = ("coordinator_listening", "process_joined", "worker_rejoined", "server_rejoined",
           "evaluator_rejoined")
@@ -15,8 +15,6 @@ _KINDS = ("coordinator_listening", "process_joined", "worker_rejoined", "server_
 
 def role_nodes(conn: Connection, run_id: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(node address, the roles on it) per node, nodes in address order."""
-    from engine.db.queries import parse_json
-
     rows = conn.execute(select(events.c.kind, events.c.detail).where(
         events.c.run_id == run_id, events.c.kind.in_(_KINDS)).order_by(events.c.id)).all()
     where: dict[str, str] = {}

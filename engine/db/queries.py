@@ -9,7 +9,6 @@ without a word cannot write that itself.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -38,6 +37,7 @@ from engine.db.schema import (
     events,
     iterations,
     layer_iterations,
+    parse_json,
     runs,
     syncs,
     tags,
@@ -691,14 +691,6 @@ def _recent_events(conn: Connection, run_id: str) -> list[EventEntry]:
     )
     rows = conn.execute(stmt).all()
     return [EventEntry(at=r.at, kind=r.kind, detail=parse_json(r.detail)) for r in reversed(rows)]
-
-
-def parse_json(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise StoreError(f"corrupt JSON in the experiments database: {exc}") from exc
-    return value if isinstance(value, dict) else {"value": value}
 
 
 # -- live progress -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Every foreign error raised while opening or using the database is translated int
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -399,3 +400,13 @@ def _check_version(version: int | None, path: Path) -> None:
             f"upgraded by a writer (psctl launch). Or point psctl at another database with "
             f"--db PATH or {DB_ENV_VAR}."
         )
+
+
+def parse_json(text: str) -> dict[str, Any]:
+    """A JSON column's object (a bare value comes back as ``{"value": ...}``); corrupt JSON is
+    the database's fault, said as a :class:`StoreError`."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise StoreError(f"corrupt JSON in the experiments database: {exc}") from exc
+    return value if isinstance(value, dict) else {"value": value}

@@ -21,8 +21,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, text
 
 from engine.db.queries import CRASH_AFTER_S as _CRASH_AFTER_S
-from engine.db.queries import fetch_run, parse_json, reading, run_summary
-from engine.db.schema import ROLLUP_WIDTH_S, evaluations, events, iterations, runs, syncs
+from engine.db.queries import fetch_run, reading, run_summary
+from engine.db.schema import (
+    ROLLUP_WIDTH_S,
+    evaluations,
+    events,
+    iterations,
+    parse_json,
+    runs,
+    syncs,
+)
 
 DEFAULT_BUCKETS = 1000
 MIN_WIDTH_S = 0.25  # narrower buckets hold one iteration or none: rates would be all noise
