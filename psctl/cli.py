@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 import typer
 
+from engine.analysis.selection import UsageError
 from engine.errors import PsctlError, StoreError
 from psctl import policies, settings
 from psctl.cliutil import DbOption, Handled, RunArgument, err, show
 from psctl.cliutil import fail as _fail
 from psctl.role import role_app
-from psctl.selection import UsageError
 
 # engine.db.queries.SQLITE_INT_MAX, spelled out so that the CLI loads without the database
 # layer: a larger --limit would overflow in the driver.

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.console import Console, RenderableType
 
+from engine.analysis.selection import UsageError
 from engine.errors import PsctlError, RunNotFound
 from psctl import settings
-from psctl.selection import UsageError
 
 out = Console()
 err = Console(stderr=True)

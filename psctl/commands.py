@@ -13,10 +13,10 @@ from typing import Annotated
 
 import typer
 
+from engine.analysis.selection import UsageError, parse_pairs
 from psctl import settings
 from psctl.cliutil import DbOption, Handled, RunArgument, RunsArgument, err, fail, show
 from psctl.compare_cli import compare_command
-from psctl.selection import UsageError, parse_pairs
 
 config_app = typer.Typer(rich_markup_mode=None, help="Show the settings psctl launch would use.",
                         no_args_is_help=True)

@@ -6,19 +6,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from engine.analysis.compare import DEFAULT_TARGET, comparison_for
+from engine.analysis.selection import UsageError
 from psctl import settings
 from psctl.cliutil import DbOption, Handled, complete_run, err, fail, out
-from psctl.selection import UsageError
 
 if TYPE_CHECKING:  # the CLI imports these lazily, only when a command runs
     from sqlalchemy import Engine
 
+    from engine.analysis.compare import Comparison
     from engine.db.metrics import RunRecord
-    from psctl.compare import Comparison
-
-# The accuracy the issue's own examples and bench/sync_models.py measure time to.
-DEFAULT_TARGET = 0.97
-
 
 def compare_command(
     runs: Annotated[
@@ -65,9 +62,9 @@ def compare_command(
     db: DbOption = None,
 ) -> None:
     """Compare runs side by side: differing config, accuracy, time to target, speedup, idle time."""
+    from engine.analysis.compare import sorts_by_time_to_target
+    from engine.analysis.selection import select_runs
     from engine.db import open_engine
-    from psctl.compare import sorts_by_time_to_target
-    from psctl.selection import select_runs
 
     try:
         if sum((as_json, as_csv, as_md, plot)) > 1:
@@ -85,51 +82,13 @@ def compare_command(
             return
         table = comparison_for(engine, runs or [], where or [], target=target,
                                baseline=baseline, show_all=show_all, sort_by=sort_by, top=top,
-                               per_run=per_run)
+                               per_run=per_run, crash_after_s=settings.crash_after_s())
     except Handled as exc:
         raise fail(exc) from None
     if given is None and table.target is not None:
         err.print(f"no --target given: time to target is the time to {table.target:.0%} "
                   "test accuracy", highlight=False)
     _write(table, as_json=as_json, as_csv=as_csv, as_md=as_md)
-
-
-def comparison_for(
-    engine: Engine,
-    selectors: list[str],
-    where: list[str],
-    *,
-    target: float | None = None,
-    baseline: str | None = None,
-    show_all: bool = False,
-    sort_by: str | None = None,
-    top: int | None = None,
-    per_run: bool = False,
-) -> Comparison:
-    """The table ``psctl compare`` prints for these arguments (the dashboard shows the same).
-
-    Runs that share a group (``launch --repeat``) become one row of means and standard
-    deviations unless ``per_run``; a group's rows then need a target, which defaults to
-    DEFAULT_TARGET."""
-    from engine.db.metrics import run_records
-    from engine.db.queries import resolve_run
-    from psctl.compare import compare, sort_rows
-    from psctl.compare_groups import aggregate, has_groups
-    from psctl.selection import select_runs
-
-    crash_after = settings.crash_after_s()
-    records = select_runs(engine, selectors, where, crash_after_s=crash_after)
-    base = None
-    if baseline is not None:
-        base_id = resolve_run(engine, baseline)
-        base = run_records(engine, [base_id], crash_after_s=crash_after)[0]
-    grouped = not per_run and has_groups(records)
-    if grouped and target is None:
-        target = DEFAULT_TARGET
-    table = compare(engine, records, target=target, baseline=base, show_all=show_all)
-    if grouped:
-        table = aggregate(table, records)
-    return sort_rows(table, sort_by, top)
 
 
 def _print_plot(engine: Engine, records: list[RunRecord], metric: str) -> None:

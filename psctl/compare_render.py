@@ -13,56 +13,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from engine.analysis.cells import cell, is_numeric, json_rows, shown_columns
+from engine.analysis.compare import Comparison, best_values
+from engine.analysis.selection import text
 from psctl.cliutil import show
-from psctl.compare import Column, Comparison, best_values
-from psctl.display import fmt_seconds, status_text
-from psctl.selection import text
-
-
-def fmt(column: Column, value: Any) -> str:
-    """A value as a person reads it; undefined values are blank, never zero."""
-    if value is None:
-        return ""
-    match column.kind:
-        case "pct":
-            return f"{100 * value:.2f}%"
-        case "duration":  # a run's duration: H:MM:SS in every view
-            return fmt_seconds(value)
-        case "secs":
-            return f"{value:.1f}"
-        case "rate":
-            return f"{value:,.0f}"
-        case "num":
-            return f"{value:.2f}"
-        case "speedup":
-            return f"{value:.2f}×"
-        case "flag" if isinstance(value, bool):
-            return "yes" if value else ""
-        case "int":
-            # A group's mean of whole numbers need not be whole.
-            return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
-    if column.key == "id":
-        return str(value)[:8]
-    return text(value)
-
-
-def _numeric(column: Column) -> bool:
-    return column.kind not in ("text", "config", "flag")
-
-
-def _shown(comparison: Comparison) -> list[Column]:
-    """The columns a person reads: a standard deviation is written beside its mean."""
-    return [c for c in comparison.columns if c.kind != "std"]
-
-
-def cell(column: Column, row: dict[str, Any]) -> str:
-    """``fmt`` of the value, with `` ± std`` where the row is a group's mean."""
-    shown = fmt(column, row.get(column.key))
-    std = row.get(f"{column.key}_std")
-    if std is None or not shown:
-        return shown
-    spread = f"{100 * std:.2f}" if column.kind == "pct" else fmt(column, std).rstrip("×")
-    return f"{shown} ± {spread}"
+from psctl.display import status_text
 
 
 def rich_table(comparison: Comparison) -> Table:
@@ -72,9 +27,9 @@ def rich_table(comparison: Comparison) -> Table:
     if grouped:
         title += "; a group of repeated runs shows mean ± standard deviation"
     table = Table(title=title, title_justify="left")
-    columns = _shown(comparison)
+    columns = shown_columns(comparison)
     for column in columns:
-        table.add_column(column.header, justify="right" if _numeric(column) else "left")
+        table.add_column(column.header, justify="right" if is_numeric(column) else "left")
     for row in comparison.rows:
         cells: list[Text] = []
         for column in columns:
@@ -108,10 +63,10 @@ def print_table(comparison: Comparison, console: Console) -> None:
 
 
 def markdown(comparison: Comparison) -> str:
-    columns = _shown(comparison)
+    columns = shown_columns(comparison)
     lines = [
         "| " + " | ".join(c.header for c in columns) + " |",
-        "|" + "|".join("---:" if _numeric(c) else "---" for c in columns) + "|",
+        "|" + "|".join("---:" if is_numeric(c) else "---" for c in columns) + "|",
     ]
     for row in comparison.rows:
         cells = [cell(c, row).replace("|", "\\|") for c in columns]
@@ -133,11 +88,6 @@ def _csv_cell(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)  # shortest text that reads back as the same float
     return text(value)
-
-
-def json_rows(comparison: Comparison) -> list[dict[str, Any]]:
-    """The rows as ``psctl compare --json`` prints them: raw values, every column, in order."""
-    return [{c.key: row.get(c.key) for c in comparison.columns} for row in comparison.rows]
 
 
 def json_text(comparison: Comparison) -> str:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.analysis.selection import flatten
 from engine.config import RunConfig, check_nesting, load_toml
 from engine.errors import ConfigError
-from psctl.selection import flatten
 
 ENV_PREFIX = "PSCTL_"
 ENV_SEPARATOR = "__"  # PSCTL_CLUSTER__WORKERS=8 sets cluster.workers

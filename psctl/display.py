@@ -12,19 +12,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from engine.analysis.cells import fmt_seconds
 from engine.db.queries import EvaluationPoint, Progress, RunDetail, RunSummary, WorkerStats
 
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red",
                 "interrupted": "yellow", "crashed": "magenta"}
-
-
-def fmt_seconds(seconds: float | None) -> str:
-    """One duration format in every view: H:MM:SS (the dashboard's PS.fmtS is the same)."""
-    if seconds is None:
-        return "-"
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def fmt_date(unix_s: float) -> str:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
+from engine.analysis.cells import fmt_seconds
 from engine.backends import BACKENDS, RunHandle
 from engine.config import RunConfig, build_config
 from engine.datasets import describe, locate
@@ -24,7 +25,6 @@ from engine.roles.sampling import oversubscription, usable_cores
 from psctl.display import (
     Plan,
     fmt_pct,
-    fmt_seconds,
     progress_view,
     starting_view,
     status_text,
@@ -133,12 +133,14 @@ def _tag(db: Path, run_id: str, tags: dict[str, str], console: Console) -> None:
 
 def print_group(db: Path, group: str, console: Console) -> None:
     """The group's mean ± standard deviation, as psctl compare shows it."""
-    from psctl.compare_cli import DEFAULT_TARGET, comparison_for
-    from psctl.compare_render import cell
+    from engine.analysis.cells import cell
+    from engine.analysis.compare import DEFAULT_TARGET, comparison_for
+    from psctl import settings
 
     engine = open_engine(db, readonly=True)
     try:
-        table = comparison_for(engine, [], [f"tag.group={group}"], target=DEFAULT_TARGET)
+        table = comparison_for(engine, [], [f"tag.group={group}"], target=DEFAULT_TARGET,
+                               crash_after_s=settings.crash_after_s())
     finally:
         engine.dispose()
     columns = {c.key: c for c in table.columns}

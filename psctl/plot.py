@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
+from engine.analysis.selection import UsageError
 from engine.db.metrics import EVALUATION_METRICS, RunRecord, evaluation_series
-from psctl.selection import UsageError
 
 X_LABEL = "seconds since the run started"
 # Bright terminal colours, readable on dark and light backgrounds alike (never colour 0).

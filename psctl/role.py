@@ -17,10 +17,10 @@ from typing import Annotated
 import typer
 import typer.core
 
+from engine.analysis.selection import UsageError
 from psctl import settings
 from psctl.cliutil import DbOption, err
 from psctl.cliutil import fail as _fail
-from psctl.selection import UsageError
 
 role_app = typer.Typer(rich_markup_mode=None, no_args_is_help=True, help=(
     "Start one role of a run by hand (Slurm, Kubernetes, a shell per machine): the join "

@@ -91,9 +91,9 @@ def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, s
               out: Path | None, db: Path) -> int:
     """The report of runs already recorded: each point's run found by its name among the runs
     tagged study_id=STUDY_ID, in the grid's order."""
+    from engine.analysis.selection import UsageError
     from engine.db import open_engine
     from engine.db.queries import tagged_runs
-    from psctl.selection import UsageError
     from psctl.study_report import Header, collect, write_report
     from psctl.study_run import Outcome, Progress, plan
 
@@ -122,7 +122,7 @@ def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, s
 
 def _print_grid(study: Study, points: list[Point]) -> None:
     """One line per point on stdout: its run name, labels and the settings it changes."""
-    from psctl.selection import text
+    from engine.analysis.selection import text
 
     repeat = study.spec.study.repeat
     typer.echo(f"{study.name}: {len(points)} points"

@@ -100,10 +100,11 @@ def run_grid(study: Study, planned: list[Planned], db: Path, console: Console, *
 
 
 def result_line(db: Path, run_id: str, target: float) -> str:
+    from engine.analysis.cells import fmt_seconds
     from engine.db import open_engine
     from engine.db.metrics import run_metrics
     from engine.db.queries import run_summaries
-    from psctl.display import fmt_pct, fmt_seconds
+    from psctl.display import fmt_pct
 
     engine = open_engine(db, readonly=True)
     try:

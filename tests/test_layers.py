@@ -25,7 +25,9 @@ FORBIDDEN = [
     ("engine.consistency", "engine.server"), ("engine.consistency", "engine.worker"),
     ("engine.consistency", "engine.roles"),
     ("engine.server", "engine.worker"), ("engine.server", "engine.roles"),
-    ("engine.worker", "engine.server"),
+    ("engine.worker", "engine.server"), ("engine.worker", "engine.roles"),
+    ("engine.transport", "engine.roles"), ("engine.transport", "engine.worker"),
+    ("engine.transport", "engine.server"),
     ("engine.keys", "engine.wire"), ("engine.keys", "engine.server"),
     ("engine.errors", "engine."), ("engine.registry", "engine.keys"),
     ("engine", "psctl"), ("engine", "webui"),
@@ -96,3 +98,14 @@ def test_the_checks_see_the_tree() -> None:
     assert any(m == "engine.errors" for m, _ in imports(found["engine.wire.protocol"]))
     assert under("engine.server.shard", "engine.server")
     assert not under("engine.serverx", "engine.server")
+
+
+def test_the_dashboard_imports_no_command_module() -> None:
+    """The dashboard and the CLI are two faces of what lies below them (engine.analysis, the
+    database): the dashboard never reaches into a Typer command module for it."""
+    found = modules()
+    commands = {name for name, path in found.items() if under(name, "psctl")
+                and any(under(module, "typer") for module, _ in imports(path))}
+    offenders = [f"{name} imports {module}" for name, path in found.items()
+                 if under(name, "webui") for module, _ in imports(path) if module in commands]
+    assert commands and offenders == []

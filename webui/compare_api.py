@@ -1,6 +1,6 @@
 """The compare page's API: the table ``psctl compare --json`` prints, for the runs shown.
 
-The table is built by :func:`psctl.compare_cli.comparison_for`, the function the CLI calls, so
+The table is built by :func:`engine.analysis.compare.comparison_for`, the function the CLI calls, so
 the page can never disagree with ``psctl compare --json`` for the same arguments (groups of
 repeated runs included). Each cell also comes formatted by the terminal table's own rules,
 so the page does not re-implement them in JavaScript.
@@ -14,14 +14,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import Engine
 
+from engine.analysis.cells import cell, json_rows
+from engine.analysis.compare import best_values, comparison_for
+from engine.analysis.groups import GROUP_TAG
+from engine.analysis.selection import UsageError, select_runs
 from engine.db.queries import quoted
 from engine.errors import AmbiguousRun, PsctlError, RunNotFound, StoreError
 from psctl import settings
-from psctl.compare import best_values
-from psctl.compare_cli import comparison_for
-from psctl.compare_groups import GROUP_TAG
-from psctl.compare_render import cell, json_rows
-from psctl.selection import UsageError, select_runs
 from webui.api import store
 
 router = APIRouter(prefix="/api")
@@ -67,7 +66,8 @@ def compare_runs(
     engine = store(request)
     try:
         table = comparison_for(engine, selectors, where, target=target, baseline=baseline,
-                               sort_by=sort_by, top=top, per_run=per_run)
+                               sort_by=sort_by, top=top, per_run=per_run,
+                               crash_after_s=settings.crash_after_s())
         records = select_runs(engine, selectors, where, crash_after_s=settings.crash_after_s())
     except UsageError as exc:
         raise HTTPException(400, str(exc)) from None

@@ -11,6 +11,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import Engine
 
+from engine.analysis.cells import cell
+from engine.analysis.compare import DEFAULT_TARGET, compare
+from engine.analysis.groups import GROUP_TAG
+from engine.analysis.selection import UsageError, flatten, select_runs
 from engine.db.metrics import RunMetrics, run_metrics
 from engine.db.queries import quoted, resolve_run
 from engine.db.schema import translate_errors
@@ -19,11 +23,6 @@ from engine.recorder import NOTES_MAX_CHARS, set_notes, set_tags
 from engine.recorder.admin import TAG_KEY_MAX, TAG_VALUE_MAX, TAGS_MAX
 from engine.wire.records import RunStatus
 from psctl import settings
-from psctl.compare import compare
-from psctl.compare_cli import DEFAULT_TARGET
-from psctl.compare_groups import GROUP_TAG
-from psctl.compare_render import cell
-from psctl.selection import UsageError, flatten, select_runs
 from webui.api import store
 from webui.guard import same_origin
 

@@ -92,7 +92,7 @@ JOIN_S_PER_PROCESS = 3.0
 # Refused hellos recorded as events and logged, at most (the rest are counted), and how long
 # closing a refused connection may take.
 REFUSALS_RECORDED = 100
-# A role says hello as soon as it is connected (engine.roles.control): a connection silent this
+# A role says hello as soon as it is connected (engine.transport.control): a connection silent this
 # long (or cluster.connect_timeout_s, if shorter) never will.
 HELLO_TIMEOUT_S = 10.0
 _CLOSE_WAIT_S = 5.0

@@ -16,7 +16,6 @@ from engine.consistency.registry import make_controller
 from engine.errors import ProtocolError
 from engine.keys import KeyLayout, KeyRange
 from engine.replication.link import ChainLink
-from engine.roles.control import ControlChannel
 from engine.server import checkpoint
 from engine.server.aggregation import AGGREGATION_RULES, make_aggregator
 from engine.server.learning import make_learning
@@ -28,6 +27,7 @@ from engine.server.shard import ShardState
 from engine.server.vectors import ShardVectors
 from engine.transport.admission import credential
 from engine.transport.base import Transport
+from engine.transport.control import ControlChannel
 from engine.wire.messages import Event, ShardInfo
 from engine.wire.records import EventRecord, SyncRecord
 

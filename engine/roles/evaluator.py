@@ -24,10 +24,10 @@ from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel, calibration_sample, evaluate, refresh_buffers
-from engine.roles.control import Lost, SyncControl
 from engine.roles.lifecycle import hello
 from engine.roles.worker import check_layout, connect_client
 from engine.transport.base import Transport
+from engine.transport.control import Lost, SyncControl
 from engine.wire.messages import Evaluate, Evaluation, Event, Exit, Stop, Welcome
 from engine.wire.protocol import ANY_CLOCK, Role
 from engine.wire.records import EvaluationRecord, EventRecord

@@ -16,11 +16,11 @@ from engine.config import RunConfig
 from engine.errors import ProtocolError, PsctlError, RunFailed
 from engine.roles import copy_orders as orders
 from engine.roles.beating import BeatSender, beat_target
-from engine.roles.control import ControlChannel
 from engine.roles.copies import Copies, Endpoint, build_shard
 from engine.roles.lifecycle import hello
 from engine.server.vectors import ShardVectors
 from engine.transport.base import Transport
+from engine.transport.control import ControlChannel
 from engine.transport.schemes import listening
 from engine.wire.codecs import prepare_casts
 from engine.wire.messages import (

@@ -17,9 +17,9 @@ from engine.faults import FaultPlan
 from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel
-from engine.roles.control import SyncControl
 from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
+from engine.transport.control import SyncControl
 from engine.wire.messages import Event, Replicas, Welcome
 from engine.wire.protocol import Role
 from engine.wire.records import EventRecord

@@ -23,7 +23,7 @@ from engine.config import RunConfig
 from engine.datasets.sparse import SparseSplit
 from engine.errors import Diverged, PsctlError, RunFailed, ShuttingDown
 from engine.keys import KeyRange
-from engine.roles.control import Lost, SyncControl
+from engine.transport.control import Lost, SyncControl
 from engine.wire.messages import (
     ControlMessage,
     Done,

@@ -30,9 +30,9 @@ import pytest
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.keys import KeyRange
-from engine.roles.control import SyncControl
 from engine.roles.worker import connect_client
 from engine.transport.admission import credential
+from engine.transport.control import SyncControl
 from engine.transport.schemes import SchemeTransport
 from engine.wire.messages import Hello
 from engine.wire.protocol import ANY_CLOCK, Role

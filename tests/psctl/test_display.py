@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from engine.analysis.cells import fmt_seconds
 from engine.db.queries import Progress, Startup
-from psctl.display import Plan, fmt_seconds, progress_view
+from psctl.display import Plan, progress_view
 
 T0 = 1_700_000_000.0
 PLAN = Plan(workers=2, servers=1, epochs=3)

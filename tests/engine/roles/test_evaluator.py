@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine.roles.control import Lost
 from engine.roles.evaluator import _told_to_stop
+from engine.transport.control import Lost
 from engine.wire.messages import Exit, Stop
 
 

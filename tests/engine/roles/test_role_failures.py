@@ -14,13 +14,13 @@ import pytest
 
 from engine.config import RunConfig, build_config
 from engine.errors import ConnectionClosed
-from engine.roles.control import fatal
 from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_layout
 from engine.roles.exits import write_exit_note
 from engine.transport import MemoryTransport
 from engine.transport.admission import credential
 from engine.transport.base import Connection
+from engine.transport.control import fatal
 from engine.wire.messages import (
     Evaluate,
     Exit,

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from engine.errors import LaunchError
-from engine.roles.control import _reach
 from engine.transport.base import Connection
+from engine.transport.control import _reach
 from engine.transport.websocket import WebSocketTransport
 from engine.wire.messages import Hello
 

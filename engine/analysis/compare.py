@@ -8,12 +8,15 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine
 
+from engine.analysis.selection import UsageError, flatten, text
 from engine.db.metrics import RunMetrics, RunRecord, run_metrics
-from psctl.selection import UsageError, flatten, text
 
 Better = Literal["max", "min"] | None
 # How one run's metrics are measured: run_metrics by default; the dashboard passes a cached one.
 Measure = Callable[[str, float | None], RunMetrics]
+
+# The accuracy the issue's own examples and bench/sync_models.py measure time to.
+DEFAULT_TARGET = 0.97
 
 
 @dataclass(frozen=True)
@@ -172,3 +175,41 @@ def best_values(comparison: Comparison) -> dict[str, Any]:
             continue
         best[column.key] = max(values) if column.better == "max" else min(values)
     return best
+
+
+def comparison_for(
+    engine: Engine,
+    selectors: list[str],
+    where: list[str],
+    *,
+    target: float | None = None,
+    baseline: str | None = None,
+    show_all: bool = False,
+    sort_by: str | None = None,
+    top: int | None = None,
+    per_run: bool = False,
+    crash_after_s: float,
+) -> Comparison:
+    """The table ``psctl compare`` prints for these arguments (the dashboard shows the same).
+
+    Runs that share a group (``launch --repeat``) become one row of means and standard
+    deviations unless ``per_run``; a group's rows then need a target, which defaults to
+    DEFAULT_TARGET. ``crash_after_s``: seconds without a heartbeat after which a running run
+    counts as crashed (each face reads it from ``PSCTL_CRASH_AFTER_S``)."""
+    from engine.analysis.groups import aggregate, has_groups
+    from engine.analysis.selection import select_runs
+    from engine.db.metrics import run_records
+    from engine.db.queries import resolve_run
+
+    records = select_runs(engine, selectors, where, crash_after_s=crash_after_s)
+    base = None
+    if baseline is not None:
+        base_id = resolve_run(engine, baseline)
+        base = run_records(engine, [base_id], crash_after_s=crash_after_s)[0]
+    grouped = not per_run and has_groups(records)
+    if grouped and target is None:
+        target = DEFAULT_TARGET
+    table = compare(engine, records, target=target, baseline=base, show_all=show_all)
+    if grouped:
+        table = aggregate(table, records)
+    return sort_rows(table, sort_by, top)

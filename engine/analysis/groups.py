@@ -8,9 +8,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from engine.analysis.compare import Column, Comparison
+from engine.analysis.selection import text
 from engine.db.metrics import RunRecord
-from psctl.compare import Column, Comparison
-from psctl.selection import text
 
 GROUP_TAG = "group"
 RUNS = Column("runs", "runs", "int")
