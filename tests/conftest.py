@@ -80,7 +80,6 @@ PROCESS_MODULES = frozenset({
 })
 
 
-FAST_TIER = "not integration"
 # A cap, so that a many-core machine does not start dozens of workers that each import torch.
 _MOST_WORKERS = 4
 # The slowest modules (seconds of work, measured on 2 cores), started first so that the last
@@ -102,15 +101,17 @@ def _whole_tiers(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """The suite and its tiers run on pytest-xdist workers (the fast tier one per core, a run
-    with integration tests one more), unless ``-n`` was given (``-n 0``: in this one process),
-    xdist is missing or disabled (``-p no:xdist``), or the run names a file or a test (seconds:
-    not worth starting workers).
+    """The suite and its tiers run on pytest-xdist workers, one per core, unless ``-n`` was given
+    (``-n 0``: in this one process), xdist is missing or disabled (``-p no:xdist``), or the run
+    names a file or a test (seconds: not worth starting workers). One worker more than cores
+    was tried: the suite took as long (961 s against 957 s in a clean-clone CI here), since
+    its time is CPU (each role process's start-up), and every worker makes the session's
+    recorded runs again.
 
     The tests of one module stay on one worker (``--dist loadfile``): its module fixtures, such
     as one recorded run that every test reads, are then made once. (Not ``loadgroup``:
-    pytest-xdist 3.8 marks a group in a node attribute that pytest 9.2 no longer reads.) Three
-    integration tests side by side put 12-18 processes on 2 cores: the oversubscription
+    pytest-xdist 3.8 marks a group in a node attribute that pytest 9.2 no longer reads.) Two
+    integration tests side by side put 8-12 busy processes on 2 cores: the oversubscription
     every timeout and detector of psctl must hold under anyway."""
     option = config.option
     if not hasattr(option, "numprocesses") or os.environ.get("PYTEST_XDIST_WORKER"):
@@ -121,10 +122,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = min(cores or 1, _MOST_WORKERS)
-    if getattr(option, "markexpr", "") != FAST_TIER:
-        # An integration test waits part of its time (roles start in waves, join deadlines,
-        # a straggler's sleep): one worker more than cores fills those waits.
-        workers += 1
     if workers > 1:
         option.numprocesses = workers
         option.dist = "loadfile"
