@@ -139,11 +139,11 @@ def a_cycle(edges: Graph, component: list[str]) -> list[str]:
     raise AssertionError(f"{start} is on no cycle of {component}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path = REPO) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the cycles as JSON")
     args = parser.parse_args(argv)
-    edges = graph()
+    edges = graph(root)
     found = components(edges)
     cycles = [a_cycle(edges, c) for c in found]
     if args.json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,17 @@ def test_no_cycle_where_there_is_none(tmp_path: Path, text: str) -> None:
         "engine/wire.py": "",
     })
     assert import_cycles.components(import_cycles.graph(root)) == []
+
+
+def test_the_command_says_each_cycle_and_fails_while_there_is_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _tree(tmp_path, {"psctl/cli.py": "import psctl.role\n",
+                            "psctl/role.py": "def f():\n    from psctl import cli\n"})
+    assert import_cycles.main([], root) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "2 modules in a cycle, e.g. psctl.cli -> psctl.role -> psctl.cli",
+        "1 cycles (2 modules) among 5 modules"]
+    assert import_cycles.main(["--json"], root) == 1
+    assert json.loads(capsys.readouterr().out)[0]["modules"] == ["psctl.cli", "psctl.role"]
+    (root / "psctl" / "role.py").write_text("")
+    assert import_cycles.main([], root) == 0
