@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,24 +60,19 @@ def _await_training(db: Path) -> str:
 
 
 def _children(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(entry.name))
-    return found
+    try:
+        return [child.pid for child in psutil.Process(parent).children()]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _running(pid: int) -> bool:
+    """Whether the pid is a process that has not ended (a zombie has; its parent reaps it)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        status: str = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return bool(status != psutil.STATUS_ZOMBIE)
 
 
 def _rm_force(db: Path, run_id: str) -> subprocess.Popen[str]:
