@@ -14,7 +14,13 @@ from engine.errors import AuthenticationError, ConnectFailed, ConnectionClosed
 from engine.transport.admission import Admission, admit
 from engine.transport.base import Handler, Message, PeerInfo, Sendable
 
-_CLOSED = object()
+
+class _Closed:
+    """The close marker, queued behind every message sent before it: a peer that sends its
+    last message and closes is read to the end, as over a socket."""
+
+    def __init__(self, reason: str, code: int) -> None:
+        self.reason, self.code = reason, code
 
 
 class MemoryConnection(PeerInfo):
@@ -26,6 +32,9 @@ class MemoryConnection(PeerInfo):
         self._peer: MemoryConnection | None = None
         self._closed_reason: str | None = None
         self._close_code: int | None = None
+        # Set from the peer's thread when it closes: sends fail at once, while reads go on
+        # until the marker, so nothing it sent before closing is lost.
+        self._peer_closed: _Closed | None = None
 
     def _deliver(self, item: object) -> None:
         self._loop.call_soon_threadsafe(self._inbox.put_nowait, item)
@@ -34,14 +43,17 @@ class MemoryConnection(PeerInfo):
         if self._closed_reason is not None or self._peer is None:
             raise ConnectionClosed(self._closed_reason or f"connection to {self._remote} closed",
                                    self._close_code)
+        if self._peer_closed is not None:
+            raise ConnectionClosed(self._peer_closed.reason, self._peer_closed.code)
         self._peer._deliver(message if isinstance(message, str) else bytes(message))
 
     async def recv(self) -> Message:
         if self._closed_reason is not None and self._inbox.empty():
             raise ConnectionClosed(self._closed_reason, self._close_code)
         item = await self._inbox.get()
-        if item is _CLOSED:
-            self._closed_reason = self._closed_reason or f"connection to {self._remote} closed"
+        if isinstance(item, _Closed):
+            if self._closed_reason is None:
+                self._closed_reason, self._close_code = item.reason, item.code
             raise ConnectionClosed(self._closed_reason, self._close_code)
         assert isinstance(item, bytes | str)
         return item
@@ -53,13 +65,12 @@ class MemoryConnection(PeerInfo):
         if self._closed_reason is None:
             self._closed_reason = f"connection to {self._remote} closed (code {code}: {reason})"
             self._close_code = code
-            self._deliver(_CLOSED)
+            self._deliver(_Closed(self._closed_reason, code))
             if self._peer is not None:
-                self._peer._closed_reason = (
-                    f"connection to {self._peer.remote} closed (code {code}: {reason})"
-                )
-                self._peer._close_code = code
-                self._peer._deliver(_CLOSED)
+                marker = _Closed(
+                    f"connection to {self._peer.remote} closed (code {code}: {reason})", code)
+                self._peer._peer_closed = marker
+                self._peer._deliver(marker)
 
 
 class MemoryListener:
