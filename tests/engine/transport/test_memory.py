@@ -12,7 +12,7 @@ import pytest
 from engine.aio import LoopThread
 from engine.errors import ConnectionClosed
 from engine.transport import MemoryTransport
-from engine.transport.memory import MemoryConnection
+from engine.transport.base import Connection
 
 TOKEN = "secret"
 
@@ -26,7 +26,7 @@ def test_messages_sent_just_before_a_close_are_read_before_it() -> None:
     client_done = threading.Event()
     received: list[object] = []
 
-    async def handler(connection: MemoryConnection) -> None:
+    async def handler(connection: Connection) -> None:
         await asyncio.sleep(0)
         client_done.wait(10)  # the loop is held: nothing queued to it runs meanwhile
         try:
@@ -57,9 +57,9 @@ def test_messages_sent_just_before_a_close_are_read_before_it() -> None:
 def test_a_send_to_a_closed_peer_fails_at_once() -> None:
     async def scenario() -> None:
         transport = MemoryTransport()
-        accepted: asyncio.Queue[MemoryConnection] = asyncio.Queue()
+        accepted: asyncio.Queue[Connection] = asyncio.Queue()
 
-        async def handler(connection: MemoryConnection) -> None:
+        async def handler(connection: Connection) -> None:
             await accepted.put(connection)
             await asyncio.sleep(1)
 
