@@ -60,8 +60,9 @@ def _await_training(db: Path) -> str:
 
 
 def _children(parent: int) -> list[int]:
+    """Every process it started (the roles forked from its template too)."""
     try:
-        return [child.pid for child in psutil.Process(parent).children()]
+        return [child.pid for child in psutil.Process(parent).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
 

@@ -96,6 +96,10 @@ class ClusterConfig(_Frozen):
         "backup copies of every key range, on other servers along a consistent-hash ring; a "
         "push is acknowledged once every copy applied it, and a dead server's keys fail over "
         "to the next copy (needs servers > replicas)"))
+    template: bool = Field(True, description=(
+        "local backend on Linux: fork the servers, workers and evaluator from one warm process "
+        "that imported torch and psctl once (each starts in milliseconds, sharing those pages); "
+        "false: each role starts a fresh Python"))
 
     heartbeat_timeout_s: float = Field(0.5, ge=0.05, le=_LONGEST_S, description=(
         "with replicas: the pause every server's heartbeat (a datagram every fifth of this) "

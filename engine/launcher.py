@@ -32,6 +32,7 @@ from engine.db.schema import events, open_engine, translate_errors
 from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
 from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess
 from engine.hosts.local import LocalHosts
+from engine.hosts.template import TemplateHosts, template_available
 from engine.recorder import Recorder
 from engine.roles.checkpoints import checkpoint_folder
 from engine.roles.exits import signal_name, write_exit_note
@@ -144,11 +145,17 @@ class Launcher(NewRun):
         self.resume = resume
         if resume is not None:  # the same run, its rows and logs going on
             self.run_id, self.name, self.logs = resume.run_id, resume.name, resume.folder
-        self.hosts: Hosts = hosts or LocalHosts(config.cluster.host, append=resume is not None)
+        self.hosts: Hosts = hosts or self._local_hosts(append=resume is not None)
         self.children: list[Child] = []
         self._token = secrets.token_urlsafe(32)
         self._interrupted = False
         self._address: str | None = None
+
+    def _local_hosts(self, *, append: bool) -> Hosts:
+        if self.config.cluster.template and template_available():
+            return TemplateHosts(self.config.cluster.host, self._shared_environment(),
+                                 self.logs, append=append)
+        return LocalHosts(self.config.cluster.host, append=append)
 
     @property
     def join_token(self) -> str:
@@ -399,17 +406,23 @@ class Launcher(NewRun):
         return child
 
     def _environment(self, role: str, rank: int) -> RoleEnv:
-        own = dict(_MALLOC_ENV)
-        # Settings meant for the roles travel with them to whichever host runs them (the data
-        # folder, the log level), never the run's secrets.
-        own.update({key: value for key, value in os.environ.items()
-                    if key.startswith("PSCTL_") and key not in _NOT_PASSED_ON})
+        shared = self._shared_environment()
+        own = dict(shared.own)
         # Only the processes that admit others hold the run's secret; a worker or the evaluator
         # gets a credential for itself alone, so it cannot speak for any other process.
         if role in ("coordinator", "server"):
             own["PSCTL_TOKEN"] = self._token
         else:
             own["PSCTL_CREDENTIAL"] = credential(self._token, role, rank)
+        return RoleEnv(own, shared.defaults)
+
+    def _shared_environment(self) -> RoleEnv:
+        """Every role's environment but its secret (the template's, too)."""
+        own = dict(_MALLOC_ENV)
+        # Settings meant for the roles travel with them to whichever host runs them (the data
+        # folder, the log level), never the run's secrets.
+        own.update({key: value for key, value in os.environ.items()
+                    if key.startswith("PSCTL_") and key not in _NOT_PASSED_ON})
         own["PYTHONUNBUFFERED"] = "1"
         threads = str(self.config.train.torch_threads)
         return RoleEnv(own, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})

@@ -172,7 +172,10 @@ def _command_line(pid: int) -> list[str]:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
-    return raw.decode(errors="replace").split("\0")[:-1]
+    argv = raw.decode(errors="replace").rstrip("\0").split("\0")
+    # A role forked from the launcher's template names itself with its whole command line in
+    # one title (setproctitle): its arguments are words without spaces.
+    return argv[0].split() if len(argv) == 1 else argv
 
 
 def _option(argv: list[str], flag: str) -> str | None:

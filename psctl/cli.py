@@ -194,6 +194,10 @@ def launch(
     transport: Annotated[str | None, typer.Option(
         help="how workers reach the shard servers: tcp (psctl's own framing, one copy per hop) "
         "or websocket [tcp]")] = None,
+    template: Annotated[bool | None, typer.Option(
+        "--template/--no-template",
+        help="fork the roles from one warm process that imported torch once (local backend, "
+        "Linux) [--template]; --no-template: each role starts a fresh Python")] = None,
     replicas: Annotated[int | None, typer.Option(
         help="backup copies of every key range on other servers (chain replication): a dead "
         "server's keys fail over to the next copy [0]")] = None,

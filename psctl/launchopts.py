@@ -36,7 +36,7 @@ SETTINGS = {
     "backend": "cluster.backend", "compute_ms": "sim.compute_ms", "network": "sim.network",
     "server_ms": "sim.server_ms", "server_network": "sim.server_network",
     "replicas": "cluster.replicas", "key_ranges": "cluster.key_ranges",
-    "transport": "cluster.transport",
+    "transport": "cluster.transport", "template": "cluster.template",
     "ray_address": "ray.address", "worker_cpus": "ray.worker_cpus",
     "worker_gpus": "ray.worker_gpus", "server_cpus": "ray.server_cpus",
     "placement": "ray.placement", "checkpoint_every": "fault.checkpoint_every_s",

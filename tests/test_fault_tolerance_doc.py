@@ -172,7 +172,12 @@ def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
                            "run_id = ? AND kind = 'resumed'", run_id)
     assert down >= 1.0  # it was down at least the second slept above
 
-    job = _start(env, tmp_path, "--epochs", "60", "--sync", "asp", "--name", "scaled")
+    # Long enough to still run when the second line arrives (each command takes seconds to
+    # start on a busy machine, and the roles forked from the template start at once); no
+    # server momentum, which with four workers' stale pushes early in training can diverge
+    # (tests/integration/test_fault_tolerance.py's SSP job did).
+    job = _start(env, tmp_path, "--epochs", "120", "--sync", "asp", "--momentum", "0",
+                 "--name", "scaled")
     try:
         _await(lambda: _query(db, "SELECT count(*) FROM runs WHERE name = 'scaled' AND "
                                   "iteration_count > 20")[0][0], "the job to train")

@@ -284,7 +284,8 @@ class Coordinator(Recovery, Scaling, Moves):
         except PsctlError as exc:  # admitted, but the run cannot welcome it: the run ends
             with contextlib.suppress(PsctlError):
                 await connection.close(1008, str(exc))
-            self.fail(f"a process could not join: {exc}")
+            if not self.outcome.done():  # else it failed for its own reason, recorded once
+                self.fail(f"a process could not join: {exc}")
             return
         try:
             while True:
@@ -346,11 +347,7 @@ class Coordinator(Recovery, Scaling, Moves):
             if empty and self._clocks_per_epoch is not None:
                 await self._send(peer, Start(clocks_per_epoch=self._clocks_per_epoch))
         else:
-            try:
-                await asyncio.wait_for(self.servers_ready.wait(), self.join_deadline_s)
-            except TimeoutError:
-                raise ProtocolError(f"shard servers did not start listening within "
-                                    f"{self.join_deadline_s:.0f} s") from None
+            await self._await_servers()
             welcome = self._welcome(shards=self.placement.shard_map())
             welcome = welcome.model_copy(update={"backups": self.placement.backups()})
             if peer.role == "worker" and hello.rank in self.membership.joining:
@@ -366,6 +363,24 @@ class Coordinator(Recovery, Scaling, Moves):
             await self._send(peer, Stop(reason="scaled down before it joined"))
         elif peer.role == "evaluator":
             self._evaluator_back()
+
+    async def _await_servers(self) -> None:
+        """Until the shard servers listen; a ProtocolError if the run ends first (a role that
+        joins as the run fails is not held until the join deadline, nor the coordinator's
+        exit with it) or past the join deadline."""
+        ready: asyncio.Future[Any] = asyncio.ensure_future(self.servers_ready.wait())
+        waited: set[asyncio.Future[Any]] = {ready, self.outcome}
+        try:
+            await asyncio.wait(waited, timeout=self.join_deadline_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if self.servers_ready.is_set():
+            return
+        if self.outcome.done():
+            raise ProtocolError("the run ended before the shard servers listened")
+        raise ProtocolError(f"shard servers did not start listening within "
+                            f"{self.join_deadline_s:.0f} s")
 
     def _register(self, hello: Hello, connection: Connection) -> Peer:
         limit = {"server": self.config.cluster.servers, "worker": self.config.cluster.workers,

@@ -135,10 +135,12 @@ class ServerBudget:
         return self.held_bytes() + size > self.limits.max_server_queued_bytes
 
     def slowest(self, sender: Reader, now: float | None = None) -> Reader | None:
-        """The reader to disconnect to make room for ``sender``'s next reply: the one whose
-        oldest unsent reply waits longest, among those with more than their one reply queued
-        (``sender`` counts its next) or whose one reply has waited ``STALLED_S``; None if
-        none."""
+        """The reader to disconnect to make room for ``sender``'s next reply, among those with
+        more than their one reply queued (``sender`` counts its next) or whose one reply has
+        waited ``STALLED_S``: the one whose oldest unsent reply waits longest of those holding
+        more than a fair share of the budget (the budget over the readers), else of them all;
+        None if none. The share first: a worker descheduled for a moment on a busy machine
+        holds a pull's replies, a client that stopped reading holds all the rest."""
         now = time.monotonic() if now is None else now
 
         def behind(r: Reader) -> bool:
@@ -146,8 +148,10 @@ class ServerBudget:
                 return False
             return r.queued_frames + (r is sender) >= 2 or now - r.head_since >= STALLED_S
 
-        return min((r for r in self.readers if behind(r)), key=lambda r: r.head_since,
-                   default=None)
+        candidates = [r for r in self.readers if behind(r)]
+        share = self.limits.max_server_queued_bytes / max(len(self.readers), 1)
+        greedy = [r for r in candidates if r.queued_bytes + r.unsent_bytes() > share]
+        return min(greedy or candidates, key=lambda r: r.head_since, default=None)
 
     def release_memory(self) -> None:
         """Hand freed memory back to the system (at most once a second; a call within the

@@ -572,8 +572,8 @@ class ShardServer:
                 return True
             victim.owner._too_slow(victim, (
                 f"reading too slowly: the server's {budget.limits.max_server_queued_bytes} "
-                "bytes of unread replies are full and this connection's wait longest "
-                "(cluster.max_server_queued_bytes)"))
+                "bytes of unread replies are full and this connection held more than its "
+                "share, or waited longest (cluster.max_server_queued_bytes)"))
             if victim is peer:
                 return False
         return True

@@ -127,5 +127,30 @@ def test_a_process_older_than_the_run_is_not_its_role(tmp_path: Path,
     assert [p.label for p in run_processes(db, run_id)] == ["coordinator"]
 
 
+TITLED = "import setproctitle, sys, time\nsetproctitle.setproctitle(' '.join(sys.argv[1:]))\n" \
+         "print('up', flush=True)\ntime.sleep(60)"
+
+
+def test_a_role_forked_from_the_template_is_known_by_its_title(tmp_path: Path) -> None:
+    """A forked role's command line is the template's; its title (one string) is a fresh
+    role's command line, and that is what proves the pid is the run's role."""
+    db = tmp_path / "experiments.db"
+    run_id = uuid.uuid4().hex
+    titled = [subprocess.Popen([sys.executable, "-c", TITLED, sys.executable, "-m",
+                                "engine.roles", "worker", "--coordinator", address, "--rank",
+                                "0"], stdout=subprocess.PIPE, text=True)
+              for address in (ADDRESS, "ws://127.0.0.1:2")]  # the second: another run's
+    try:
+        for process in titled:
+            assert process.stdout is not None and process.stdout.readline() == "up\n"
+        record_run(db, run_id, titled[0].pid, {("worker", 0): titled[0].pid,
+                                                ("worker", 1): titled[1].pid})
+        assert [p.label for p in run_processes(db, run_id)] == ["worker 0"]
+    finally:
+        for process in titled:
+            process.kill()
+            process.wait(5)
+
+
 def test_roles_start_in_waves_of_a_few_per_core() -> None:
     assert wave_size() >= MIN_WAVE

@@ -206,3 +206,32 @@ def drain_until_close(sock: socket.socket, *, timeout: float,
             return seen
         seen["bytes"] += len(chunk)
         buffer += chunk
+
+
+def descendants(ancestor: int) -> list[int]:
+    """Every process started by ``ancestor``, by its children, and so on."""
+    parents = {int(entry.name): _parent(int(entry.name)) for entry in Path("/proc").iterdir()
+               if entry.name.isdigit()}
+    found, frontier = [], [ancestor]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def running(pid: int) -> bool:
+    """Whether the pid is a process that has not ended (a zombie has; its parent reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

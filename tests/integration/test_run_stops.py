@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import launch_in_background, query, wait_until_training
+from tests.integration.support import (
+    descendants,
+    launch_in_background,
+    query,
+    running,
+    wait_until_training,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 # A hang guard, not a measured bound (the module's pytest timeout is above it): how soon the
@@ -40,8 +46,9 @@ def the_run(tmp_path: Path, launch: subprocess.Popen[str]) -> tuple[Path, str, l
     """The database, the run's id, and the pids of its launcher and every process it started."""
     db = tmp_path / "experiments.db"
     [(run_id,)] = query(db, "SELECT id FROM runs")
-    pids = [launch.pid, *_children(launch.pid)]
-    assert len(pids) == 6  # launcher, coordinator, server, evaluator, two workers
+    pids = [launch.pid, *descendants(launch.pid)]
+    # launcher, coordinator, the template and the server, evaluator and two workers it forked
+    assert len(pids) == 7
     return db, run_id, pids
 
 
@@ -122,36 +129,11 @@ def test_a_run_that_completed_no_iteration_failed(tmp_path: Path) -> None:
         ("failed", reason, 0)]
 
 
-def _children(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and _parent(int(entry.name)) == parent:
-            found.append(int(entry.name))
-    return found
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _running(pid: int) -> bool:
-    """Whether the pid is a process that has not ended (a zombie has; its parent reaps it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _await_ended(pids: list[int], began: float) -> float:
     """Seconds from ``began`` until none of ``pids`` runs; fails past HANG_GUARD_S."""
     while time.monotonic() - began < HANG_GUARD_S:
-        if not any(_running(pid) for pid in pids):
+        if not any(running(pid) for pid in pids):
             return time.monotonic() - began
         time.sleep(0.05)
-    left = [pid for pid in pids if _running(pid)]
+    left = [pid for pid in pids if running(pid)]
     raise AssertionError(f"processes {left} still ran {HANG_GUARD_S} s later")

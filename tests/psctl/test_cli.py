@@ -15,7 +15,14 @@ from typer.testing import CliRunner
 
 from psctl.cli import app
 from tests.conftest import psctl
-from tests.integration.support import launch_in_background, processes_with, query, wait_for
+from tests.integration.support import (
+    descendants,
+    launch_in_background,
+    processes_with,
+    query,
+    running,
+    wait_for,
+)
 
 runner = CliRunner()
 pytestmark = pytest.mark.timeout(240)
@@ -79,7 +86,9 @@ def test_invalid_option_is_a_clear_config_error(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_every_process_within_5_s_and_marks_interrupted(tmp_path: Path) -> None:
     db = tmp_path / "experiments.db"
-    launch = launch_in_background(db)
+    # Fresh processes, whose environments /proc shows (a role forked from the template has its
+    # secret in its memory alone; tests/engine/hosts/test_template.py checks what it gets).
+    launch = launch_in_background(db, "--no-template")
     wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 10,
              90, "training to start")
     # The coordinator and the server hold the run's secret; the evaluator and the two workers
@@ -110,6 +119,9 @@ def test_ctrl_c_twice_stops_every_process_and_says_so(tmp_path: Path) -> None:
     wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 10,
              90, "training to start")
     run_id = query(db, "SELECT id FROM runs")[0][0]
+    # the coordinator, the template and the four roles forked from it
+    started = descendants(launch.pid)
+    assert len(started) == 6
     launch.send_signal(signal.SIGINT)
     time.sleep(0.3)  # while the first one stops the run
     launch.send_signal(signal.SIGINT)
@@ -118,6 +130,7 @@ def test_ctrl_c_twice_stops_every_process_and_says_so(tmp_path: Path) -> None:
     assert "between runs" not in stderr
     assert "interrupted" in stderr
     wait_for(lambda: not processes_with(run_id), 10, "the run's processes to end")
+    wait_for(lambda: not any(map(running, started)), 10, "every process it started to end")
 
 
 def _parent_chain_has(pid: int, ancestor: int) -> bool:

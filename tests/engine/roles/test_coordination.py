@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine.config import RunConfig, build_config
-from engine.errors import StoreError
+from engine.errors import ConnectionClosed, StoreError
 from engine.roles.coordination import (
     JOIN_S_PER_PROCESS,
     Coordinator,
@@ -139,6 +139,41 @@ def test_roles_wait_for_their_peers_as_long_as_the_run_lets_them_join() -> None:
     # the first worker to start waits for the start of training until the last one has joined
     assert sent["cluster"]["connect_timeout_s"] == join_deadline_s(large)
     assert large.cluster.connect_timeout_s == 60.0  # the run's own config is left as set
+
+
+def test_a_worker_joining_as_the_run_fails_is_let_go_with_the_run_not_at_the_deadline() -> None:
+    """No server listens yet, so a worker's welcome waits; the run fails meanwhile (a server's
+    checkpoint refused, say): the worker is closed with the reason, and the coordinator ends
+    at once instead of holding its connection until the join deadline (72 s here)."""
+    run = config(**{"cluster.workers": 2, "cluster.servers": 1})
+    events: list[str] = []
+
+    class Events(QuietSink):
+        def record_event(self, row: Any) -> None:
+            events.append(row.kind)
+
+    async def scenario() -> tuple[RunStatus, str | None, int | None, str]:
+        transport = MemoryTransport()
+        coordinator = Coordinator(run, run_id=uuid.uuid4().hex, token=TOKEN,
+                                  layout=model_layout(run), recorder=Events())
+        address = await coordinator.start(transport, "coordinator", 0)
+        ending = asyncio.create_task(coordinator.run())
+        connection = await transport.connect(address, token=TOKEN, timeout=5)
+        await connection.send(dump_control(Hello(role="worker", rank=0, pid=1)))
+        while "process_joined" not in events:
+            await asyncio.sleep(0.01)
+        coordinator.fail("server 0 failed: checkpoint 1 holds values that are not finite")
+        status, reason = await asyncio.wait_for(ending, 5)
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:  # an Exit may come first; then the close
+                await asyncio.wait_for(connection.recv(), 5)
+        return status, reason, closed.value.code, str(closed.value)
+
+    status, reason, code, why = asyncio.run(scenario())
+    assert (status, reason) == (RunStatus.FAILED, "server 0 failed: checkpoint 1 holds values "
+                                                  "that are not finite")
+    assert code == 1008 and "the run ended before the shard servers listened" in why
+    assert events.count("run_failed") == 1  # its own reason, once
 
 
 def test_a_run_stopped_before_any_iteration_fails_and_says_why() -> None:

@@ -54,3 +54,19 @@ def test_the_longest_waiting_reader_goes_first() -> None:
     older = FakeReader(queued_frames=2, head_since=now - 0.8)
     budget.readers.update({behind, older})
     assert budget.slowest(FakeReader(), now) is older
+
+
+def test_a_reader_holding_more_than_its_share_goes_before_an_older_one_within_it() -> None:
+    """A worker on a busy machine, descheduled with a pull's replies queued, waits longer than
+    a client that stopped reading a moment ago but holds most of the budget: the client goes."""
+    budget = ServerBudget(ServerLimits(max_server_queued_bytes=32 * MIB))
+    now = 100.0
+    worker = FakeReader(queued_frames=4, queued_bytes=2 * MIB, head_since=now - 2.0)
+    other = FakeReader(queued_frames=0)
+    hoarder = FakeReader(queued_frames=30, queued_bytes=29 * MIB, unsent=MIB,
+                         head_since=now - 0.1)
+    budget.readers.update({worker, other, hoarder})
+    assert budget.slowest(other, now) is hoarder
+    budget.readers.discard(hoarder)  # gone: among readers within their share, the oldest
+    assert budget.slowest(other, now) is worker
+

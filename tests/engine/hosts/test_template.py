@@ -1,0 +1,123 @@
+"""Roles forked from the warm template: each in its own session with its own environment and
+log, its exit code (or the signal that killed it) read back as ``subprocess.Popen`` gives it,
+and nothing left behind when the launcher lets go. A real template process, real forks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.errors import LaunchError
+from engine.hosts import RoleEnv
+from engine.hosts.template import Template, TemplateHosts, TemplateProcess
+
+pytestmark = pytest.mark.integration  # a real process that imports torch
+
+NO_SECRETS = {key: value for key, value in os.environ.items()
+              if key not in ("PSCTL_TOKEN", "PSCTL_CREDENTIAL")}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Template]:
+    made = Template(NO_SECRETS, tmp_path_factory.mktemp("template") / "template.log")
+    try:
+        assert made.wait_ready(120), "the template did not get warm"
+        yield made
+    finally:
+        made.close()
+
+
+def _fork(template: Template, tmp_path: Path, args: list[str],
+          env: dict[str, str] | None = None, name: str = "role.log") -> TemplateProcess:
+    log = tmp_path / name
+    pid = template.fork(args, env if env is not None else NO_SECRETS, log, False)
+    return TemplateProcess(template, pid, log, "127.0.0.1")
+
+
+def test_a_forked_role_gets_the_environment_it_is_given_not_the_templates(
+        template: Template, tmp_path: Path) -> None:
+    """A coordinator with the secret in its environment (the template holds none) gets past
+    that check and fails on its missing config file, in its own log, with exit code 1."""
+    args = ["coordinator", "--config", str(tmp_path / "missing.json"), "--run-id", "r",
+            "--name", "n", "--db", str(tmp_path / "runs.db")]
+    role = _fork(template, tmp_path, args, NO_SECRETS | {"PSCTL_TOKEN": "the-secret"})
+    assert role.wait(60) == 1
+    text = role.log.read_text()
+    assert "missing.json" in text and "PSCTL_TOKEN is not set" not in text
+
+    without = _fork(template, tmp_path, args, NO_SECRETS, "without.log")
+    assert without.wait(60) == 1
+    assert "PSCTL_TOKEN is not set" in without.log.read_text()
+
+
+def test_a_killed_role_reads_as_killed_by_that_signal_and_is_not_signalled_again(
+        template: Template, tmp_path: Path) -> None:
+    # A server whose coordinator is nowhere keeps trying to reach it until killed.
+    role = _fork(template, tmp_path, ["server", "--coordinator", "ws://127.0.0.1:9"],
+                 NO_SECRETS | {"PSCTL_TOKEN": "the-secret"})
+    assert role.poll() is None
+    # Its own session (set in the child, just after the fork): a terminal's Ctrl-C misses it.
+    deadline = time.monotonic() + 30
+    while os.getsid(role.pid) != role.pid and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.getsid(role.pid) == role.pid
+    with pytest.raises(subprocess.TimeoutExpired):
+        role.wait(0.2)
+    role.send_signal(signal.SIGTERM)
+    code = role.wait(60)
+    assert code in (-signal.SIGTERM, 1)  # killed, or it caught the signal and said so
+    role.kill()  # ended: never a signal to a pid that may be another process's by now
+    assert role.returncode == code
+
+
+def test_an_unreadable_request_is_refused_and_the_template_serves_on(
+        template: Template, tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="cannot fork"):
+        template.fork(["worker"], NO_SECRETS, tmp_path / "no-such-folder" / "role.log", False)
+    role = _fork(template, tmp_path, ["worker", "--coordinator", "ws://127.0.0.1:9"])
+    assert role.wait(60) == 1  # no credential: said in its log, as from a fresh process
+    assert "PSCTL_CREDENTIAL is not set" in role.log.read_text()
+
+
+def test_the_template_answers_garbage_with_an_error_line(tmp_path: Path) -> None:
+    process = subprocess.run(
+        [sys.executable, "-m", "engine.roles.template"], input=b"not json\n{\"id\": 1}\n",
+        capture_output=True, timeout=120, env=NO_SECRETS, check=False)
+    replies = [json.loads(line) for line in process.stdout.splitlines()]
+    assert process.returncode == 0  # its stdin closed: it ends
+    assert "ready" in replies[0]
+    assert [reply["error"].startswith("a request the template cannot read")
+            for reply in replies[1:]] == [True, True]
+
+
+def test_hosts_fork_every_role_but_the_announcing_coordinator_and_let_go_at_close(
+        tmp_path: Path) -> None:
+    hosts = TemplateHosts("127.0.0.1", RoleEnv(), tmp_path)
+    hosts.open("run")
+    try:
+        env = RoleEnv({"PSCTL_TOKEN": "the-secret"})
+        server = hosts.start("server", 0, ["server", "--coordinator", "ws://127.0.0.1:9"], env,
+                             tmp_path / "server-0.log")
+        assert isinstance(server, TemplateProcess)
+        again = hosts.restart(server, "server", 0,
+                              ["server", "--coordinator", "ws://127.0.0.1:9"], env,
+                              tmp_path / "server-0.log")
+        assert isinstance(again, TemplateProcess) and again.pid != server.pid
+        announcing = hosts.start("coordinator", 0, ["coordinator", "--help"], env,
+                                 tmp_path / "coordinator.log", announce=True)
+        assert not isinstance(announcing, TemplateProcess)
+        assert announcing.wait(60) == 0
+        for role in (server, again):
+            role.kill()
+            assert role.wait(60) == -signal.SIGKILL
+    finally:
+        hosts.close()
+    assert (tmp_path / "template.log").exists()
