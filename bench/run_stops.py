@@ -5,7 +5,8 @@ enough not to end by itself), waits until it trains, then does one deed and meas
 the deed until none of the launcher's processes runs (zombies count as ended):
 - ``rm --force``: ``psctl runs rm <id> --force --yes``;
 - ``row deleted``: the run's row deleted from the database behind its back;
-- ``recorder refuses``: a trigger makes every iteration insert fail, as a full disk would.
+- ``recorder refuses``: a trigger makes every iteration insert fail, as a full disk would;
+- ``ctrl-c``: SIGINT to the launcher, as a terminal's Ctrl-C (goal 5 s).
 Passes alternate the order of the deeds. A median past the goal is reported, not failed.
 Run: ``python bench/run_stops.py`` (about a minute a pass); ``--quick`` does one pass.
 Writes ``bench/results/run_stops.json``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -96,8 +98,19 @@ def _refuse_rows(db: Path, run_id: str) -> None:
     conn.close()
 
 
+def _ctrl_c(db: Path, run_id: str) -> None:
+    """SIGINT to the launcher, as a terminal's Ctrl-C: the parent of the run's coordinator."""
+    [(detail,)] = _rows(db, "SELECT detail FROM events WHERE run_id = ? AND kind = "
+                            "'coordinator_listening'", run_id)
+    launcher = psutil.Process(int(json.loads(detail)["pid"])).ppid()
+    os.kill(launcher, signal.SIGINT)
+
+
 DEEDS: dict[str, Callable[[Path, str], object]] = {
-    "rm --force": _rm_force, "row deleted": _delete_row, "recorder refuses": _refuse_rows}
+    "rm --force": _rm_force, "row deleted": _delete_row, "recorder refuses": _refuse_rows,
+    "ctrl-c": _ctrl_c}
+# Ctrl-C's own goal (tests/psctl/test_cli.py held it as a bound until issue 38).
+GOALS_S = {"ctrl-c": 5.0}
 
 
 def measure(deed: str, workdir: Path) -> dict[str, Any]:
@@ -134,8 +147,9 @@ def summarise(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
         times = [r["ended_s"] for p in passes for r in p["runs"] if r["deed"] == deed]
         ended = [t for t in times if t is not None]
         med = C.median(ended) if ended else None
+        goal = GOALS_S.get(deed, GOAL_S)
         out[deed] = {"median_s": med, "runs": len(times), "not_ended": len(times) - len(ended),
-                     "goal_s": GOAL_S, "met": med is not None and med <= GOAL_S
+                     "goal_s": goal, "met": med is not None and med <= goal
                      and len(ended) == len(times)}
     return out
 
@@ -164,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         verdict = "met" if row["met"] else "MISSED (reported, not failed)"
         median = "none ended" if row["median_s"] is None else f"{row['median_s']:.1f} s"
         print(f"{deed}: every process ended in {median} (median of {row['runs']}), "
-              f"goal {GOAL_S:.0f} s: {verdict}")
+              f"goal {row['goal_s']:.0f} s: {verdict}")
     return payload
 
 

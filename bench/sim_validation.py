@@ -464,8 +464,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return dict(recorded)
     if args.quick:
         # --max-seconds counts from the launch: a busy 2-core machine took over 14 s to start
-        # the 7 processes once (a CI run failed with no iteration done), so give it 25.
-        args.seconds, args.epochs, args.eval_interval = min(args.seconds, 25.0), 1000, 30.0
+        # the 7 processes as fresh Pythons once (a CI run failed with no iteration done);
+        # forked from the warm template they start within a few seconds, so 15 leaves margin.
+        args.seconds, args.epochs, args.eval_interval = min(args.seconds, 15.0), 1000, 30.0
         if args.models == ",".join(MODELS):
             args.models = ",".join(QUICK_MODELS)
     models = [m for m in args.models.split(",") if m]

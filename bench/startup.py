@@ -13,7 +13,6 @@ Writes ``bench/results/startup.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -73,30 +72,33 @@ def summarise(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="one pass")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    passes = []
-    with tempfile.TemporaryDirectory(prefix="psctl-startup-") as tmp:
-        for index in range(1 if args.quick else args.passes):
-            order = (True, False) if index % 2 == 0 else (False, True)
-            runs = [launch(Path(tmp), template) for template in order]
-            passes.append({"import_torch_s": import_torch_s(), "runs": runs})
-    summary = summarise(passes)
-    payload: dict[str, Any] = {"machine": C.machine_info(), "passes": passes,
-                               "summary": summary}
-    path = args.out or C.RESULTS / "startup.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+def _pass(workdir: Path, index: int) -> dict[str, Any]:
+    order = (True, False) if index % 2 == 0 else (False, True)
+    runs = [launch(workdir, template) for template in order]
+    return {"import_torch_s": import_torch_s(), "runs": runs}
+
+
+def _report(summary: dict[str, Any]) -> None:
     for name in ("template", "fresh"):
         row = summary[name]
         print(f"{name}: first iteration after {row['first_iteration_s']:.2f} s, command "
               f"{row['command_s']:.2f} s, {row['cpu_s']:.2f} CPU-s (medians)")
     print(f"python -c 'import torch': {summary['import_torch_s']:.2f} s; first iteration "
           f"template/fresh: {summary['first_iteration_ratio']:.2f}x")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one pass")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="psctl-startup-") as tmp:
+        passes = [_pass(Path(tmp), index) for index in range(1 if args.quick else args.passes)]
+    summary = summarise(passes)
+    payload: dict[str, Any] = {"machine": C.machine_info(), "passes": passes,
+                               "summary": summary}
+    C.write_result("startup", payload)
+    _report(summary)
     return payload
 
 

@@ -51,9 +51,10 @@ def test_readme_mnist_example_runs(tmp_path: Path, mnist_dir: Path) -> None:
     lines = [line for line in _bash_blocks()[2].splitlines() if line.strip()]
     launch = lines[0].replace("../shared/data/mnist", str(mnist_dir))
     # The full run takes minutes; the test keeps its exact options and caps the time.
-    # 30 s (counted from the coordinator's start) leaves a loaded 2-core machine time to start
-    # seven processes and load MNIST; a run that stops before its first iteration is a failure.
-    done = _run_psctl(launch + " --max-seconds 30 --no-live", db)
+    # 15 s (counted from the coordinator's start) leaves a loaded 2-core machine time to fork
+    # six roles from the template and load MNIST (a few seconds); a run that stops before its
+    # first iteration is a failure.
+    done = _run_psctl(launch + " --max-seconds 15 --no-live", db)
     assert done.returncode == 0, done.stderr
     for line in lines[1:]:
         shown = _run_psctl(line, db)
