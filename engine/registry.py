@@ -22,6 +22,9 @@ class Entry(Generic[T]):
     name: str
     value: T
     summary: str
+    # What the policy can do that others of its kind cannot (a consistency model that counts a
+    # changing set of workers, say): asked through the registry, never by the policy's name.
+    capabilities: frozenset[str] = frozenset()
 
 
 class Registry(Generic[T]):
@@ -31,11 +34,21 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, value: T, summary: str) -> T:
+    def register(self, name: str, value: T, summary: str, *,
+                 capabilities: frozenset[str] = frozenset()) -> T:
         if name in self._entries:
             raise ConfigError(f"{self.kind} {name!r} is registered twice")
-        self._entries[name] = Entry(name, value, summary)
+        self._entries[name] = Entry(name, value, summary, frozenset(capabilities))
         return value
+
+    def can(self, name: str, capability: str) -> bool:
+        """Whether policy ``name`` has ``capability`` (a ConfigError for an unknown name)."""
+        self.get(name)
+        return capability in self._entries[name].capabilities
+
+    def able(self, capability: str) -> tuple[str, ...]:
+        """The policies with ``capability``, in registration order."""
+        return tuple(e.name for e in self if capability in e.capabilities)
 
     def get(self, name: str) -> T:
         entry = self._entries.get(name)

@@ -290,7 +290,7 @@ def resume(
 def scale(
     run: RunArgument,
     workers: Annotated[int | None, typer.Option(
-        help="the number of workers the job should have (asp, ssp, dssp, bounded-delay)",
+        help=policies.SCALE_WORKERS_HELP,
         min=1, max=256)] = None,
     servers: Annotated[int | None, typer.Option(
         help="the number of shard servers the job should have: newcomers take whole key "

@@ -14,7 +14,7 @@ from psctl.cliutil import DbOption, Handled, complete_run, err, fail, out
 if TYPE_CHECKING:  # the CLI imports these lazily, only when a command runs
     from sqlalchemy import Engine
 
-    from engine.analysis.compare import Comparison
+    from engine.analysis.table import Comparison
     from engine.db.metrics import RunRecord
 
 def compare_command(

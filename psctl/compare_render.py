@@ -14,8 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from engine.analysis.cells import cell, is_numeric, json_rows, shown_columns
-from engine.analysis.compare import Comparison, best_values
+from engine.analysis.compare import best_values
 from engine.analysis.selection import text
+from engine.analysis.table import Comparison
 from psctl.cliutil import show
 from psctl.display import status_text
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.backends import BACKENDS
-from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.consistency.registry import CHANGING_WORKERS, CONSISTENCY_MODELS
 from engine.registry import Registry
 from engine.server.aggregation import AGGREGATION_RULES
 from engine.server.learning import STALENESS_RULES
@@ -22,6 +22,8 @@ def choices(registry: Registry[Any], default: str, *, extra: tuple[str, ...] = (
 
 
 SYNC_HELP = "consistency model: " + choices(CONSISTENCY_MODELS, "bsp")
+SCALE_WORKERS_HELP = ("the number of workers the job should have ("
+                      + ", ".join(CONSISTENCY_MODELS.able(CHANGING_WORKERS)) + ")")
 OPTIMIZER_HELP = "server optimizer: " + choices(SERVER_OPTIMIZERS, "sgd")
 LR_HELP = ("server learning rate [the optimizer's own: " + ", ".join(
     f"{entry.name} {entry.value.default_lr:g}" for entry in SERVER_OPTIMIZERS) + "]")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.analysis.compare import Column, Comparison
 from engine.analysis.selection import text
+from engine.analysis.table import Column, Comparison
 
 
 def fmt_seconds(seconds: float | None) -> str:

@@ -3,37 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import Engine
 
 from engine.analysis.selection import UsageError, flatten, text
+from engine.analysis.table import Column, Comparison
 from engine.db.metrics import RunMetrics, RunRecord, run_metrics
 
-Better = Literal["max", "min"] | None
 # How one run's metrics are measured: run_metrics by default; the dashboard passes a cached one.
 Measure = Callable[[str, float | None], RunMetrics]
 
 # The accuracy the issue's own examples and bench/sync_models.py measure time to.
 DEFAULT_TARGET = 0.97
-
-
-@dataclass(frozen=True)
-class Column:
-    key: str  # the JSON / CSV field name
-    header: str  # the table heading
-    # how the table formats it: text, config, flag, pct, duration (H:MM:SS), secs, rate, num,
-    # int, speedup, std
-    kind: str
-    better: Better = None  # which end is best, for highlighting and --sort-by
-
-
-@dataclass(frozen=True)
-class Comparison:
-    columns: tuple[Column, ...]
-    rows: list[dict[str, Any]]
-    target: float | None = None  # the accuracy time to target was measured to
 
 
 _HEAD = (Column("id", "run", "text"), Column("name", "name", "text"))

@@ -8,8 +8,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from engine.analysis.compare import Column, Comparison
 from engine.analysis.selection import text
+from engine.analysis.table import Column, Comparison
 from engine.db.metrics import RunRecord
 
 GROUP_TAG = "group"

@@ -18,26 +18,38 @@ if TYPE_CHECKING:
 ControllerFactory = Callable[["SyncConfig", int, int], ConsistencyController]
 
 CONSISTENCY_MODELS: Registry[ControllerFactory] = Registry("consistency model")
+# Its servers count a changing set of workers: a running job may grow or shrink (psctl scale).
+CHANGING_WORKERS = "changing-workers"
+# A copy of a key range may be handed to another server mid-run (re-replication, psctl scale
+# --servers): nothing the copy needs lives outside the shard's values and clocks.
+HANDOFF = "handoff"
 CONSISTENCY_MODELS.register(
     "bsp", lambda sync, workers, ranges: BSP(workers, ranges),
-    "bulk synchronous: every clock waits for every worker; staleness 0")
+    "bulk synchronous: every clock waits for every worker; staleness 0",
+    capabilities=frozenset({HANDOFF}))
 CONSISTENCY_MODELS.register(
     "asp", lambda sync, workers, ranges: ASP(workers),
-    "asynchronous: every push applied at once, no waiting")
+    "asynchronous: every push applied at once, no waiting",
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
 CONSISTENCY_MODELS.register(
     "ssp", lambda sync, workers, ranges: SSP(workers, sync.staleness, ranges),
-    "stale synchronous: the fastest leads the slowest by at most --staleness clocks")
+    "stale synchronous: the fastest leads the slowest by at most --staleness clocks",
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
 # Bounded delay is enforced by each worker on its own iterations (OSDI'14: a task waits for its
 # tasks older than the delay), so its servers apply pushes as ASP does.
 CONSISTENCY_MODELS.register(
     "bounded-delay", lambda sync, workers, ranges: ASP(workers),
-    "a worker keeps at most --delay of its own iterations in flight")
+    "a worker keeps at most --delay of its own iterations in flight",
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
 CONSISTENCY_MODELS.register(
     "dssp", lambda sync, workers, ranges: DSSP(workers, sync.staleness, sync.range, ranges),
-    "dynamic SSP: the bound stretches within [S, S+R] when waiting would be idle time")
+    "dynamic SSP: the bound stretches within [S, S+R] when waiting would be idle time",
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
 CONSISTENCY_MODELS.register(
     "elastic", lambda sync, workers, ranges: ElasticBSP(workers, sync),
     "ElasticBSP: barriers placed by ZipLine where predicted waiting is least")
+# ElasticBSP neither: it counts a fixed set of workers in every round, and places its barriers
+# from a timing history that a copy handed over cannot have.
 
 
 def make_controller(sync: str | SyncConfig, *, workers: int,

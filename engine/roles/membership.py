@@ -15,6 +15,7 @@ import os
 import time
 from pathlib import Path
 
+from engine.consistency.registry import CHANGING_WORKERS, CONSISTENCY_MODELS
 from engine.errors import ConfigError, StoreError
 
 SCALE_FILE = "scale.json"
@@ -23,7 +24,7 @@ SPAWN_FILE = "spawn.json"
 MAX_WORKERS = 256
 MAX_SERVERS = 64
 # The consistency models whose servers can count a changing set of workers.
-SCALABLE_MODELS = ("asp", "ssp", "dssp", "bounded-delay")
+SCALABLE_MODELS = CONSISTENCY_MODELS.able(CHANGING_WORKERS)
 # Learning rules that keep per-worker state sized when the job starts.
 FIXED_RULES = ("adaptive", "split")
 
@@ -41,7 +42,7 @@ def check_servers_scalable(servers: int, target: int, ranges: int, replicas: int
 
 
 def check_scalable(model: str, rule: str, push_every: int = 1) -> None:
-    if model not in SCALABLE_MODELS:
+    if not CONSISTENCY_MODELS.can(model, CHANGING_WORKERS):
         raise ConfigError(f"a {model} job cannot change its workers: {model} counts a fixed set "
                           f"of workers in every round; psctl scale works with "
                           f"{', '.join(SCALABLE_MODELS)}")

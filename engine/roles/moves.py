@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from engine.consistency.registry import CONSISTENCY_MODELS, HANDOFF
 from engine.roles.membership import Membership
 from engine.roles.peer import CoordinatorBase
 from engine.wire.messages import (
@@ -90,9 +91,10 @@ class Moves(CoordinatorBase):
         """Why this run cannot move a copy of a range to another server, if it cannot."""
         if self.folder is None:
             return "the run has no folder to hand copies over through"
-        if self.config.sync.model == "elastic":
-            return ("ElasticBSP places its barriers from a timing history that a new copy "
-                    "cannot have, so a copy handed over would drift from the others")
+        if not CONSISTENCY_MODELS.can(self.config.sync.model, HANDOFF):
+            return (f"{self.config.sync.model} keeps state that a copy handed over cannot "
+                    "have (ElasticBSP places its barriers from a timing history), so the copy "
+                    "would drift from the others")
         if self.config.learning.rule in STATEFUL_RULES:
             return (f"learning.rule {self.config.learning.rule} keeps per-shard state that a "
                     "handoff does not carry")

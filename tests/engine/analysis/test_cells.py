@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.analysis.cells import cell, fmt, is_numeric, json_rows, shown_columns
-from engine.analysis.compare import Column, Comparison
+from engine.analysis.table import Column, Comparison
 
 ACC = Column("best_accuracy", "best acc", "pct", "max")
 TIME = Column("duration_s", "duration", "duration")

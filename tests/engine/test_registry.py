@@ -1,0 +1,36 @@
+"""Named policies and what each can do, asked of the registry rather than by a policy's name."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.consistency.registry import CHANGING_WORKERS, CONSISTENCY_MODELS, HANDOFF
+from engine.errors import ConfigError
+from engine.registry import Registry
+
+
+def test_capabilities_are_asked_by_name_and_listed_in_registration_order() -> None:
+    shapes: Registry[int] = Registry("shape")
+    shapes.register("square", 4, "four sides", capabilities=frozenset({"tiles", "rolls-not"}))
+    shapes.register("circle", 0, "no sides", capabilities=frozenset({"rolls"}))
+    shapes.register("hexagon", 6, "six sides", capabilities=frozenset({"tiles"}))
+    assert shapes.can("square", "tiles") and not shapes.can("circle", "tiles")
+    assert shapes.able("tiles") == ("square", "hexagon")
+    assert shapes.able("flies") == ()
+    with pytest.raises(ConfigError,
+                       match=r"unknown shape 'cube' \(known: square, circle, hexagon\)"):
+        shapes.can("cube", "tiles")
+
+
+def test_a_name_is_registered_once() -> None:
+    shapes: Registry[int] = Registry("shape")
+    shapes.register("square", 4, "four sides")
+    with pytest.raises(ConfigError, match="shape 'square' is registered twice"):
+        shapes.register("square", 5, "again")
+
+
+def test_the_consistency_models_say_which_can_grow_and_which_can_hand_copies_over() -> None:
+    # bsp and elastic count a fixed set of workers in every round; elastic's barriers come from
+    # a timing history a handed-over copy cannot have
+    assert CONSISTENCY_MODELS.able(CHANGING_WORKERS) == ("asp", "ssp", "bounded-delay", "dssp")
+    assert CONSISTENCY_MODELS.able(HANDOFF) == ("bsp", "asp", "ssp", "bounded-delay", "dssp")
