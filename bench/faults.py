@@ -59,8 +59,8 @@ def _values(args: argparse.Namespace, overrides: dict[str, Any], name: str) -> d
 
 
 def run_scenario(name: str, args: argparse.Namespace, db: Path) -> dict[str, Any]:
-    from engine.config import build_config
     from engine.launcher import Launcher
+    from engine.plan import build_config
 
     launcher = Launcher(build_config({}, _values(args, SCENARIOS[name], name)), db=db)
     started = time.monotonic()

@@ -78,8 +78,8 @@ def _fault(launcher: Any, db: Path, sig: signal.Signals, after: int,
 
 def run_try(args: argparse.Namespace, db: Path, number: int, sig: signal.Signals
             ) -> dict[str, Any]:
-    from engine.config import build_config
     from engine.launcher import Launcher
+    from engine.plan import build_config
 
     name = f"load-{number}-{sig.name}"
     launcher = Launcher(build_config({}, _values(args, name)), db=db)

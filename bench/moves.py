@@ -62,8 +62,8 @@ def values(args: argparse.Namespace, overrides: dict[str, Any], name: str) -> di
 
 
 def run_scenario(name: str, args: argparse.Namespace, db: Path) -> dict[str, Any]:
-    from engine.config import build_config
     from engine.launcher import Launcher
+    from engine.plan import build_config
 
     launcher = Launcher(build_config({}, values(args, SCENARIOS[name], name)), db=db)
     scaled: dict[str, float] = {}

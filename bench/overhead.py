@@ -101,15 +101,16 @@ def psctl_pass(
     ``cluster.transport``, what the server listens on; ``layer_pulls``: ``train.layer_pulls``
     (wait-free: each layer's next pull sent from inside backward)."""
     from engine.aio import LoopThread
-    from engine.config import RunConfig
+    from engine.plan import parse_config
     from engine.roles.worker import connect_client
     from engine.transport.schemes import SchemeTransport
     from engine.wire.messages import Iterations, ShardInfo, Welcome, layout_info
     from engine.wire.protocol import Role
     from engine.worker.loops import Worker, shard_for
+    from engine.worker.registry import WORKER_LOOPS, loop_name
 
     num_keys = model.num_keys
-    config = RunConfig.model_validate(
+    config = parse_config(
         {
             "cluster": {"workers": 1, "servers": 1},
             "sync": {"model": sync},
@@ -153,7 +154,8 @@ def psctl_pass(
         counters = C.Counters([server.pid])
         threads = {"main": threading.get_native_id(), "io": io._thread.native_id}
         before = {name: C.thread_cpu_s(tid) for name, tid in threads.items()}
-        done = Worker(welcome, 0, control, client).run(shard, model)  # type: ignore[arg-type]
+        done = Worker(welcome, 0, control, client).run(  # type: ignore[arg-type]
+            shard, model, WORKER_LOOPS.get(loop_name(config)))
         cpu = counters.per(done)
         for name, tid in threads.items():
             cpu[f"client_{name}_thread_cpu_ms"] = 1e3 * (C.thread_cpu_s(tid) - before[name]) / done

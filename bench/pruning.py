@@ -105,8 +105,8 @@ def measure(db: Path, run_id: str, target: float) -> dict[str, Any]:
 
 def run_config(label: str, overrides: dict[str, Any], args: argparse.Namespace,
                db: Path) -> dict[str, Any]:
-    from engine.config import build_config
     from engine.launcher import Launcher
+    from engine.plan import build_config
 
     values = {
         "cluster.workers": 4, "cluster.servers": 2, "sync.model": "asp",

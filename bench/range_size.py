@@ -79,8 +79,8 @@ def measure_failed(reason: str) -> dict[str, Any]:
 
 
 def run_config(label: str, args: argparse.Namespace, db: Path) -> dict[str, Any]:
-    from engine.config import build_config
     from engine.launcher import Launcher
+    from engine.plan import build_config
 
     values = {
         "cluster.workers": 4, "cluster.servers": 2, "sync.model": "bsp",

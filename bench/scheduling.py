@@ -33,8 +33,8 @@ DOCS_TITLE = "Request scheduling by layer (MNIST, SSP, one 3x straggler)"
 
 
 def run_schedule(schedule: str, args: argparse.Namespace, db: Path) -> dict[str, Any]:
-    from engine.config import build_config
     from engine.launcher import Launcher
+    from engine.plan import build_config
 
     values = {
         "cluster.workers": 4, "cluster.servers": 2, "sync.model": "ssp", "sync.staleness": 1,

@@ -179,10 +179,10 @@ def alone_costs(args: argparse.Namespace) -> dict[str, float]:
     process with one torch thread (the simulator's own calibration, ``engine.sim.compute``)."""
     import torch
 
-    from engine.config import build_config
     from engine.datasets import load_dataset
     from engine.models.flat import FlatModel
     from engine.models.spec import MLPSpec
+    from engine.plan import build_config
     from engine.sim.compute import _time_compute, _time_update
 
     torch.set_num_threads(1)

@@ -43,10 +43,10 @@ MODELS: dict[str, dict[str, Any]] = {
 
 def run_model(label: str, overrides: dict[str, Any], args: argparse.Namespace,
               db: Path) -> dict[str, Any]:
-    from engine.config import build_config
     from engine.db import open_engine
     from engine.db.queries import run_detail
     from engine.launcher import Launcher
+    from engine.plan import build_config
 
     values = {
         "cluster.workers": 4, "cluster.servers": 2, "data.dataset": args.dataset,

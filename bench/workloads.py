@@ -133,7 +133,7 @@ def sparse_reference() -> dict[str, Any]:
     from sklearn.linear_model import LogisticRegression
 
     from engine.datasets.sources import load_sparse
-    from engine.worker.sparse import accuracy, objective
+    from engine.models.logreg import accuracy, objective
 
     data = load_sparse(SPARSE_DATA)
     n, features = len(data.train), data.spec.input_dim

@@ -60,9 +60,28 @@ def _sim(config: RunConfig, *, db: Path) -> RunHandle:
     return SimLauncher(config, db=db)
 
 
+def _simulable(config: RunConfig) -> None:
+    """The simulator models every policy but these parts of the wire (yet)."""
+    comm = config.comm
+    unmodelled = [name for name, used in (
+        ("comm.compress", comm.compress != "none"),
+        ("comm.pull_filter", comm.pull_filter != "none"),
+        ("comm.range_size", comm.range_size is not None),
+        ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
+        ("train.loop wait-free", config.train.loop == "wait-free"),
+        ("fault.inject", bool(config.fault.inject)),
+        ("cluster.replicas", config.cluster.replicas > 0),
+        ("cluster.key_ranges", config.cluster.ranges != config.cluster.servers),
+        ("fault.checkpoint_every_s", config.fault.checkpoint_every_s is not None),
+    ) if used]
+    if unmodelled:
+        raise ValueError(f"cluster.backend sim does not model {', '.join(unmodelled)}; run "
+                         "them on the local backend")
+
+
 BACKENDS: Registry[Backend] = Registry("backend")
 BACKENDS.register("local", _local, "every role a process on this machine, over websockets")
 BACKENDS.register("ray", _ray, "every role a Ray actor, placed across a Ray cluster "
                   "(pip install 'psctl[ray]'; see docs/cluster.md)")
 BACKENDS.register("sim", _sim, "the whole cluster in one process, in virtual time (seed "
-                  "experiments at any scale; see docs/simulation.md)")
+                  "experiments at any scale; see docs/simulation.md)", requires=(_simulable,))

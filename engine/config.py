@@ -1,8 +1,11 @@
-"""The run configuration: frozen, validated, and stored whole with every run.
+"""The run configuration's schema: frozen sections, their bounds, and TOML reading.
 
-A ``RunConfig`` is built once by the launcher from (lowest to highest precedence) the defaults
-below, a TOML file (``--config``), and command-line flags, then serialised to JSON and handed to
-every process of the run. Nothing downstream re-reads flags or the environment.
+This module knows the shape of a run, not its policies: it imports only pydantic and
+``engine.errors``. Which names a setting may take and which settings combine are the policies'
+own rules, asked by ``engine.plan``, which composes a ``RunConfig`` from (lowest to highest
+precedence) the defaults below, a TOML file (``--config``), and command-line flags. The result is
+serialised to JSON and handed to every process of the run, which reads it back with
+``RunConfig.model_validate``; nothing downstream re-reads flags or the environment.
 """
 
 from __future__ import annotations
@@ -22,30 +25,6 @@ from pydantic import (
 )
 
 from engine.errors import ConfigError
-from engine.registry import Registry
-
-
-def _registered(kind: str, name: str) -> str:
-    """``name`` if the registry of ``kind`` knows it; the error lists the known names. The
-    registries are imported here, lazily, because their policies import this module."""
-    from engine.backends import BACKENDS
-    from engine.consistency.registry import CONSISTENCY_MODELS
-    from engine.server.aggregation import AGGREGATION_RULES
-    from engine.server.learning import SCHEDULES, STALENESS_RULES
-    from engine.server.optimizers import SERVER_OPTIMIZERS
-    from engine.worker.registry import WORKER_LOOPS
-
-    registries: dict[str, Registry[Any]] = {
-        "backend": BACKENDS,
-        "sync": CONSISTENCY_MODELS, "optimizer": SERVER_OPTIMIZERS,
-        "aggregation": AGGREGATION_RULES, "loop": WORKER_LOOPS,
-        "schedule": SCHEDULES, "rule": STALENESS_RULES}
-    registry = registries[kind]
-    if name not in registry and not (kind == "loop" and name == "auto"):
-        known = ", ".join((("auto",) if kind == "loop" else ()) + registry.names())
-        raise ValueError(f"unknown {registry.kind} {name!r} (known: {known})")
-    return name
-
 
 # Longer than any run, and short enough for every wait built on it: a thread's timed wait
 # overflows past ~9.2e9 s, so a huge timeout would crash the workers instead of waiting.
@@ -132,10 +111,6 @@ class ClusterConfig(_Frozen):
         """How many key ranges the keys are cut into."""
         return self.key_ranges if self.key_ranges is not None else self.servers
 
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str) -> str:
-        return _registered("backend", value)
 
 
 class HistorySeed(_Frozen):
@@ -171,15 +146,6 @@ class SyncConfig(_Frozen):
         "the same step per round as BSP's averaged update) or all of it (sum); the "
         "aggregation rule of engine.server.aggregation"))
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        return _registered("sync", value)
-
-    @field_validator("push_scale")
-    @classmethod
-    def _known_rule(cls, value: str) -> str:
-        return _registered("aggregation", value)
 
 
 class Straggler(_Frozen):
@@ -209,12 +175,6 @@ class DataConfig(_Frozen):
     data_dir: str | None = Field(None, description="folder holding the data set's files")
     train_limit: int | None = Field(None, ge=1, description="use only the first N training samples")
 
-    @field_validator("dataset")
-    @classmethod
-    def _source(cls, value: str) -> str:
-        from engine.datasets.sources import check_source
-
-        return check_source(value)
 
 
 class ModelConfig(_Frozen):
@@ -222,12 +182,6 @@ class ModelConfig(_Frozen):
         "mlp, cnn (LeNet), logreg, or path/to/file.py:build (docs/models.md)"))
     hidden: tuple[int, ...] = Field((512, 512, 512), description="hidden layer widths of the MLP")
 
-    @field_validator("name")
-    @classmethod
-    def _model(cls, value: str) -> str:
-        from engine.models.spec import check_model
-
-        return check_model(value)
 
 
 class OptimizerConfig(_Frozen):
@@ -258,11 +212,6 @@ class OptimizerConfig(_Frozen):
         "lbfgs: idle workers take a copy of the portion that has run longest; the first copy "
         "to finish counts (Sandblaster's backup tasks)"))
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, value: str) -> str:
-        return _registered("optimizer", value)
-
     @field_validator("betas")
     @classmethod
     def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
@@ -270,26 +219,6 @@ class OptimizerConfig(_Frozen):
             raise ValueError(f"betas are decay rates in [0, 1), got {list(value)}")
         return value
 
-    @model_validator(mode="after")
-    def _proximal(self) -> OptimizerConfig:
-        if self.l1 and not ((self.name == "sgd" and self.momentum == 0) or self.name == "adagrad"):
-            extra = f" with momentum {self.momentum:g} (add --momentum 0)" \
-                if self.name == "sgd" else ""
-            raise ValueError(f"l1 is a proximal step for sgd with momentum 0 or for adagrad, "
-                             f"not for {self.name}{extra}")
-        return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_lr(cls, data: Any) -> Any:
-        """No ``lr`` (or ``lr = None`` from a flag not given): the named optimizer's default."""
-        if isinstance(data, dict) and data.get("lr") is None:
-            from engine.server.optimizers import SERVER_OPTIMIZERS
-
-            name = data.get("name", "sgd")
-            if isinstance(name, str) and name in SERVER_OPTIMIZERS:
-                return {**data, "lr": SERVER_OPTIMIZERS.get(name).default_lr}
-        return data
 
 
 class LearningConfig(_Frozen):
@@ -315,25 +244,6 @@ class LearningConfig(_Frozen):
         "every rule but none: the global rate λ each push is multiplied by [1/workers]"))
     window: int | None = Field(None, ge=1, le=100_000, description=(
         "dynssgc: pushes over which the maximum staleness is taken [2 × workers]"))
-
-    @field_validator("schedule")
-    @classmethod
-    def _known_schedule(cls, value: str) -> str:
-        return _registered("schedule", value)
-
-    @field_validator("rule")
-    @classmethod
-    def _known_rule(cls, value: str) -> str:
-        return _registered("rule", value)
-
-    @model_validator(mode="after")
-    def _complete(self) -> LearningConfig:
-        if self.schedule == "step" and self.step_every is None:
-            raise ValueError("learning.schedule step needs learning.step_every (updates per decay)")
-        if self.schedule == "cosine" and self.total is None:
-            raise ValueError("learning.schedule cosine needs learning.total (updates to anneal "
-                             "over)")
-        return self
 
 
 class TrainConfig(_Frozen):
@@ -371,10 +281,6 @@ class TrainConfig(_Frozen):
         """Whether the run needs the Downpour loop (any of its three settings is in use)."""
         return self.fetch_every > 1 or self.push_every > 1 or self.warm_start > 0
 
-    @field_validator("loop")
-    @classmethod
-    def _known_loop(cls, value: str) -> str:
-        return _registered("loop", value)
 
 
 class CommConfig(_Frozen):
@@ -408,27 +314,6 @@ class CommConfig(_Frozen):
     compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none", description=(
         "compress frames with key lists (sparse pushes and pulls) where it shrinks them "
         "[none]"))
-
-    @field_validator("prune")
-    @classmethod
-    def _known_prune(cls, value: str) -> str:
-        from engine.worker.filters import parse_prune
-
-        try:
-            return parse_prune(value).spec
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-
-    @field_validator("pull_filter")
-    @classmethod
-    def _known_pull_filter(cls, value: str) -> str:
-        from engine.server.pull_filter import parse_pull_filter
-
-        try:
-            spec = parse_pull_filter(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return spec.name if spec.name == "none" else f"{spec.name}:{spec.delta:g}"
 
     @model_validator(mode="after")
     def _consistent(self) -> CommConfig:
@@ -465,18 +350,6 @@ class SimConfig(_Frozen):
         "milliseconds a server takes to apply a dense update of the whole model (a shard "
         "takes its share); unset: measured"))
 
-    @field_validator("network", "server_network")
-    @classmethod
-    def _known_network(cls, value: str | None) -> str | None:
-        from engine.sim.network import parse_network
-
-        if value is None:
-            return None
-        try:
-            return parse_network(value).spec
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-
     @model_validator(mode="after")
     def _one_compute(self) -> SimConfig:
         if self.compute == "given" and self.compute_ms is None:
@@ -505,16 +378,6 @@ class FaultConfig(_Frozen):
         "with drop faults, a data-plane request unanswered this long is sent again (by "
         "request id; the servers discard duplicates)"))
 
-    @field_validator("inject")
-    @classmethod
-    def _known_faults(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from engine.faults import FaultPlan
-
-        try:
-            FaultPlan.of(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return tuple(spec.strip().lower() for spec in value)
 
 
 _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9._-]+:[0-9]{1,5})$")
@@ -568,71 +431,9 @@ class RunConfig(_Frozen):
     fault: FaultConfig = FaultConfig()
     ray: RayConfig = RayConfig()
 
-    @model_validator(mode="before")
-    @classmethod
-    def _sparse_defaults(cls, data: Any) -> Any:
-        """Sparse data sets default to their workload's settings (seed 003): logistic regression
-        under bounded delay, unless the run says otherwise."""
-        from engine.datasets.sparse import is_sparse_synthetic
-
-        section = data.get("data") if isinstance(data, dict) else None
-        dataset = section.get("dataset") if isinstance(section, dict) else None
-        if not isinstance(dataset, str) or not is_sparse_synthetic(dataset):
-            return data
-        data = dict(data)
-        for name, key, value in (("sync", "model", "bounded-delay"), ("model", "name", "logreg")):
-            part = data.get(name, {})
-            if isinstance(part, dict) and key not in part:
-                data[name] = {**part, key: value}
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _lbfgs_defaults(cls, data: Any) -> Any:
-        """Sandblaster L-BFGS applies pushes as they come, summed (its own tasks say when):
-        asp and the sum rule, unless the run says otherwise (and is then refused)."""
-        section = data.get("optimizer") if isinstance(data, dict) else None
-        if not isinstance(section, dict) or section.get("name") != "lbfgs":
-            return data
-        sync = data.get("sync", {})
-        if isinstance(sync, dict):
-            data = {**data, "sync": {"model": "asp", "push_scale": "sum", **sync}}
-        return data
-
     @model_validator(mode="after")
     def _coherent(self) -> RunConfig:
-        if self.train.overlap and self.sync.model != "asp":
-            raise ValueError(f"train.overlap needs asp; {self.sync.model} must wait for its pulls")
-        loop, model = self.train.loop, self.sync.model
-        if loop == "overlapped" and model != "asp":
-            raise ValueError(f"train.loop overlapped needs asp; {model} must wait for its pulls")
-        if self.train.downpour and model != "asp":
-            raise ValueError(f"train.fetch_every, push_every and warm_start are Downpour's "
-                             f"asynchronous settings: they need sync.model asp, not {model}")
-        if self.train.downpour and loop not in ("auto", "downpour"):
-            raise ValueError(f"train.fetch_every, push_every and warm_start need the downpour "
-                             f"loop (train.loop auto or downpour), not {loop}")
-        if loop == "downpour" and model != "asp":
-            raise ValueError(f"train.loop downpour needs asp, not {model}")
-        if self.train.downpour and self.train.overlap:
-            raise ValueError("train.overlap and Downpour's fetch_every/push_every/warm_start "
-                             "are two different loops: choose one")
-        if loop == "wait-free" and (self.comm.prune != "none" or self.comm.momentum_correction):
-            raise ValueError("train.loop wait-free pushes each layer from inside backward, but "
-                             "comm.prune filters the whole gradient at once: use train.loop "
-                             "layered (or plain) with a push filter")
-        if self.train.layer_pulls and (loop != "wait-free" or not self.train.pipeline):
-            raise ValueError("train.layer_pulls sends each layer's next pull from inside "
-                             "backward: it needs train.loop wait-free and train.pipeline "
-                             f"(here train.loop {loop}, train.pipeline {self.train.pipeline})")
-        if (loop == "delayed") != (model == "bounded-delay") and loop not in ("auto", "sparse"):
-            raise ValueError(f"train.loop {loop} does not fit sync.model {model}: bounded-delay "
-                             "runs the delayed loop, and only it does")
-        _sparse_fits(self)
-        _lbfgs_fits(self)
-        if self.cluster.backend == "sim":
-            _simulable(self)
-        _killable(self)
+        """The rules between sections that no policy owns (a policy's own are its spec's)."""
         if self.comm.pull_filter != "none" and any(
                 spec.startswith("drop:") for spec in self.fault.inject):
             raise ValueError("fault.inject drop and comm.pull_filter do not mix: a filtered "
@@ -653,102 +454,9 @@ class RunConfig(_Frozen):
         return self.model_dump(mode="json")
 
 
-def _sparse_fits(config: RunConfig) -> None:
-    """Sparse samples train in their own loop (engine.worker.sparse), which has none of the
-    dense loops' options."""
-    from engine.datasets.sparse import is_sparse_synthetic
-
-    sparse, loop = is_sparse_synthetic(config.data.dataset), config.train.loop
-    if not sparse:
-        if loop == "sparse":
-            raise ValueError("train.loop sparse trains sparse data sets (sparse-synthetic:...)")
-        return
-    if config.model.name != "logreg":
-        raise ValueError(f"sparse data sets train model logreg, not {config.model.name}")
-    comm, train = config.comm, config.train
-    unsupported = [name for name, used in (
-        ("train.loop " + loop, loop not in ("auto", "sparse")),
-        ("train.overlap", train.overlap), ("train fetch_every/push_every/warm_start",
-                                           train.downpour),
-        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
-        ("comm.schedule", comm.schedule != "none"), ("comm.range_size",
-                                                     comm.range_size is not None),
-        ("cluster.backend sim", config.cluster.backend == "sim")) if used]
-    if unsupported:
-        raise ValueError(f"the sparse logistic-regression loop does not take "
-                         f"{', '.join(unsupported)}")
-
-
-def _lbfgs_fits(config: RunConfig) -> None:
-    """Sandblaster L-BFGS moves the parameters itself: nothing may scale, filter, delay or
-    change the gradient sums its line search compares."""
-    from engine.datasets.sparse import is_sparse_synthetic
-
-    loop = config.train.loop
-    if config.optimizer.name != "lbfgs":
-        if loop == "sandblaster":
-            raise ValueError("train.loop sandblaster is Sandblaster L-BFGS's: it needs "
-                             "optimizer.name lbfgs (--optimizer lbfgs)")
-        return
-    opt, comm, train, learning = config.optimizer, config.comm, config.train, config.learning
-    unsupported = [name for name, used in (
-        ("sync.model " + config.sync.model, config.sync.model != "asp"),
-        ("sync.push_scale " + config.sync.push_scale, config.sync.push_scale != "sum"),
-        ("train.loop " + loop, loop not in ("auto", "sandblaster")),
-        ("train.overlap", train.overlap),
-        ("train fetch_every/push_every/warm_start", train.downpour),
-        ("optimizer.weight_decay", opt.weight_decay > 0), ("optimizer.l1", opt.l1 > 0),
-        ("optimizer.clip_norm", opt.clip_norm is not None),
-        ("learning.schedule " + learning.schedule, learning.schedule != "constant"),
-        ("learning.rule " + learning.rule, learning.rule != "none"),
-        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
-        ("comm.schedule", comm.schedule != "none"),
-        ("comm.range_size", comm.range_size is not None),
-        ("comm.wire_dtype " + comm.wire_dtype, comm.wire_dtype != "float32"),
-        ("cluster.replicas", config.cluster.replicas > 0),
-        ("fault.checkpoint_every_s", config.fault.checkpoint_every_s is not None),
-        ("cluster.backend sim", config.cluster.backend == "sim"),
-        ("sparse data sets", is_sparse_synthetic(config.data.dataset)),
-    ) if used]
-    if unsupported:
-        raise ValueError(f"optimizer lbfgs (Sandblaster L-BFGS) does not take "
-                         f"{', '.join(unsupported)}")
-
-
-def _killable(config: RunConfig) -> None:
-    """Every injected kill names a process the run has."""
-    from engine.faults import FaultPlan
-
-    counts = {"worker": config.cluster.workers, "server": config.cluster.servers}
-    for kill in FaultPlan.of(config.fault.inject).kills:
-        if kill.role == "evaluator" and kill.rank != 0:
-            raise ValueError(f"fault {kill.spec}: a run has one evaluator, evaluator 0")
-        if kill.role != "evaluator" and kill.rank >= counts[kill.role]:
-            raise ValueError(f"fault {kill.spec}: there is no {kill.role} {kill.rank} "
-                             f"(cluster.{kill.role}s = {counts[kill.role]}; ranks count from 0)")
-
-
-def _simulable(config: RunConfig) -> None:
-    """The simulator models every policy but these parts of the wire (yet)."""
-    comm = config.comm
-    unmodelled = [name for name, used in (
-        ("comm.compress", comm.compress != "none"),
-        ("comm.pull_filter", comm.pull_filter != "none"),
-        ("comm.range_size", comm.range_size is not None),
-        ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
-        ("train.loop wait-free", config.train.loop == "wait-free"),
-        ("fault.inject", bool(config.fault.inject)),
-        ("cluster.replicas", config.cluster.replicas > 0),
-        ("cluster.key_ranges", config.cluster.ranges != config.cluster.servers),
-        ("fault.checkpoint_every_s", config.fault.checkpoint_every_s is not None),
-    ) if used]
-    if unmodelled:
-        raise ValueError(f"cluster.backend sim does not model {', '.join(unmodelled)}; run "
-                         "them on the local backend")
-
-
-def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
-    """Merge ``overrides`` (dotted keys such as ``"cluster.workers"``) over file values."""
+def merge(file_values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``file_values`` with ``overrides`` (dotted keys such as ``"cluster.workers"``; None: not
+    given) written over them; neither argument is changed."""
     merged = _deep_copy(file_values)
     for dotted, value in overrides.items():
         if value is None:
@@ -758,14 +466,16 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> RunC
         for part in parents:
             section = section.setdefault(part, {})
         section[leaf] = value
-    return parse_config(merged)
+    return merged
 
 
-def parse_config(values: dict[str, Any]) -> RunConfig:
+def validate(values: dict[str, Any]) -> RunConfig:
+    """The schema's verdict on ``values``: a ConfigError naming each setting that is out of its
+    bounds. Names and combinations are checked by engine.plan, which composes every run."""
     try:
         return RunConfig.model_validate(values)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(describe(exc)) from None
 
 
 # Tables and arrays inside one another: psctl's own files nest a handful of levels; far deeper
@@ -805,7 +515,7 @@ def check_nesting(value: Any, where: str) -> None:
             stack.extend((child, depth + 1) for child in item)
 
 
-def _describe(exc: ValidationError) -> str:
+def describe(exc: ValidationError) -> str:
     # One line, naming each setting and the value given, so the CLI can print it as it is.
     problems = []
     for error in exc.errors():

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.config import RunConfig
 
 KILLABLE = ("worker", "server", "evaluator")
 _KILL = re.compile(r"kill:(worker|server|evaluator):(\d+)@(\d+(?:\.\d+)?)s?")
@@ -104,3 +108,14 @@ class FaultPlan:
     def lossy(self) -> bool:
         """Do data-plane messages get lost (so that clients must resend)?"""
         return self.drop > 0
+
+
+def check_kills(run: RunConfig) -> None:
+    """Every injected kill names a process the run has (ValueError when one does not)."""
+    counts = {"worker": run.cluster.workers, "server": run.cluster.servers}
+    for kill in FaultPlan.of(run.fault.inject).kills:
+        if kill.role == "evaluator" and kill.rank != 0:
+            raise ValueError(f"fault {kill.spec}: a run has one evaluator, evaluator 0")
+        if kill.role != "evaluator" and kill.rank >= counts[kill.role]:
+            raise ValueError(f"fault {kill.spec}: there is no {kill.role} {kill.rank} "
+                             f"(cluster.{kill.role}s = {counts[kill.role]}; ranks count from 0)")

@@ -8,13 +8,19 @@ Registries are plain objects passed to whoever builds policies, never looked up 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from engine.errors import ConfigError
 
+if TYPE_CHECKING:
+    from engine.config import RunConfig
+
 T = TypeVar("T")
+# A policy's rule about the rest of the run: raises ValueError, saying what to change, when the
+# run combines the policy with something it cannot work with; returns when it can.
+Rule = Callable[["RunConfig"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +31,11 @@ class Entry(Generic[T]):
     # What the policy can do that others of its kind cannot (a consistency model that counts a
     # changing set of workers, say): asked through the registry, never by the policy's name.
     capabilities: frozenset[str] = frozenset()
+    # What the policy needs of the run it is chosen for (engine.plan asks, in this order).
+    requires: tuple[Rule, ...] = ()
+    # Settings (dotted) the policy implies unless the run gives them: L-BFGS applies pushes as
+    # they come, summed. A run that gives another value is then refused by ``requires``.
+    implies: Mapping[str, object] = field(default_factory=dict)
 
 
 class Registry(Generic[T]):
@@ -35,11 +46,25 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
 
     def register(self, name: str, value: T, summary: str, *,
-                 capabilities: frozenset[str] = frozenset()) -> T:
+                 capabilities: frozenset[str] = frozenset(),
+                 requires: tuple[Rule, ...] = (),
+                 implies: Mapping[str, object] | None = None) -> T:
         if name in self._entries:
             raise ConfigError(f"{self.kind} {name!r} is registered twice")
-        self._entries[name] = Entry(name, value, summary, frozenset(capabilities))
+        self._entries[name] = Entry(name, value, summary, frozenset(capabilities),
+                                    tuple(requires), dict(implies or {}))
         return value
+
+    def implied(self, name: str) -> Mapping[str, object]:
+        """The settings policy ``name`` implies (an empty mapping for an unknown name)."""
+        entry = self._entries.get(name)
+        return entry.implies if entry is not None else {}
+
+    def check(self, name: str, run: RunConfig) -> None:
+        """Run policy ``name``'s rules on ``run``: ValueError from the first it breaks."""
+        self.get(name)
+        for rule in self._entries[name].requires:
+            rule(run)
 
     def can(self, name: str, capability: str) -> bool:
         """Whether policy ``name`` has ``capability`` (a ConfigError for an unknown name)."""

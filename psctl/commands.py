@@ -153,7 +153,7 @@ def config_show(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
 ) -> None:
     """Each setting psctl launch would use, its value and where it came from."""
-    from engine.config import build_config
+    from engine.plan import build_config
     from psctl.configsources import explain, layers, merged_values
 
     try:

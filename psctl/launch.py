@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from engine.analysis.cells import fmt_seconds
 from engine.backends import BACKENDS, RunHandle
-from engine.config import RunConfig, build_config
+from engine.config import RunConfig
 from engine.datasets import describe, locate
 from engine.datasets.sources import is_user_source
 from engine.db import open_engine
@@ -21,6 +21,7 @@ from engine.errors import ConfigError, PsctlError
 from engine.launcher import LaunchResult, default_run_name
 from engine.models.device import check_here as check_device
 from engine.models.spec import builtin_layout
+from engine.plan import build_config
 from engine.roles.sampling import oversubscription, usable_cores
 from psctl.display import (
     Plan,

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.config import RunConfig, parse_config
+from engine.config import RunConfig
 from engine.db.queries import CRASH_AFTER_S, effective_status
 from engine.errors import LaunchError, StoreError
 from engine.launcher import Launcher, ResumePoint
+from engine.plan import parse_config
 from engine.server.checkpoint import check_clocks, declared, shard_file
 from engine.stopping import run_processes
 from psctl.runstate import run_and_event

@@ -123,13 +123,13 @@ def _new_run(launch_args: list[str], db: Path, join_timeout: float | None
 
     from engine.errors import ConfigError
     from engine.launcher import NewRun
-    from psctl.cli import app, prepare_database
+    from psctl.launch_command import launch, prepare_database
     from psctl.launchopts import launch_config
 
-    launch = typer.main.get_command(app)
-    assert isinstance(launch, typer.core.TyperGroup)
+    launch_app = typer.Typer(rich_markup_mode=None)
+    launch_app.command()(launch)
     try:
-        options = launch.commands["launch"].make_context(
+        options = typer.main.get_command(launch_app).make_context(
             "psctl role coordinator", launch_args).params
     except typer.TyperException as exc:
         format_message = getattr(exc, "format_message", None)

@@ -10,10 +10,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from engine.config import parse_config
 from engine.db import open_engine
 from engine.db.schema import events, translate_errors
 from engine.errors import LaunchError
+from engine.plan import parse_config
 from engine.roles.membership import check_scalable, request_scale, request_servers
 from engine.stopping import run_processes
 from psctl.runstate import latest_event_id, run_and_event

@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.analysis.selection import flatten, text
-from engine.config import RunConfig, build_config, load_toml
+from engine.config import RunConfig, load_toml
 from engine.errors import ConfigError
+from engine.plan import build_config
 
 SLUG = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 # Tags every run of a study carries besides one per axis; an axis may not shadow them.

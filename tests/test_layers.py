@@ -13,8 +13,33 @@ from pathlib import Path
 
 import pytest
 
+from tests.tooling import import_cycles
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "psctl", "webui")
+
+# The layers, top to bottom: a module may import its own layer and those below, never one
+# above (imports inside functions and under TYPE_CHECKING count). A module belongs to the
+# layer of its longest matching prefix. docs/architecture.md draws the same list.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("psctl",),                       # the command line
+    ("webui",),                       # the dashboard, which psctl ui starts
+    ("psctl.settings",),              # where the database is, exit codes: both faces read it
+    ("engine.plan",),                 # composes a run from flags, files and the policies
+    ("engine.backends",),             # local, ray, sim
+    ("engine.sim",),                  # the simulated cluster (a backend)
+    ("engine.launcher", "engine.hosts"),
+    ("engine.roles",),                # coordinator, server, worker, evaluator processes
+    ("engine.worker", "engine.server"),
+    ("engine.sandblaster", "engine.replication", "engine.consistency", "engine.models",
+     "engine.datasets", "engine.faults", "engine.analysis", "engine.stopping",
+     "engine.recorder"),
+    ("engine.db", "engine.transport"),
+    ("engine.wire",),
+    ("engine.aio", "engine.keys", "engine.registry", "engine.userfiles"),
+    ("engine.config",),               # the schema: pydantic and engine.errors only
+    ("engine.errors", "engine"),
+)
 
 # (importer prefix, forbidden module prefix)
 FORBIDDEN = [
@@ -109,3 +134,69 @@ def test_the_dashboard_imports_no_command_module() -> None:
     offenders = [f"{name} imports {module}" for name, path in found.items()
                  if under(name, "webui") for module, _ in imports(path) if module in commands]
     assert commands and offenders == []
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS (0 at the top) of the layer ``module`` belongs to."""
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if under(module, prefix) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def upward_imports(edges: import_cycles.Graph) -> list[str]:
+    """Every import of a module in a layer above the importer's. A package whose __init__
+    imports none of ours is passed through, not used: ``from psctl import settings``."""
+    found = []
+    for importer, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if not edges.get(target) and any(m.startswith(target + ".") for m in edges):
+                continue
+            low, high = layer_of(importer), layer_of(target)
+            if low is not None and high is not None and high < low:
+                found.append(f"{importer} (layer {low}) imports {target} (layer {high})")
+    return found
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    assert upward_imports(import_cycles.graph()) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [name for name in import_cycles.graph() if layer_of(name) is None] == []
+
+
+def test_no_import_cycle() -> None:
+    edges = import_cycles.graph()
+    assert [import_cycles.a_cycle(edges, c) for c in import_cycles.components(edges)] == []
+
+
+def test_a_new_upward_import_is_caught(tmp_path: Path) -> None:
+    # engine.config is the schema: it may not ask a policy, even from inside a function
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").touch()
+    (tmp_path / "engine" / "worker").mkdir()
+    (tmp_path / "engine" / "worker" / "__init__.py").touch()
+    (tmp_path / "engine" / "worker" / "registry.py").write_text("LOOPS = {}\n")
+    (tmp_path / "engine" / "config.py").write_text(
+        "def known(name):\n    from engine.worker.registry import LOOPS\n"
+        "    return name in LOOPS\n")
+    (tmp_path / "psctl" / "cli.py").write_text("from psctl import settings\n")
+    (tmp_path / "psctl" / "settings.py").write_text("import engine.config\n")
+    edges = import_cycles.graph(tmp_path)
+    assert upward_imports(edges) == [
+        f"engine.config (layer {layer_of('engine.config')}) imports engine.worker.registry "
+        f"(layer {layer_of('engine.worker')})"]
+    (tmp_path / "engine" / "config.py").write_text("KNOWN = ()\n")
+    assert upward_imports(import_cycles.graph(tmp_path)) == []
+
+
+def test_the_schema_asks_no_policy() -> None:
+    """engine.config is a leaf: which names and combinations a run may take are the policies'
+    rules, asked by engine.plan."""
+    assert import_cycles.graph()["engine.config"] == {"engine.errors"}
+    outside = {module.split(".")[0] for module, _ in imports(REPO / "engine" / "config.py")}
+    assert outside <= {"__future__", "re", "tomllib", "pathlib", "typing", "pydantic", "engine"}

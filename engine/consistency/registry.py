@@ -12,7 +12,7 @@ from engine.consistency.ssp import DSSP, SSP
 from engine.registry import Registry
 
 if TYPE_CHECKING:
-    from engine.config import SyncConfig
+    from engine.config import RunConfig, SyncConfig
 
 # (sync settings, workers, clock ranges on the shard) -> the shard's controller
 ControllerFactory = Callable[["SyncConfig", int, int], ConsistencyController]
@@ -23,6 +23,20 @@ CHANGING_WORKERS = "changing-workers"
 # A copy of a key range may be handed to another server mid-run (re-replication, psctl scale
 # --servers): nothing the copy needs lives outside the shard's values and clocks.
 HANDOFF = "handoff"
+# Its servers answer every pull at once: a worker may prefetch or compute on an old copy
+# (train.overlap, Downpour's settings) without a clock ever waiting for it.
+ASYNCHRONOUS = "asynchronous"
+
+
+def _runs_delayed_loop(run: RunConfig) -> None:
+    """Bounded delay is enforced by the worker's own loop (OSDI'14: a task waits for its tasks
+    older than the delay); another loop would run it as plain asp."""
+    if run.train.loop not in ("auto", "sparse", "delayed"):
+        raise ValueError(f"train.loop {run.train.loop} does not fit sync.model "
+                         f"{run.sync.model}: bounded-delay runs the delayed loop, and only it "
+                         "does")
+
+
 CONSISTENCY_MODELS.register(
     "bsp", lambda sync, workers, ranges: BSP(workers, ranges),
     "bulk synchronous: every clock waits for every worker; staleness 0",
@@ -30,7 +44,7 @@ CONSISTENCY_MODELS.register(
 CONSISTENCY_MODELS.register(
     "asp", lambda sync, workers, ranges: ASP(workers),
     "asynchronous: every push applied at once, no waiting",
-    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF, ASYNCHRONOUS}))
 CONSISTENCY_MODELS.register(
     "ssp", lambda sync, workers, ranges: SSP(workers, sync.staleness, ranges),
     "stale synchronous: the fastest leads the slowest by at most --staleness clocks",
@@ -40,7 +54,7 @@ CONSISTENCY_MODELS.register(
 CONSISTENCY_MODELS.register(
     "bounded-delay", lambda sync, workers, ranges: ASP(workers),
     "a worker keeps at most --delay of its own iterations in flight",
-    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}), requires=(_runs_delayed_loop,))
 CONSISTENCY_MODELS.register(
     "dssp", lambda sync, workers, ranges: DSSP(workers, sync.staleness, sync.range, ranges),
     "dynamic SSP: the bound stretches within [S, S+R] when waiting would be idle time",
@@ -50,6 +64,16 @@ CONSISTENCY_MODELS.register(
     "ElasticBSP: barriers placed by ZipLine where predicted waiting is least")
 # ElasticBSP neither: it counts a fixed set of workers in every round, and places its barriers
 # from a timing history that a copy handed over cannot have.
+
+
+def asynchronous(run: RunConfig) -> bool:
+    """Whether the run's consistency model answers every pull at once."""
+    return CONSISTENCY_MODELS.can(run.sync.model, ASYNCHRONOUS)
+
+
+def asynchronous_names() -> str:
+    """The models that answer every pull at once, for messages: ``asp``."""
+    return " or ".join(CONSISTENCY_MODELS.able(ASYNCHRONOUS))
 
 
 def make_controller(sync: str | SyncConfig, *, workers: int,

@@ -24,6 +24,7 @@ from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel, calibration_sample, evaluate, refresh_buffers
+from engine.models.logreg import accuracy, objective
 from engine.roles.lifecycle import hello
 from engine.roles.worker import check_layout, connect_client
 from engine.transport.base import Transport
@@ -32,7 +33,6 @@ from engine.wire.messages import Evaluate, Evaluation, Event, Exit, Stop, Welcom
 from engine.wire.protocol import ANY_CLOCK, Role
 from engine.wire.records import EvaluationRecord, EventRecord
 from engine.worker.client import ParameterClient
-from engine.worker.sparse import accuracy, objective
 
 
 class Evaluator:

@@ -17,6 +17,7 @@ from engine.faults import FaultPlan
 from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel
+from engine.models.logreg import SparseLogReg
 from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
 from engine.transport.control import SyncControl
@@ -31,9 +32,8 @@ from engine.worker.client import (
     WireFormat,
 )
 from engine.worker.loops import Shard, Worker, shard_for
-from engine.worker.registry import loop_name
+from engine.worker.registry import WORKER_LOOPS, loop_name
 from engine.worker.sandblaster import sandblaster_shard
-from engine.worker.sparse import SparseLogReg
 
 
 def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
@@ -57,7 +57,8 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
         # A crash in the user's model (or a bug) fails the run at once with its message;
         # psctl's own errors here are the run ending, or the coordinator saying why itself.
         with control.reporting(own_errors=False):
-            return Worker(welcome, rank, control, client).run(shard, model)
+            return Worker(welcome, rank, control, client).run(
+                shard, model, WORKER_LOOPS.get(loop_name(config)))
     finally:
         stats = client.link_stats
         if stats["dropped"] or stats["resent"]:

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.config import LearningConfig
+from engine.config import LearningConfig, RunConfig
 from engine.errors import ConfigError
 from engine.registry import Registry
 from engine.server.update import Update
@@ -98,13 +98,26 @@ def _cosine(config: LearningConfig, per: float) -> Schedule:
     return Cosine(config.total * per, config.floor)
 
 
+def _has_step_every(run: RunConfig) -> None:
+    if run.learning.step_every is None:
+        raise ValueError("learning.schedule step needs learning.step_every (updates per decay)")
+
+
+def _has_total(run: RunConfig) -> None:
+    if run.learning.total is None:
+        raise ValueError("learning.schedule cosine needs learning.total (updates to anneal "
+                         "over)")
+
+
 # (settings, steps per unit) -> schedule; a unit is one update, or one epoch of clocks
 SCHEDULES: Registry[Callable[[LearningConfig, float], Schedule]] = Registry(
     "learning-rate schedule")
 SCHEDULES.register("constant", lambda config, per: Constant(), "the same rate throughout")
-SCHEDULES.register("step", _step, "times gamma every step_every updates (or epochs)")
+SCHEDULES.register("step", _step, "times gamma every step_every updates (or epochs)",
+                   requires=(_has_step_every,))
 SCHEDULES.register("cosine", _cosine,
-                   "half a cosine from 1 to floor over total updates (or epochs)")
+                   "half a cosine from 1 to floor over total updates (or epochs)",
+                   requires=(_has_total,))
 
 
 def make_schedule(config: LearningConfig, per: float = 1.0) -> Schedule:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.config import RunConfig
+from engine.consistency.registry import asynchronous, asynchronous_names
 from engine.datasets.sparse import SparseSplit
 from engine.errors import Diverged, PsctlError, RunFailed, ShuttingDown
 from engine.keys import KeyRange
@@ -52,7 +53,7 @@ from engine.worker.heterogeneity import Slowdown
 
 if TYPE_CHECKING:  # torch is imported by the worker role, not by whoever lists the loops
     from engine.models.flat import FlatModel
-    from engine.worker.sparse import SparseLogReg
+    from engine.models.logreg import SparseLogReg
 
 REPORT_EVERY_S = 0.5
 
@@ -105,12 +106,14 @@ class Worker:
         self._backlog: list[ControlMessage | Lost] = []
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
 
-    def run(self, shard: Shard, model: FlatModel | SparseLogReg) -> int:
-        """Train until the epochs are done or the coordinator says stop; returns iterations.
-        A restarted (or resumed) worker starts at the clock the servers hold for it."""
+    def run(self, shard: Shard, model: FlatModel | SparseLogReg,
+            loop_class: type[PlainLoop]) -> int:
+        """Train in ``loop_class`` (the worker registry's choice for the run) until the epochs
+        are done or the coordinator says stop; returns iterations. A restarted (or resumed)
+        worker starts at the clock the servers hold for it."""
         if self.rank == 0:  # the servers keep the first INIT: a restarted worker 0's is ignored
             self.client.wait(self.client.init(model.params_np))
-        loop = self._loop_class()(self, model)  # type: ignore[arg-type]  # each loop its model
+        loop = loop_class(self, model)  # type: ignore[arg-type]  # each loop its model
         base = self.clock_base
         first = loop.resume_iteration(max(self.client.clock() - base, 0))
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
@@ -136,11 +139,6 @@ class Worker:
         with contextlib.suppress(PsctlError):
             self.control.send_and_wait(Fatal(message=message, diverged=True), timeout=5.0)
         raise Diverged(message) from exc
-
-    def _loop_class(self) -> type[PlainLoop]:
-        from engine.worker.registry import WORKER_LOOPS, loop_name
-
-        return WORKER_LOOPS.get(loop_name(self.config))
 
     def _await_start(self) -> None:
         """Block until the coordinator says every worker is ready (or the run ends first)."""
@@ -503,3 +501,15 @@ def push_bytes(pushed: PushResult | None) -> dict[str, int]:
     if pushed is None:
         return {"push_bytes": 0, "push_bytes_dense": 0}
     return {"push_bytes": pushed.bytes_sent, "push_bytes_dense": pushed.dense_bytes}
+
+
+def overlap_fits(run: RunConfig) -> None:
+    """The overlapped loop computes while its next pull is in flight: only a model that answers
+    every pull at once lets it (train.overlap or train.loop overlapped)."""
+    model, loop = run.sync.model, run.train.loop
+    if run.train.overlap and not asynchronous(run):
+        raise ValueError(f"train.overlap needs {asynchronous_names()}; {model} must wait for "
+                         "its pulls")
+    if loop == "overlapped" and not asynchronous(run):
+        raise ValueError(f"train.loop overlapped needs {asynchronous_names()}; {model} must "
+                         "wait for its pulls")

@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.datasets.sparse import SparseSplit
+from engine.config import RunConfig
+from engine.datasets.sparse import SparseSplit, is_sparse_synthetic
 from engine.errors import ShuttingDown
+from engine.models.logreg import SparseLogReg, kkt_mask, working_set
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
 from engine.worker.client import PullHandle, PushHandle
@@ -33,53 +35,6 @@ from engine.worker.loops import PlainLoop, Shard, finite_loss, iteration_row, pu
 
 if TYPE_CHECKING:
     from engine.worker.loops import Worker
-
-
-class SparseLogReg:
-    """Binary logistic regression over ``features`` weights; ``params_np`` is the whole model
-    (the initial values worker 0 sends, and what the evaluator pulls into)."""
-
-    def __init__(self, features: int) -> None:
-        self.params_np = np.zeros(features, dtype=np.float32)
-
-    @staticmethod
-    def gradient(rows: SparseSplit, keys: np.ndarray,
-                 weights: np.ndarray) -> tuple[float, np.ndarray]:
-        """(mean logistic loss, its gradient on ``keys``) for ``rows``, whose features all lie
-        in ``keys`` (sorted), with ``weights`` the values of ``keys``."""
-        from scipy.sparse import csr_matrix
-        from scipy.special import expit
-
-        local = np.searchsorted(keys, rows.indices)
-        matrix = csr_matrix((rows.values, local, rows.indptr), shape=(len(rows), len(keys)))
-        margins = matrix @ weights.astype(np.float64)
-        labels = rows.labels
-        loss = float(np.mean(np.logaddexp(0.0, margins) - labels * margins))
-        grad = matrix.T @ ((expit(margins) - labels) / len(rows))
-        return loss, np.asarray(grad, dtype=np.float32)
-
-
-def objective(weights: np.ndarray, rows: SparseSplit, l1: float) -> float:
-    """Mean logistic loss over ``rows`` plus l1 * |w|_1: what the run minimises."""
-    margins = rows.matrix(len(weights)) @ weights.astype(np.float64)
-    loss = np.mean(np.logaddexp(0.0, margins) - rows.labels * margins)
-    return float(loss + l1 * np.abs(weights, dtype=np.float64).sum())
-
-
-def accuracy(weights: np.ndarray, rows: SparseSplit) -> float:
-    margins = rows.matrix(len(weights)) @ weights.astype(np.float64)
-    return float(np.mean((margins > 0) == (rows.labels == 1)))
-
-
-def working_set(rows: SparseSplit) -> np.ndarray:
-    """The sorted distinct features of ``rows``: the keys a batch pulls and pushes."""
-    return np.unique(rows.indices).astype(np.int64)
-
-
-def kkt_mask(weights: np.ndarray, grad: np.ndarray, l1: float) -> np.ndarray:
-    """True where a key must be pushed: not (weight 0 and |g| <= l1)."""
-    mask: np.ndarray = (weights != 0) | (np.abs(grad) > np.float32(l1))
-    return mask
 
 
 @dataclass
@@ -166,3 +121,26 @@ class SparseLoop(PlainLoop):
             "bytes_sent": task.row.bytes_sent + pushed.bytes_sent,
             "bytes_received": task.row.bytes_received + pushed.bytes_received,
             "acked_at": pushed.answered_at}))
+
+
+def sparse_fits(run: RunConfig) -> None:
+    """Sparse samples train in this loop, which has none of the dense loops' options."""
+    sparse, loop = is_sparse_synthetic(run.data.dataset), run.train.loop
+    if not sparse:
+        if loop == "sparse":
+            raise ValueError("train.loop sparse trains sparse data sets (sparse-synthetic:...)")
+        return
+    if run.model.name != "logreg":
+        raise ValueError(f"sparse data sets train model logreg, not {run.model.name}")
+    comm, train = run.comm, run.train
+    unsupported = [name for name, used in (
+        ("train.loop " + loop, loop not in ("auto", "sparse")),
+        ("train.overlap", train.overlap), ("train fetch_every/push_every/warm_start",
+                                           train.downpour),
+        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
+        ("comm.schedule", comm.schedule != "none"), ("comm.range_size",
+                                                     comm.range_size is not None),
+        ("cluster.backend sim", run.cluster.backend == "sim")) if used]
+    if unsupported:
+        raise ValueError(f"the sparse logistic-regression loop does not take "
+                         f"{', '.join(unsupported)}")

@@ -23,9 +23,10 @@ import pytest
 import torch
 
 from engine.aio import LoopThread
-from engine.config import RunConfig, build_config
+from engine.config import RunConfig
 from engine.datasets import load_dataset
 from engine.errors import ConnectionClosed
+from engine.plan import build_config
 from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_layout
 from engine.roles.evaluator import run_evaluator

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.config import FaultConfig, parse_config
+from engine.config import FaultConfig
 from engine.errors import ConfigError
 from engine.faults import (
     MAX_DELAY_MS,
@@ -21,6 +21,7 @@ from engine.faults import (
     Kill,
     parse_fault,
 )
+from engine.plan import parse_config
 
 FORMS = ("is not one of kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
          "kill:evaluator:0@SECONDS, drop:PERCENT% or delay:MSms (e.g. kill:worker:1@20s, "
@@ -332,7 +333,7 @@ def test_the_config_round_trips_through_json_with_its_faults() -> None:
 
 
 def test_the_evaluator_can_be_killed_and_only_evaluator_0() -> None:
-    from engine.config import build_config
+    from engine.plan import build_config
 
     assert parse_fault("kill:evaluator:0@3s") == Kill("evaluator", 0, 3.0)
     build_config({}, {"data.dataset": "digits", "fault.inject": ["kill:evaluator:0@3s"]})

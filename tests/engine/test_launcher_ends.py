@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import build_config
 from engine.launcher import Child, Launcher
+from engine.plan import build_config
 from engine.roles.checkpoints import checkpoint_folder
 from engine.roles.exits import exit_note_path, read_exit_note
 from engine.wire.records import RunStatus

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.config import RunConfig, build_config
+from engine.config import RunConfig
+from engine.plan import build_config
 from engine.transport.websocket import TOKEN_HEADER
 
 if TYPE_CHECKING:

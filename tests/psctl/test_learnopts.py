@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.config import build_config
+from engine.plan import build_config
 from psctl.learnopts import downpour_momentum_note
 
 

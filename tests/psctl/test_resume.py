@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from engine.config import RunConfig, build_config
+from engine.config import RunConfig
 from engine.errors import LaunchError
 from engine.keys import KeyRange
+from engine.plan import build_config
 from engine.recorder import Recorder
 from engine.roles.coordinator import model_layout
 from engine.roles.server import build_shard

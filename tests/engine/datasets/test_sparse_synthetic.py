@@ -76,22 +76,21 @@ def test_load_sparse_limits_the_training_rows() -> None:
 ])
 def test_sparse_runs_refuse_what_their_loop_cannot_do(settings: dict[str, object],
                                                       says: str) -> None:
-    from pydantic import ValidationError
+    from engine.plan import parse_config
 
-    from engine.config import RunConfig
-
-    with pytest.raises(ValidationError, match=says):
-        RunConfig.model_validate({"data": {"dataset": SMALL}, **settings})
-    with pytest.raises(ValidationError, match="train.loop sparse trains sparse data sets"):
-        RunConfig.model_validate({"train": {"loop": "sparse"}})
+    with pytest.raises(ConfigError, match=says):
+        parse_config({"data": {"dataset": SMALL}, **settings})
+    with pytest.raises(ConfigError, match="train.loop sparse trains sparse data sets"):
+        parse_config({"train": {"loop": "sparse"}})
 
 
 def test_sparse_data_defaults_to_logistic_regression_under_bounded_delay() -> None:
     from engine.config import RunConfig
+    from engine.plan import parse_config
 
-    config = RunConfig.model_validate({"data": {"dataset": "sparse-synthetic"}})
+    config = parse_config({"data": {"dataset": "sparse-synthetic"}})
     assert config.sync.model == "bounded-delay" and config.model.name == "logreg"
     assert config.data.dataset.startswith("sparse-synthetic:features=1000000,nnz=50,")
-    chosen = RunConfig.model_validate({"data": {"dataset": SMALL}, "sync": {"model": "bsp"}})
+    chosen = parse_config({"data": {"dataset": SMALL}, "sync": {"model": "bsp"}})
     assert chosen.sync.model == "bsp"  # what the run says wins
     assert RunConfig.model_validate(config.to_json_dict()) == config  # the stored config reads back

@@ -12,9 +12,9 @@ from types import ModuleType
 
 import pytest
 
-from engine.config import build_config
 from engine.errors import ConfigError, LaunchError
 from engine.hosts import ray_cluster
+from engine.plan import build_config
 
 
 def test_without_ray_the_backend_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from engine.config import RunConfig, build_config
+from engine.config import RunConfig
 from engine.errors import ConnectionClosed, StoreError
+from engine.plan import build_config
 from engine.roles.coordination import (
     JOIN_S_PER_PROCESS,
     Coordinator,

@@ -48,7 +48,7 @@ class _Events:
 
 
 def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once() -> None:
-    from engine.config import build_config
+    from engine.plan import build_config
     from engine.roles.coordinator import model_layout
     from engine.roles.peer import Peer
     from engine.wire.messages import Chain, Promote, parse_control
@@ -90,7 +90,7 @@ def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once()
 ])
 def test_moves_are_refused_where_a_snapshot_cannot_carry_a_ranges_whole_state(
         settings: dict[str, str], says: str | None, tmp_path: Path) -> None:
-    from engine.config import build_config
+    from engine.plan import build_config
     from engine.roles.coordinator import model_layout
 
     async def refusal() -> str | None:
@@ -110,7 +110,7 @@ def test_moves_are_refused_where_a_snapshot_cannot_carry_a_ranges_whole_state(
 
 
 def test_without_a_run_folder_nothing_moves() -> None:
-    from engine.config import build_config
+    from engine.plan import build_config
     from engine.roles.coordinator import model_layout
 
     async def refusal() -> str | None:
@@ -123,7 +123,7 @@ def test_without_a_run_folder_nothing_moves() -> None:
 
 
 def test_a_silent_server_holding_the_last_copy_is_waited_for_not_fenced() -> None:
-    from engine.config import build_config
+    from engine.plan import build_config
     from engine.roles.coordinator import model_layout
     from engine.roles.peer import Peer
     from engine.roles.probe import Look, State
@@ -155,7 +155,7 @@ def test_a_silent_server_holding_the_last_copy_is_waited_for_not_fenced() -> Non
 
 
 def test_no_final_checkpoint_is_tried_once_a_range_has_no_copy_left(tmp_path: Path) -> None:
-    from engine.config import build_config
+    from engine.plan import build_config
     from engine.roles.coordinator import model_layout
     from engine.roles.peer import Peer
     from engine.wire.records import RunStatus
@@ -179,7 +179,7 @@ def test_no_final_checkpoint_is_tried_once_a_range_has_no_copy_left(tmp_path: Pa
 
 
 def test_a_server_that_joined_while_training_is_watched_from_its_first_look() -> None:
-    from engine.config import build_config
+    from engine.plan import build_config
     from engine.roles.coordinator import model_layout
     from engine.roles.peer import Peer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engine.config import build_config
+from engine.plan import build_config
 from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_layout
 from engine.roles.peer import Peer

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from engine.config import RunConfig, build_config
+from engine.config import RunConfig
 from engine.errors import ConnectionClosed
+from engine.plan import build_config
 from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_layout
 from engine.roles.exits import write_exit_note

@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from engine.config import LearningConfig, RunConfig, build_config
+from engine.config import LearningConfig, RunConfig
 from engine.consistency.base import ASP, BSP
 from engine.errors import ConfigError
 from engine.keys import KeyRange
+from engine.plan import build_config
 from engine.server.learning import (
     PLAIN,
     Cosine,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from engine.config import OptimizerConfig
+from engine.errors import ConfigError
+from engine.plan import parse_config
 from engine.server.optimizers import Proximal, make_optimizer
 from engine.server.update import Update
 
@@ -68,8 +69,8 @@ def test_a_dense_update_shrinks_every_key_once() -> None:
 ])
 def test_l1_is_refused_where_it_is_no_proximal_step(settings: dict[str, object],
                                                      says: str) -> None:
-    with pytest.raises(ValidationError, match=says):
-        OptimizerConfig.model_validate(settings)
+    with pytest.raises(ConfigError, match=says):
+        parse_config({"optimizer": settings})
 
 
 def test_a_shard_settles_the_penalty_on_reads_and_a_mean_push_carries_its_share() -> None:

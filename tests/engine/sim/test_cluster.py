@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine.config import RunConfig, build_config
+from engine.config import RunConfig
 from engine.errors import ConfigError
+from engine.plan import build_config
 from engine.sim.clock import run_virtual
 from engine.sim.cluster import SimCluster
 from engine.wire.records import IterationRecord, RunStatus

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.config import build_config
 from engine.errors import ProtocolError, RemoteError
 from engine.keys import KeyLayout, KeyRange
+from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import OverlappedLoop, Shard
 

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.config import build_config
 from engine.errors import RequestTimeout
 from engine.keys import KeyLayout, KeyRange
+from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import PlainLoop, Shard
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from torch import nn
 
-from engine.config import build_config
 from engine.keys import KeyRange
 from engine.models.flat import FlatModel, train_step_np
 from engine.models.spec import MLPSpec
+from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import Shard
 from engine.worker.scheduled import REQUEST_SCHEDULES, RequestWindow, ScheduledLoop, run_pool

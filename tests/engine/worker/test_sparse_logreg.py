@@ -8,7 +8,7 @@ import pytest
 
 from engine.datasets.sources import load_sparse
 from engine.datasets.sparse import parse
-from engine.worker.sparse import SparseLogReg, accuracy, kkt_mask, objective, working_set
+from engine.models.logreg import SparseLogReg, accuracy, kkt_mask, objective, working_set
 
 DATA = load_sparse("sparse-synthetic:features=2000,nnz=10,samples=400,test=100,seed=1")
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from engine.config import build_config
 from engine.errors import ConfigError, ShuttingDown
 from engine.keys import KeyRange
 from engine.models.flat import FlatModel, train_step_np
 from engine.models.spec import MLPSpec
+from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import Shard
 from engine.worker.waitfree import WaitFreeLoop

@@ -1,0 +1,174 @@
+"""Composes a run: flags, files and defaults in, one validated ``RunConfig`` out.
+
+``engine.config`` holds the schema (sections, bounds, TOML); the policies hold their own rules,
+registered with them (``engine.registry``: a policy's ``requires`` and the settings it
+``implies``). This module asks them, in this order:
+
+1. the settings a chosen policy implies, where the run does not give them (a sparse data set's
+   logistic regression under bounded delay, L-BFGS's asp and summed pushes, the optimizer's own
+   learning rate);
+2. the schema (every bound, every type);
+3. every policy name against its registry, and every spec written as text (``--prune``,
+   ``--dataset``, ``--inject``, ...) parsed and stored in its canonical spelling;
+4. the rules of each chosen policy, and of each worker loop whose settings the run gives.
+
+``psctl launch``, ``psctl study``, ``psctl resume``, ``psctl scale`` and ``psctl role`` compose
+their runs here. A role process reads the config it is handed with ``RunConfig.model_validate``: the
+run was composed before it started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from engine.backends import BACKENDS
+from engine.config import RunConfig, merge, validate
+from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.datasets.sources import check_source
+from engine.datasets.sparse import is_sparse_synthetic
+from engine.errors import ConfigError
+from engine.faults import FaultPlan, check_kills
+from engine.models.spec import check_model
+from engine.registry import Registry
+from engine.server.aggregation import AGGREGATION_RULES
+from engine.server.learning import SCHEDULES, STALENESS_RULES
+from engine.server.optimizers import SERVER_OPTIMIZERS
+from engine.server.pull_filter import parse_pull_filter
+from engine.sim.network import parse_network
+from engine.worker.filters import parse_prune
+from engine.worker.registry import WORKER_LOOPS, loops_in_use
+
+# The setting that names each kind of policy, and its registry.
+NAMED: tuple[tuple[str, Registry[Any]], ...] = (
+    ("cluster.backend", BACKENDS), ("sync.model", CONSISTENCY_MODELS),
+    ("sync.push_scale", AGGREGATION_RULES), ("optimizer.name", SERVER_OPTIMIZERS),
+    ("learning.schedule", SCHEDULES), ("learning.rule", STALENESS_RULES),
+    ("train.loop", WORKER_LOOPS))
+# ``train.loop``'s one name that is no loop: pick the loop the settings need.
+AUTO_LOOP = "auto"
+# What a sparse data set implies (seed 003's workload), unless the run says otherwise.
+SPARSE_IMPLIES = {"sync.model": "bounded-delay", "model.name": "logreg"}
+
+
+def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    """The run of ``file_values`` with ``overrides`` (dotted keys such as ``"cluster.workers"``;
+    None: not given) written over them."""
+    return parse_config(merge(file_values, overrides))
+
+
+def parse_config(values: dict[str, Any]) -> RunConfig:
+    """The run ``values`` describe, checked by the schema and by every policy it names: a
+    ConfigError saying what to change when it cannot run."""
+    config = validate(_implied(values))
+    _check_names(config)
+    config = _canonical(config)
+    problems = _broken_rules(config)
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+    return config
+
+
+def _get(values: dict[str, Any], dotted: str) -> Any:
+    section: Any = values
+    for part in dotted.split("."):
+        if not isinstance(section, dict):
+            return None
+        section = section.get(part)
+    return section
+
+
+def _implied(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with what its policies imply filled in where it gives nothing."""
+    implied: dict[str, object] = {}
+    dataset = _get(values, "data.dataset")
+    if isinstance(dataset, str) and is_sparse_synthetic(dataset):
+        implied |= SPARSE_IMPLIES
+    optimizer = _get(values, "optimizer.name")
+    name = optimizer if isinstance(optimizer, str) else "sgd"
+    implied |= SERVER_OPTIMIZERS.implied(name)
+    if name in SERVER_OPTIMIZERS:  # rates that suit one optimizer are far off for another
+        implied["optimizer.lr"] = SERVER_OPTIMIZERS.get(name).default_lr
+    missing = {key: value for key, value in implied.items() if _get(values, key) is None
+               and _sections_are_tables(values, key)}
+    return merge(values, missing)
+
+
+def _sections_are_tables(values: dict[str, Any], dotted: str) -> bool:
+    # A section given as something else is the schema's to refuse, with its own message.
+    section: Any = values
+    for part in dotted.split(".")[:-1]:
+        section = section.get(part, {}) if isinstance(section, dict) else None
+    return isinstance(section, dict)
+
+
+def _check_names(config: RunConfig) -> None:
+    values = config.to_json_dict()
+    problems = []
+    for dotted, registry in NAMED:
+        name = _get(values, dotted)
+        if name not in registry and not (registry is WORKER_LOOPS and name == AUTO_LOOP):
+            known = ((AUTO_LOOP,) if registry is WORKER_LOOPS else ()) + registry.names()
+            problems.append(f"{dotted}: unknown {registry.kind} {name!r} "
+                            f"(known: {', '.join(known)})")
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def _network(spec: str | None) -> str | None:
+    return None if spec is None else parse_network(spec).spec
+
+
+def _pull_filter(spec: str) -> str:
+    parsed = parse_pull_filter(spec)
+    return parsed.name if parsed.name == "none" else f"{parsed.name}:{parsed.delta:g}"
+
+
+def _faults(specs: list[str]) -> list[str]:
+    FaultPlan.of(tuple(specs))
+    return [spec.strip().lower() for spec in specs]
+
+
+# Settings written as specs, each with the parser that checks it and gives its canonical text.
+# A ConfigError of the first two is whole already (it names the value and what to use).
+CANONICAL: tuple[tuple[str, Callable[[Any], Any], bool], ...] = (
+    ("data.dataset", check_source, False), ("model.name", check_model, False),
+    ("comm.prune", lambda spec: parse_prune(spec).spec, True),
+    ("comm.pull_filter", _pull_filter, True),
+    ("sim.network", _network, True), ("sim.server_network", _network, True),
+    ("fault.inject", _faults, True))
+
+
+def _canonical(config: RunConfig) -> RunConfig:
+    values = config.to_json_dict()
+    problems = []
+    for dotted, parse, located in CANONICAL:
+        section, leaf = dotted.split(".")
+        try:
+            values[section][leaf] = parse(values[section][leaf])
+        except (ConfigError, ValueError) as exc:
+            if not located and isinstance(exc, ConfigError):
+                raise
+            problems.append(f"{dotted}: {exc}")
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+    return validate(values)
+
+
+def _broken_rules(config: RunConfig) -> list[str]:
+    checks: list[tuple[Registry[Any], str]] = [
+        (BACKENDS, config.cluster.backend), (CONSISTENCY_MODELS, config.sync.model),
+        (SERVER_OPTIMIZERS, config.optimizer.name), (SCHEDULES, config.learning.schedule),
+        (STALENESS_RULES, config.learning.rule)]
+    checks += [(WORKER_LOOPS, loop) for loop in loops_in_use(config)]
+    problems: list[str] = []
+    rules: list[Callable[[RunConfig], None]] = [
+        partial(registry.check, name) for registry, name in checks]
+    for rule in [*rules, check_kills]:
+        try:
+            rule(config)
+        except ValueError as exc:
+            if str(exc) not in problems:
+                problems.append(str(exc))
+    return problems

@@ -1,0 +1,87 @@
+"""engine.plan composes a run: what the policies imply, the schema, names, canonical specs, and
+each chosen policy's rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.config import RunConfig
+from engine.consistency.base import ASP
+from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.errors import ConfigError
+from engine.plan import build_config, parse_config
+
+
+def test_an_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"sync": {"model": "nope"}, "optimizer": {"name": "sgdd"}})
+    message = str(caught.value)
+    assert message.startswith("invalid configuration: sync.model: unknown consistency model "
+                              "'nope' (known: bsp, asp, ssp, bounded-delay, dssp, elastic)")
+    assert "optimizer.name: unknown server optimizer 'sgdd'" in message
+
+
+def test_the_schema_speaks_before_the_policies() -> None:
+    with pytest.raises(ConfigError, match="cluster.workers: Input should be greater than or "
+                                          "equal to 1"):
+        parse_config({"cluster": {"workers": 0}, "sync": {"model": "nope"}})
+
+
+def test_what_a_policy_implies_fills_in_only_what_the_run_leaves_out() -> None:
+    lbfgs = build_config({}, {"optimizer.name": "lbfgs"})
+    assert (lbfgs.sync.model, lbfgs.sync.push_scale, lbfgs.optimizer.lr) == ("asp", "sum", 1.0)
+    with pytest.raises(ConfigError, match="optimizer lbfgs .* does not take sync.model bsp"):
+        build_config({}, {"optimizer.name": "lbfgs", "sync.model": "bsp"})
+    adam = build_config({"optimizer": {"name": "adam", "lr": 0.01}}, {"optimizer.lr": None})
+    assert adam.optimizer.lr == 0.01  # a flag not given leaves the file's value
+
+
+def test_specs_are_stored_in_their_canonical_spelling() -> None:
+    config = build_config({}, {"comm.prune": "topk:1%",
+                               "fault.inject": ["KILL:worker:1@5"],
+                               "comm.pull_filter": "significant:0.010"})
+    assert config.fault.inject == ("kill:worker:1@5",)
+    assert config.comm.pull_filter == "significant:0.01"
+    assert config.comm.prune == build_config({}, {"comm.prune": config.comm.prune}).comm.prune
+    with pytest.raises(ConfigError, match="comm.prune: "):
+        build_config({}, {"comm.prune": "topk:200%"})
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    # the overlapped loop's rule holds where another loop was named
+    ({"train.overlap": True, "train.loop": "plain", "sync.model": "ssp"},
+     "train.overlap needs asp; ssp must wait for its pulls"),
+    ({"train.fetch_every": 4, "sync.model": "bsp"}, "Downpour's asynchronous settings"),
+    ({"train.loop": "delayed", "sync.model": "ssp"}, "bounded-delay runs the delayed loop"),
+    ({"train.loop": "plain", "sync.model": "bounded-delay"},
+     "bounded-delay runs the delayed loop"),
+    ({"learning.schedule": "step"}, "learning.schedule step needs learning.step_every"),
+    ({"cluster.backend": "sim", "comm.compress": "lz4"}, "sim does not model comm.compress"),
+    ({"fault.inject": ["kill:worker:9@1"]}, "there is no worker 9"),
+])
+def test_each_chosen_policy_asks_its_rules(given: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        build_config({}, given)
+
+
+def test_a_registered_rule_is_asked_only_for_its_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    def needs_one_server(run: RunConfig) -> None:
+        if run.cluster.servers != 1:
+            raise ValueError(f"sync.model toy keeps one server, not {run.cluster.servers}")
+
+    monkeypatch.setattr(CONSISTENCY_MODELS, "_entries", dict(CONSISTENCY_MODELS._entries))
+    CONSISTENCY_MODELS.register("toy", lambda sync, workers, ranges: ASP(workers), "a toy",
+                                requires=(needs_one_server,))
+    with pytest.raises(ConfigError, match="sync.model toy keeps one server, not 2"):
+        build_config({}, {"sync.model": "toy"})
+    assert build_config({}, {"sync.model": "toy", "cluster.servers": 1}).sync.model == "toy"
+    assert build_config({}, {"sync.model": "asp"}).cluster.servers == 2  # nobody else's rule
+
+
+def test_a_role_reads_the_composed_run_back_unchanged() -> None:
+    config = build_config({}, {"data.dataset": "sparse-synthetic", "train.seed": 3})
+    assert config.sync.model == "bounded-delay" and config.model.name == "logreg"
+    assert RunConfig.model_validate(config.to_json_dict()) == config
+    assert parse_config(config.to_json_dict()) == config
