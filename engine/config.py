@@ -186,8 +186,8 @@ class ModelConfig(_Frozen):
 
 class OptimizerConfig(_Frozen):
     name: str = Field("sgd", description="server optimizer (engine.server.optimizers)")
-    # Filled in from the optimizer's own default when not given (see _default_lr), so the
-    # stored config always says which rate the run used.
+    # Filled in from the optimizer's own default when not given (engine.plan asks its
+    # registry), so the stored config always says which rate the run used.
     lr: float = Field(0.1, gt=0, description="server learning rate [the optimizer's default]")
     momentum: float = Field(0.9, ge=0, lt=1, description="sgd: momentum")
     nesterov: bool = Field(False, description="sgd: Nesterov momentum")

@@ -61,6 +61,8 @@ class PsutilSampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 del self._watched[pid]
                 continue
+            if rss == 0:  # its memory released: a process that is exiting, not a reading
+                continue
             rows.append(ProcessSample(at=at, role=watched.role, rank=watched.rank, pid=pid,
                                       cpu_percent=cpu, rss_bytes=rss))
         return rows

@@ -43,3 +43,27 @@ def test_oversubscription_counts_read_as_english() -> None:
     assert oversubscription(workers=2, servers=1, cores=1) == (
         "4 busy processes (2 workers, 1 server, 1 evaluator) share 1 core: timings measure "
         "CPU contention as much as the consistency model")
+
+
+def test_a_process_whose_memory_is_gone_gives_no_reading() -> None:
+    """A role sampled while it exits (its pages released, not yet a zombie) reads rss 0: that
+    is no sample of the role, which the run's records would show as a process of no size."""
+    import contextlib
+    from types import SimpleNamespace
+    from typing import Any
+
+    class Exiting:
+        def oneshot(self) -> Any:
+            return contextlib.nullcontext()
+
+        def cpu_percent(self, interval: float | None) -> float:
+            return 0.0
+
+        def memory_info(self) -> Any:
+            return SimpleNamespace(rss=0)
+
+    sampler = PsutilSampler(clock=lambda: 1.0)
+    sampler.watch("coordinator", 0, os.getpid())
+    sampler._watched[2**22 + 1] = type(sampler._watched[os.getpid()])(  # the one exiting
+        "worker", 1, Exiting())  # type: ignore[arg-type]
+    assert [row.role for row in sampler.sample()] == ["coordinator"]
