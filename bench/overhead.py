@@ -102,12 +102,12 @@ def psctl_pass(
     (wait-free: each layer's next pull sent from inside backward)."""
     from engine.aio import LoopThread
     from engine.plan import parse_config
+    from engine.policies.loops import WORKER_LOOPS, loop_name
     from engine.roles.worker import connect_client
     from engine.transport.schemes import SchemeTransport
     from engine.wire.messages import Iterations, ShardInfo, Welcome, layout_info
     from engine.wire.protocol import Role
     from engine.worker.loops import Worker, shard_for
-    from engine.worker.registry import WORKER_LOOPS, loop_name
 
     num_keys = model.num_keys
     config = parse_config(

@@ -266,7 +266,7 @@ class TrainConfig(_Frozen):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$", description=(
         "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda"))
     loop: str = Field("auto", description=(
-        "worker loop (engine.worker.registry); auto: overlapped, delayed, downpour or plain as "
+        "worker loop (engine.policies.loops); auto: overlapped, delayed, downpour or plain as "
         "the settings need"))
     fetch_every: int = Field(1, ge=1, le=10_000, description=(
         "asp (Downpour's n_fetch): pull fresh values every N iterations, computing on the "

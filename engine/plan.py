@@ -31,14 +31,14 @@ from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import ConfigError
 from engine.faults import FaultPlan, check_kills
 from engine.models.spec import check_model
+from engine.policies.aggregation import AGGREGATION_RULES
+from engine.policies.learning import SCHEDULES, STALENESS_RULES
+from engine.policies.loops import WORKER_LOOPS, loops_in_use
+from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
-from engine.server.aggregation import AGGREGATION_RULES
-from engine.server.learning import SCHEDULES, STALENESS_RULES
-from engine.server.optimizers import SERVER_OPTIMIZERS
 from engine.server.pull_filter import parse_pull_filter
 from engine.sim.network import parse_network
 from engine.worker.filters import parse_prune
-from engine.worker.registry import WORKER_LOOPS, loops_in_use
 
 # The setting that names each kind of policy, and its registry.
 NAMED: tuple[tuple[str, Registry[Any]], ...] = (
@@ -85,11 +85,10 @@ def _implied(values: dict[str, Any]) -> dict[str, Any]:
     dataset = _get(values, "data.dataset")
     if isinstance(dataset, str) and is_sparse_synthetic(dataset):
         implied |= SPARSE_IMPLIES
-    optimizer = _get(values, "optimizer.name")
-    name = optimizer if isinstance(optimizer, str) else "sgd"
-    implied |= SERVER_OPTIMIZERS.implied(name)
-    if name in SERVER_OPTIMIZERS:  # rates that suit one optimizer are far off for another
-        implied["optimizer.lr"] = SERVER_OPTIMIZERS.get(name).default_lr
+    defaults = RunConfig().to_json_dict()
+    for dotted, registry in NAMED:  # the optimizer's learning rate, L-BFGS's asp, ...
+        name = _get(values, dotted)
+        implied |= registry.implied(name if isinstance(name, str) else _get(defaults, dotted))
     missing = {key: value for key, value in implied.items() if _get(values, key) is None
                and _sections_are_tables(values, key)}
     return merge(values, missing)

@@ -1,16 +1,19 @@
 """Named policies: one ``Registry`` per kind (consistency model, optimizer, aggregation rule,
-worker loop, gradient filter, partitioner).
+worker loop, gradient filter, backend, ...).
 
-A policy module registers itself once; the config's allowed names, ``psctl launch --help`` and the
-docs' tables are read from the registry, so a new policy is one module plus its registration.
-Registries are plain objects passed to whoever builds policies, never looked up by string path.
+A policy is registered once, with what the rest of psctl asks of it without running it: its
+one-line summary, its capabilities, its rules about the rest of a run (``requires``), the settings
+it implies, and its implementation, which may be ``Lazy``: named as ``"module:attribute"`` and
+imported on first use, so that ``psctl --help`` and the run's composition (``engine.plan``) list
+and check the policies without importing workers, servers or torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from engine.errors import ConfigError
 
@@ -24,9 +27,20 @@ Rule = Callable[["RunConfig"], None]
 
 
 @dataclass(frozen=True, slots=True)
+class Lazy:
+    """An implementation named by ``"package.module:attribute"``, imported when first asked for."""
+
+    target: str
+
+    def load(self) -> Any:
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True, slots=True)
 class Entry(Generic[T]):
     name: str
-    value: T
+    value: T | Lazy
     summary: str
     # What the policy can do that others of its kind cannot (a consistency model that counts a
     # changing set of workers, say): asked through the registry, never by the policy's name.
@@ -45,15 +59,14 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, value: T, summary: str, *,
+    def register(self, name: str, value: T | Lazy, summary: str, *,
                  capabilities: frozenset[str] = frozenset(),
                  requires: tuple[Rule, ...] = (),
-                 implies: Mapping[str, object] | None = None) -> T:
+                 implies: Mapping[str, object] | None = None) -> None:
         if name in self._entries:
             raise ConfigError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = Entry(name, value, summary, frozenset(capabilities),
                                     tuple(requires), dict(implies or {}))
-        return value
 
     def implied(self, name: str) -> Mapping[str, object]:
         """The settings policy ``name`` implies (an empty mapping for an unknown name)."""
@@ -62,24 +75,32 @@ class Registry(Generic[T]):
 
     def check(self, name: str, run: RunConfig) -> None:
         """Run policy ``name``'s rules on ``run``: ValueError from the first it breaks."""
-        self.get(name)
-        for rule in self._entries[name].requires:
+        for rule in self.entry(name).requires:
             rule(run)
 
     def can(self, name: str, capability: str) -> bool:
         """Whether policy ``name`` has ``capability`` (a ConfigError for an unknown name)."""
-        self.get(name)
-        return capability in self._entries[name].capabilities
+        return capability in self.entry(name).capabilities
 
     def able(self, capability: str) -> tuple[str, ...]:
         """The policies with ``capability``, in registration order."""
         return tuple(e.name for e in self if capability in e.capabilities)
 
-    def get(self, name: str) -> T:
+    def entry(self, name: str) -> Entry[T]:
+        """What is registered as ``name``, its implementation not loaded (a ConfigError listing
+        the known names for an unknown one)."""
         entry = self._entries.get(name)
         if entry is None:
             raise ConfigError(f"unknown {self.kind} {name!r} (known: {', '.join(self.names())})")
-        return entry.value
+        return entry
+
+    def get(self, name: str) -> T:
+        """Policy ``name``'s implementation (imported now if it was registered ``Lazy``)."""
+        entry = self.entry(name)
+        if isinstance(entry.value, Lazy):
+            entry = replace(entry, value=entry.value.load())
+            self._entries[name] = entry
+        return cast(T, entry.value)
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)

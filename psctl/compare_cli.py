@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from engine.analysis.compare import DEFAULT_TARGET, comparison_for
 from engine.analysis.selection import UsageError
+from engine.analysis.table import DEFAULT_TARGET
 from psctl import settings
 from psctl.cliutil import DbOption, Handled, complete_run, err, fail, out
 
@@ -62,7 +62,7 @@ def compare_command(
     db: DbOption = None,
 ) -> None:
     """Compare runs side by side: differing config, accuracy, time to target, speedup, idle time."""
-    from engine.analysis.compare import sorts_by_time_to_target
+    from engine.analysis.compare import comparison_for, sorts_by_time_to_target
     from engine.analysis.selection import select_runs
     from engine.db import open_engine
 

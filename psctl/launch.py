@@ -135,7 +135,8 @@ def _tag(db: Path, run_id: str, tags: dict[str, str], console: Console) -> None:
 def print_group(db: Path, group: str, console: Console) -> None:
     """The group's mean ± standard deviation, as psctl compare shows it."""
     from engine.analysis.cells import cell
-    from engine.analysis.compare import DEFAULT_TARGET, comparison_for
+    from engine.analysis.compare import comparison_for
+    from engine.analysis.table import DEFAULT_TARGET
     from psctl import settings
 
     engine = open_engine(db, readonly=True)

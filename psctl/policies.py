@@ -7,11 +7,11 @@ from typing import Any
 
 from engine.backends import BACKENDS
 from engine.consistency.registry import CHANGING_WORKERS, CONSISTENCY_MODELS
+from engine.policies.aggregation import AGGREGATION_RULES
+from engine.policies.learning import STALENESS_RULES
+from engine.policies.loops import WORKER_LOOPS
+from engine.policies.optimizers import SERVER_OPTIMIZERS, default_lr
 from engine.registry import Registry
-from engine.server.aggregation import AGGREGATION_RULES
-from engine.server.learning import STALENESS_RULES
-from engine.server.optimizers import SERVER_OPTIMIZERS
-from engine.worker.registry import WORKER_LOOPS
 
 
 def choices(registry: Registry[Any], default: str, *, extra: tuple[str, ...] = ()) -> str:
@@ -26,7 +26,7 @@ SCALE_WORKERS_HELP = ("the number of workers the job should have ("
                       + ", ".join(CONSISTENCY_MODELS.able(CHANGING_WORKERS)) + ")")
 OPTIMIZER_HELP = "server optimizer: " + choices(SERVER_OPTIMIZERS, "sgd")
 LR_HELP = ("server learning rate [the optimizer's own: " + ", ".join(
-    f"{entry.name} {entry.value.default_lr:g}" for entry in SERVER_OPTIMIZERS) + "]")
+    f"{name} {default_lr(name):g}" for name in SERVER_OPTIMIZERS.names()) + "]")
 RULE_HELP = ("staleness-aware rule for pushes applied on arrival: "
              + choices(STALENESS_RULES, "none"))
 AGGREGATION_HELP = ("how pushes combine, per key: " + choices(AGGREGATION_RULES, "mean"))

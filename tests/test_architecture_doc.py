@@ -10,15 +10,15 @@ import pytest
 
 from engine.backends import BACKENDS
 from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.policies.aggregation import AGGREGATION_RULES
+from engine.policies.learning import SCHEDULES, STALENESS_RULES
+from engine.policies.loops import WORKER_LOOPS
+from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
-from engine.server.aggregation import AGGREGATION_RULES
-from engine.server.learning import SCHEDULES, STALENESS_RULES
-from engine.server.optimizers import SERVER_OPTIMIZERS
 from engine.server.pull_filter import PULL_FILTERS
 from engine.sim.worker import SIM_LOOPS
 from engine.wire.codecs import CODECS
 from engine.worker.filters import PRUNE_RULES
-from engine.worker.registry import WORKER_LOOPS
 from engine.worker.scheduled import REQUEST_SCHEDULES
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()

@@ -33,10 +33,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine.worker", "engine.server"),
     ("engine.sandblaster", "engine.replication", "engine.consistency", "engine.models",
      "engine.datasets", "engine.faults", "engine.analysis", "engine.stopping",
-     "engine.recorder"),
+     "engine.recorder", "engine.policies"),
     ("engine.db", "engine.transport"),
     ("engine.wire",),
-    ("engine.aio", "engine.keys", "engine.registry", "engine.userfiles"),
+    ("engine.aio", "engine.keys", "engine.registry", "engine.userfiles",
+     "engine.server.update"),         # a value type: what a policy's Protocol takes
     ("engine.config",),               # the schema: pydantic and engine.errors only
     ("engine.errors", "engine"),
 )

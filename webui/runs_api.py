@@ -12,9 +12,10 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import Engine
 
 from engine.analysis.cells import cell
-from engine.analysis.compare import DEFAULT_TARGET, compare
+from engine.analysis.compare import compare
 from engine.analysis.groups import GROUP_TAG
 from engine.analysis.selection import UsageError, flatten, select_runs
+from engine.analysis.table import DEFAULT_TARGET
 from engine.db.metrics import RunMetrics, run_metrics
 from engine.db.queries import quoted, resolve_run
 from engine.db.schema import translate_errors

@@ -27,6 +27,7 @@ import numpy as np
 from engine.errors import ConfigError, DuplicatePush, ProtocolError
 
 if TYPE_CHECKING:
+    from engine.config import SyncConfig
     from engine.wire.records import SyncRecord
 
 T = TypeVar("T")
@@ -263,3 +264,13 @@ class ASP(ImmediateController):
 
     def check_push(self, worker: int, clock: int, ranges: range) -> None:
         return None
+
+
+def build_bsp(sync: SyncConfig, workers: int, ranges: int) -> BSP:
+    return BSP(workers, ranges)
+
+
+def build_asp(sync: SyncConfig, workers: int, ranges: int) -> ASP:
+    """asp's, and bounded delay's: the worker's own loop bounds its delay (OSDI'14: a task
+    waits for its tasks older than the delay), so its servers apply pushes as asp does."""
+    return ASP(workers)

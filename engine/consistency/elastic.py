@@ -196,3 +196,7 @@ class ElasticBSP(ImmediateController):
                             barrier_clocks=barrier, predicted_wait=spread)
         self._reports.append(record)
         return record
+
+
+def build_elastic(sync: SyncConfig, workers: int, ranges: int) -> ElasticBSP:
+    return ElasticBSP(workers, sync)

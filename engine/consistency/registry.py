@@ -1,21 +1,21 @@
 """The consistency models by name: ``--sync``'s choices, the config's allowed values and the docs'
-table all come from ``CONSISTENCY_MODELS``. A new model is one module plus a line here."""
+table all come from ``CONSISTENCY_MODELS``. A new model is one module plus a line here (or its
+own registration, from its module). Each is registered ``Lazy``: listing and checking the models
+imports none of them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.consistency.base import ASP, BSP, ConsistencyController
-from engine.consistency.elastic import ElasticBSP
-from engine.consistency.ssp import DSSP, SSP
-from engine.registry import Registry
+from engine.registry import Lazy, Registry
 
 if TYPE_CHECKING:
     from engine.config import RunConfig, SyncConfig
+    from engine.consistency.base import ConsistencyController
 
 # (sync settings, workers, clock ranges on the shard) -> the shard's controller
-ControllerFactory = Callable[["SyncConfig", int, int], ConsistencyController]
+ControllerFactory = Callable[["SyncConfig", int, int], "ConsistencyController"]
 
 CONSISTENCY_MODELS: Registry[ControllerFactory] = Registry("consistency model")
 # Its servers count a changing set of workers: a running job may grow or shrink (psctl scale).
@@ -38,29 +38,29 @@ def _runs_delayed_loop(run: RunConfig) -> None:
 
 
 CONSISTENCY_MODELS.register(
-    "bsp", lambda sync, workers, ranges: BSP(workers, ranges),
+    "bsp", Lazy("engine.consistency.base:build_bsp"),
     "bulk synchronous: every clock waits for every worker; staleness 0",
     capabilities=frozenset({HANDOFF}))
 CONSISTENCY_MODELS.register(
-    "asp", lambda sync, workers, ranges: ASP(workers),
+    "asp", Lazy("engine.consistency.base:build_asp"),
     "asynchronous: every push applied at once, no waiting",
     capabilities=frozenset({CHANGING_WORKERS, HANDOFF, ASYNCHRONOUS}))
 CONSISTENCY_MODELS.register(
-    "ssp", lambda sync, workers, ranges: SSP(workers, sync.staleness, ranges),
+    "ssp", Lazy("engine.consistency.ssp:build_ssp"),
     "stale synchronous: the fastest leads the slowest by at most --staleness clocks",
     capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
 # Bounded delay is enforced by each worker on its own iterations (OSDI'14: a task waits for its
 # tasks older than the delay), so its servers apply pushes as ASP does.
 CONSISTENCY_MODELS.register(
-    "bounded-delay", lambda sync, workers, ranges: ASP(workers),
+    "bounded-delay", Lazy("engine.consistency.base:build_asp"),
     "a worker keeps at most --delay of its own iterations in flight",
     capabilities=frozenset({CHANGING_WORKERS, HANDOFF}), requires=(_runs_delayed_loop,))
 CONSISTENCY_MODELS.register(
-    "dssp", lambda sync, workers, ranges: DSSP(workers, sync.staleness, sync.range, ranges),
+    "dssp", Lazy("engine.consistency.ssp:build_dssp"),
     "dynamic SSP: the bound stretches within [S, S+R] when waiting would be idle time",
     capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
 CONSISTENCY_MODELS.register(
-    "elastic", lambda sync, workers, ranges: ElasticBSP(workers, sync),
+    "elastic", Lazy("engine.consistency.elastic:build_elastic"),
     "ElasticBSP: barriers placed by ZipLine where predicted waiting is least")
 # ElasticBSP neither: it counts a fixed set of workers in every round, and places its barriers
 # from a timing history that a copy handed over cannot have.

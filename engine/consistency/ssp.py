@@ -13,9 +13,14 @@ waiting then would be pure idle time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.consistency.base import ImmediateController, PushTiming
 from engine.consistency.timings import TimingHistory
 from engine.errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    from engine.config import SyncConfig
 
 
 class SlidingWindow:
@@ -148,3 +153,11 @@ class DSSP(SSP):
         if last is None or interval is None:
             return None
         return last + interval
+
+
+def build_ssp(sync: SyncConfig, workers: int, ranges: int) -> SSP:
+    return SSP(workers, sync.staleness, ranges)
+
+
+def build_dssp(sync: SyncConfig, workers: int, ranges: int) -> DSSP:
+    return DSSP(workers, sync.staleness, sync.range, ranges)

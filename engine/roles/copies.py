@@ -15,9 +15,10 @@ from engine.config import RunConfig
 from engine.consistency.registry import make_controller
 from engine.errors import ProtocolError
 from engine.keys import KeyLayout, KeyRange
+from engine.policies.aggregation import AGGREGATION_RULES
 from engine.replication.link import ChainLink
 from engine.server import checkpoint
-from engine.server.aggregation import AGGREGATION_RULES, make_aggregator
+from engine.server.aggregation import make_aggregator
 from engine.server.learning import make_learning
 from engine.server.limits import ServerBudget, ServerLimits
 from engine.server.optimizers import make_optimizer

@@ -18,6 +18,7 @@ from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel
 from engine.models.logreg import SparseLogReg
+from engine.policies.loops import WORKER_LOOPS, loop_name
 from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
 from engine.transport.control import SyncControl
@@ -32,7 +33,6 @@ from engine.worker.client import (
     WireFormat,
 )
 from engine.worker.loops import Shard, Worker, shard_for
-from engine.worker.registry import WORKER_LOOPS, loop_name
 from engine.worker.sandblaster import sandblaster_shard
 
 

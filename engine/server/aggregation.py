@@ -8,13 +8,12 @@ touching only the keys somebody contributed to.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 
 from engine.keys import KeyRange
-from engine.registry import Registry
+from engine.policies.aggregation import AGGREGATION_RULES
 from engine.server.update import Update
 
 
@@ -123,14 +122,6 @@ def _contiguous(ranges: list[int]) -> list[range]:
         else:
             runs.append(range(r, r + 1))
     return runs
-
-
-# workers -> what a round's sum (or one push) is divided by
-AGGREGATION_RULES: Registry[Callable[[int], int]] = Registry("aggregation rule")
-AGGREGATION_RULES.register("mean", lambda workers: workers,
-                           "the mean over workers: a push applied on arrival counts 1/workers")
-AGGREGATION_RULES.register("sum", lambda workers: 1,
-                           "the sum over workers: a push applied on arrival counts whole")
 
 
 def make_aggregator(rule: str, shard: KeyRange, ranges: list[KeyRange],

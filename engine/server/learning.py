@@ -23,23 +23,20 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from engine.config import LearningConfig, RunConfig
+from engine.config import LearningConfig
 from engine.errors import ConfigError
-from engine.registry import Registry
+from engine.policies.learning import (
+    SCHEDULES,
+    STALENESS_RULES,
+    RuleContext,
+    Schedule,
+    StalenessRule,
+)
 from engine.server.update import Update
-
-
-class Schedule(Protocol):
-    def factor(self, step: float) -> float:
-        """The learning-rate multiplier for an update after ``step`` earlier ones (updates, or
-        a worker's clocks when indexed by epoch)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -86,38 +83,20 @@ class WarmUp:
         return self.then.factor(step - self.updates)
 
 
-def _step(config: LearningConfig, per: float) -> Schedule:
+def build_step(config: LearningConfig, per: float) -> Schedule:
     if config.step_every is None:
         raise ConfigError("learning.schedule step needs learning.step_every (updates per decay)")
     return StepDecay(config.step_every * per, config.gamma)
 
 
-def _cosine(config: LearningConfig, per: float) -> Schedule:
+def build_cosine(config: LearningConfig, per: float) -> Schedule:
     if config.total is None:
         raise ConfigError("learning.schedule cosine needs learning.total (updates to anneal over)")
     return Cosine(config.total * per, config.floor)
 
 
-def _has_step_every(run: RunConfig) -> None:
-    if run.learning.step_every is None:
-        raise ValueError("learning.schedule step needs learning.step_every (updates per decay)")
-
-
-def _has_total(run: RunConfig) -> None:
-    if run.learning.total is None:
-        raise ValueError("learning.schedule cosine needs learning.total (updates to anneal "
-                         "over)")
-
-
-# (settings, steps per unit) -> schedule; a unit is one update, or one epoch of clocks
-SCHEDULES: Registry[Callable[[LearningConfig, float], Schedule]] = Registry(
-    "learning-rate schedule")
-SCHEDULES.register("constant", lambda config, per: Constant(), "the same rate throughout")
-SCHEDULES.register("step", _step, "times gamma every step_every updates (or epochs)",
-                   requires=(_has_step_every,))
-SCHEDULES.register("cosine", _cosine,
-                   "half a cosine from 1 to floor over total updates (or epochs)",
-                   requires=(_has_total,))
+def build_constant(config: LearningConfig, per: float) -> Schedule:
+    return Constant()
 
 
 def make_schedule(config: LearningConfig, per: float = 1.0) -> Schedule:
@@ -129,13 +108,6 @@ def make_schedule(config: LearningConfig, per: float = 1.0) -> Schedule:
 
 
 # -- staleness-aware rules --------------------------------------------------------------------
-
-
-class StalenessRule(Protocol):
-    def factor(self, worker: int, staleness: int, update: Update) -> float:
-        """The multiplier of a push applied on arrival, relative to the aggregator's scaling;
-        ``update`` is the push as the aggregator scaled it (some rules look at its size)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -265,39 +237,28 @@ class SplitGradients:
         return _norm(self._sum) / combined if combined > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class RuleContext:
-    """What a rule is built with: the settings, the workers, the aggregator's divisor and the
-    shard's size (for rules that keep per-worker state on the shard)."""
-
-    config: LearningConfig
-    workers: int
-    divisor: int
-    size: int
-
-    @property
-    def relative(self) -> float:
-        """λ relative to what the aggregator already applied (1/divisor of each push)."""
-        rate = self.config.global_lr if self.config.global_lr is not None else 1 / self.workers
-        return rate * self.divisor
+def build_no_rule(context: RuleContext) -> StalenessRule:
+    return NoRule()
 
 
-STALENESS_RULES: Registry[Callable[[RuleContext], StalenessRule]] = Registry("staleness rule")
-STALENESS_RULES.register("none", lambda c: NoRule(),
-                         "every push at the aggregator's scale (push_scale)")
-STALENESS_RULES.register("consgd", lambda c: ConSGD(c.relative),
-                         "a constant global rate λ (global_lr, default 1/workers) times every push")
-STALENESS_RULES.register("dynsgd", lambda c: DynSGD(c.relative),
-                         "λ / (staleness + 1): a push τ updates stale counts 1/(τ+1)")
-STALENESS_RULES.register(
-    "dynssgc", lambda c: DynSSGC(c.relative, c.config.window or 2 * c.workers),
-    "λ / (max staleness of the shard's recent pushes + 1)")
-STALENESS_RULES.register(
-    "adaptive", lambda c: PerWorkerAdaptive(c.relative, c.workers, c.divisor),
-    "λ / sqrt(sum of the worker's squared push norms): less-pushed workers step further")
-STALENESS_RULES.register(
-    "split", lambda c: SplitGradients(c.relative, c.workers, c.size),
-    "direction/distance splitting: the latest gradients' sum keeps its length")
+def build_consgd(context: RuleContext) -> StalenessRule:
+    return ConSGD(context.relative)
+
+
+def build_dynsgd(context: RuleContext) -> StalenessRule:
+    return DynSGD(context.relative)
+
+
+def build_dynssgc(context: RuleContext) -> StalenessRule:
+    return DynSSGC(context.relative, context.config.window or 2 * context.workers)
+
+
+def build_adaptive(context: RuleContext) -> StalenessRule:
+    return PerWorkerAdaptive(context.relative, context.workers, context.divisor)
+
+
+def build_split(context: RuleContext) -> StalenessRule:
+    return SplitGradients(context.relative, context.workers, context.size)
 
 
 def make_rule(config: LearningConfig, workers: int, divisor: int, size: int) -> StalenessRule:

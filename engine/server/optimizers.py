@@ -3,46 +3,22 @@
 An update addresses a contiguous slice of the shard or a sorted list of its keys; an optimizer
 touches only those keys' parameters and state (momentum, squared-gradient averages, step counts),
 so a sparse push never moves a key nobody pushed. Optimizers are registered in
-``SERVER_OPTIMIZERS`` by their config's name; docs/learning.md gives their formulas.
+``engine.policies.optimizers`` by their config's name; docs/learning.md gives their formulas.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import ConfigError
-from engine.registry import Registry
+from engine.policies.optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from engine.server import kernels
 from engine.server.update import Update
 
 if TYPE_CHECKING:
-    from engine.config import OptimizerConfig, RunConfig
-
-
-class ServerOptimizer(Protocol):
-    def apply(self, params: np.ndarray, update: Update, scale: float = 1.0) -> None:
-        """Update the keys of ``update`` in ``params`` (the whole shard, float32) in place, with
-        the learning rate multiplied by ``scale`` for this update only (a schedule's factor
-        times a staleness rule's: engine.server.learning)."""
-        ...
-
-    def slots(self) -> tuple[np.ndarray, ...]:
-        """The per-key state arrays (shard-sized, like momentum buffers) that ``apply`` changes,
-        so that the shard can roll an update back when it would leave them non-finite."""
-        ...
-
-    def step_bound(self, params: np.ndarray, update: Update, scale: float) -> float | None:
-        """An upper bound on the absolute value of every parameter and slot entry a dense
-        ``update`` changes, after its step (NaN or inf when a value before it is not finite).
-        None when there is none worked out: the shard then copies what the step changes and
-        checks the result, rolling it back if it is not finite (engine.server.shard)."""
-        ...
-
+    from engine.config import OptimizerConfig
 
 
 class SGD:
@@ -340,96 +316,27 @@ class GradientSum(_Checked):
         return (self.total,)
 
 
-@dataclass(frozen=True)
-class OptimizerKind:
-    """How to build an optimizer from the settings, and the learning rate it uses when the run
-    gives none (``--lr``): rates that suit one optimizer are far off for another."""
-
-    build: Callable[[OptimizerConfig, int], ServerOptimizer]  # (settings, shard size)
-    default_lr: float
+def build_sgd(config: OptimizerConfig, size: int) -> SGD:
+    return SGD(size, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov,
+               weight_decay=config.weight_decay)
 
 
-def _l1_fits(run: RunConfig) -> None:
-    """optimizer.l1 is a proximal step (class Proximal): only a per-key rate times the gradient
-    has one."""
-    opt = run.optimizer
-    if opt.l1 and not ((opt.name == "sgd" and opt.momentum == 0) or opt.name == "adagrad"):
-        extra = f" with momentum {opt.momentum:g} (add --momentum 0)" if opt.name == "sgd" else ""
-        raise ValueError(f"l1 is a proximal step for sgd with momentum 0 or for adagrad, "
-                         f"not for {opt.name}{extra}")
+def build_adagrad(config: OptimizerConfig, size: int) -> Adagrad:
+    return Adagrad(size, lr=config.lr, weight_decay=config.weight_decay, eps=config.eps)
 
 
-def _lbfgs_fits(run: RunConfig) -> None:
-    """Sandblaster L-BFGS moves the parameters itself: nothing may scale, filter, delay or
-    change the gradient sums its line search compares."""
-    opt, comm, train, learning = run.optimizer, run.comm, run.train, run.learning
-    loop = train.loop
-    unsupported = [name for name, used in (
-        ("sync.model " + run.sync.model, run.sync.model != "asp"),
-        ("sync.push_scale " + run.sync.push_scale, run.sync.push_scale != "sum"),
-        ("train.loop " + loop, loop not in ("auto", "sandblaster")),
-        ("train.overlap", train.overlap),
-        ("train fetch_every/push_every/warm_start", train.downpour),
-        ("optimizer.weight_decay", opt.weight_decay > 0), ("optimizer.l1", opt.l1 > 0),
-        ("optimizer.clip_norm", opt.clip_norm is not None),
-        ("learning.schedule " + learning.schedule, learning.schedule != "constant"),
-        ("learning.rule " + learning.rule, learning.rule != "none"),
-        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
-        ("comm.schedule", comm.schedule != "none"),
-        ("comm.range_size", comm.range_size is not None),
-        ("comm.wire_dtype " + comm.wire_dtype, comm.wire_dtype != "float32"),
-        ("cluster.replicas", run.cluster.replicas > 0),
-        ("fault.checkpoint_every_s", run.fault.checkpoint_every_s is not None),
-        ("cluster.backend sim", run.cluster.backend == "sim"),
-        ("sparse data sets", is_sparse_synthetic(run.data.dataset)),
-    ) if used]
-    if unsupported:
-        raise ValueError(f"optimizer lbfgs (Sandblaster L-BFGS) does not take "
-                         f"{', '.join(unsupported)}")
+def build_adam(config: OptimizerConfig, size: int) -> Adam:
+    return Adam(size, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+                eps=config.eps)
 
 
-SERVER_OPTIMIZERS: Registry[OptimizerKind] = Registry("server optimizer")
-SERVER_OPTIMIZERS.register(
-    "sgd", OptimizerKind(
-        lambda config, size: SGD(size, lr=config.lr, momentum=config.momentum,
-                                 nesterov=config.nesterov, weight_decay=config.weight_decay),
-        default_lr=0.1),
-    "SGD with optional (Nesterov) momentum and weight decay, as torch.optim.SGD",
-    requires=(_l1_fits,))
-SERVER_OPTIMIZERS.register(
-    "adagrad", OptimizerKind(
-        lambda config, size: Adagrad(size, lr=config.lr, weight_decay=config.weight_decay,
-                                     eps=config.eps),
-        # torch's 0.01 reached 97.5 % on MNIST in one of two asp runs with 4 workers, 0.005 in
-        # both and twice as fast (docs/learning.md): normalised steps ignore the 1/workers scale.
-        default_lr=0.005),
-    "Adagrad, per-key sums of squared gradients, as torch.optim.Adagrad (Downpour's choice)",
-    requires=(_l1_fits,))
-SERVER_OPTIMIZERS.register(
-    "adam", OptimizerKind(
-        lambda config, size: Adam(size, lr=config.lr, betas=config.betas,
-                                  weight_decay=config.weight_decay, eps=config.eps),
-        default_lr=0.001),
-    "Adam with per-key step counts (lazy under sparse pushes), as torch.optim.Adam",
-    requires=(_l1_fits,))
-SERVER_OPTIMIZERS.register(
-    "rmsprop", OptimizerKind(
-        lambda config, size: RMSprop(size, lr=config.lr, alpha=config.alpha,
-                                     weight_decay=config.weight_decay, eps=config.eps),
-        default_lr=0.0005),  # 0.001 took 1.6-1.9x the iterations, with dips (docs/learning.md)
-    "RMSprop without momentum, as torch.optim.RMSprop",
-    requires=(_l1_fits,))
+def build_rmsprop(config: OptimizerConfig, size: int) -> RMSprop:
+    return RMSprop(size, lr=config.lr, alpha=config.alpha, weight_decay=config.weight_decay,
+                   eps=config.eps)
 
-SERVER_OPTIMIZERS.register(
-    "lbfgs", OptimizerKind(lambda config, size: GradientSum(size), default_lr=1.0),
-    "Sandblaster L-BFGS: the shards sum full-pass gradients, the coordinator's L-BFGS moves "
-    "the parameters by vector operations on the shards; lr is each line search's first step",
-    requires=(_lbfgs_fits,),
-    # its own tasks say when a push is applied: as they come, summed
-    implies={"sync.model": "asp", "sync.push_scale": "sum"})
 
-def default_lr(name: str) -> float:
-    return SERVER_OPTIMIZERS.get(name).default_lr
+def build_gradient_sum(config: OptimizerConfig, size: int) -> GradientSum:
+    return GradientSum(size)
 
 
 class Proximal(_Checked):
@@ -494,7 +401,7 @@ class Proximal(_Checked):
 
 
 def make_optimizer(config: OptimizerConfig, size: int) -> ServerOptimizer:
-    optimizer = SERVER_OPTIMIZERS.get(config.name).build(config, size)
+    optimizer = SERVER_OPTIMIZERS.get(config.name)(config, size)
     if not config.l1:
         return optimizer
     if (isinstance(optimizer, SGD) and not config.momentum) or isinstance(optimizer, Adagrad):

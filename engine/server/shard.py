@@ -23,9 +23,10 @@ import numpy as np
 from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming, RangeClocks
 from engine.errors import BadPayload, ProtocolError, UnsafeUpdate
 from engine.keys import KeyRange, RangeIndex
+from engine.policies.optimizers import ServerOptimizer
 from engine.server.aggregation import Aggregator, make_aggregator
 from engine.server.learning import PLAIN, Learning
-from engine.server.optimizers import Proximal, ServerOptimizer
+from engine.server.optimizers import Proximal
 from engine.server.update import Update
 from engine.wire.codecs import widen
 from engine.wire.protocol import ANY_CLOCK

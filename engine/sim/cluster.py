@@ -137,9 +137,9 @@ class SimCluster:
 
     def _worker(self, rank: int, layout: KeyLayout, costs: Costs, inputs: np.ndarray,
                 targets: np.ndarray) -> SimWorker:
+        from engine.policies.loops import loop_name
         from engine.wire.protocol import numpy_dtype, wire_dtype
         from engine.worker.filters import make_filter
-        from engine.worker.registry import loop_name
 
         cfg = self.config
         shard: Shard = shard_for(inputs, targets, rank=rank, workers=cfg.cluster.workers,

@@ -345,7 +345,7 @@ class DelayedWorker(SimWorker):
             await self._finish(self._tasks.popleft())
 
 
-# The simulated counterpart of each worker loop in engine.worker.registry, by the same name.
+# The simulated counterpart of each worker loop in engine.policies.loops, by the same name.
 SIM_LOOPS: Registry[type[SimWorker]] = Registry("simulated worker loop")
 SIM_LOOPS.register("plain", SimWorker, "pull, compute, push; the next pull leaves behind the "
                    "push (--no-pipeline: after its ack)")

@@ -59,7 +59,7 @@ CODECS.register("zstd", Packer(Codec.ZSTD, cramjam.zstd.compress, cramjam.zstd.d
 CODECS.register("snappy", Packer(Codec.SNAPPY, cramjam.snappy.compress_raw,
                                  cramjam.snappy.decompress_raw_into),
                 "Snappy, as OSDI'14's parameter server used")
-_BY_CODE = {entry.value.code: entry.value for entry in CODECS}
+_BY_CODE = {packer.code: packer for packer in map(CODECS.get, CODECS.names())}
 
 
 def packer(code: Codec) -> Packer:

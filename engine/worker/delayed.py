@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import RunConfig
 from engine.errors import ShuttingDown
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
@@ -86,11 +85,3 @@ class DelayedLoop(PlainLoop):
             "bytes_received": pushed.bytes_received + pulled.bytes_received,
             "acked_at": pushed.answered_at,
         }))
-
-
-def delayed_fits(run: RunConfig) -> None:
-    """The delayed loop is bounded delay's (its servers apply pushes as asp's do)."""
-    if run.sync.model != "bounded-delay":
-        raise ValueError(f"train.loop {run.train.loop} does not fit sync.model "
-                         f"{run.sync.model}: bounded-delay runs the delayed loop, and only it "
-                         "does")

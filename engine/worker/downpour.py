@@ -19,8 +19,6 @@ import time
 
 import numpy as np
 
-from engine.config import RunConfig
-from engine.consistency.registry import asynchronous, asynchronous_names
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
 from engine.worker.client import PullResult, PushResult
@@ -101,21 +99,3 @@ class DownpourLoop(PlainLoop):
         self._sum.fill(0.0)
         self._held, self._base = 0, None
         return pushed, pushed_at
-
-
-def downpour_fits(run: RunConfig) -> None:
-    """Downpour's fetch_every, push_every and warm_start are asynchronous settings of its own
-    loop."""
-    loop, model, train = run.train.loop, run.sync.model, run.train
-    if train.downpour and not asynchronous(run):
-        raise ValueError(f"train.fetch_every, push_every and warm_start are Downpour's "
-                         f"asynchronous settings: they need sync.model {asynchronous_names()}, "
-                         f"not {model}")
-    if train.downpour and loop not in ("auto", "downpour"):
-        raise ValueError(f"train.fetch_every, push_every and warm_start need the downpour "
-                         f"loop (train.loop auto or downpour), not {loop}")
-    if loop == "downpour" and not asynchronous(run):
-        raise ValueError(f"train.loop downpour needs {asynchronous_names()}, not {model}")
-    if train.downpour and train.overlap:
-        raise ValueError("train.overlap and Downpour's fetch_every/push_every/warm_start "
-                         "are two different loops: choose one")

@@ -247,7 +247,7 @@ PRUNE_RULES.register("none", RuleSyntax("none", _no_argument(NoPrune())),
 
 def prune_forms() -> str:
     """Every accepted way to write a rule, for error messages and ``--help``."""
-    return ", ".join(entry.value.form for entry in PRUNE_RULES)
+    return ", ".join(PRUNE_RULES.get(name).form for name in PRUNE_RULES.names())
 
 
 def parse_prune(spec: str) -> PruneRule:

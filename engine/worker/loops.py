@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.config import RunConfig
-from engine.consistency.registry import asynchronous, asynchronous_names
 from engine.datasets.sparse import SparseSplit
 from engine.errors import Diverged, PsctlError, RunFailed, ShuttingDown
 from engine.keys import KeyRange
@@ -107,13 +107,13 @@ class Worker:
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
 
     def run(self, shard: Shard, model: FlatModel | SparseLogReg,
-            loop_class: type[PlainLoop]) -> int:
+            loop_class: Callable[[Worker, Any], PlainLoop]) -> int:
         """Train in ``loop_class`` (the worker registry's choice for the run) until the epochs
         are done or the coordinator says stop; returns iterations. A restarted (or resumed)
         worker starts at the clock the servers hold for it."""
         if self.rank == 0:  # the servers keep the first INIT: a restarted worker 0's is ignored
             self.client.wait(self.client.init(model.params_np))
-        loop = loop_class(self, model)  # type: ignore[arg-type]  # each loop its model
+        loop = loop_class(self, model)  # each loop its model
         base = self.clock_base
         first = loop.resume_iteration(max(self.client.clock() - base, 0))
         self.control.send(Ready(iterations_per_epoch=shard.iterations_per_epoch,
@@ -501,15 +501,3 @@ def push_bytes(pushed: PushResult | None) -> dict[str, int]:
     if pushed is None:
         return {"push_bytes": 0, "push_bytes_dense": 0}
     return {"push_bytes": pushed.bytes_sent, "push_bytes_dense": pushed.dense_bytes}
-
-
-def overlap_fits(run: RunConfig) -> None:
-    """The overlapped loop computes while its next pull is in flight: only a model that answers
-    every pull at once lets it (train.overlap or train.loop overlapped)."""
-    model, loop = run.sync.model, run.train.loop
-    if run.train.overlap and not asynchronous(run):
-        raise ValueError(f"train.overlap needs {asynchronous_names()}; {model} must wait for "
-                         "its pulls")
-    if loop == "overlapped" and not asynchronous(run):
-        raise ValueError(f"train.loop overlapped needs {asynchronous_names()}; {model} must "
-                         "wait for its pulls")

@@ -176,10 +176,3 @@ def sandblaster_shard(inputs: np.ndarray, targets: np.ndarray, config: RunConfig
     count = portion_count(config.optimizer.portions, config.cluster.workers, len(targets))
     per_worker = math.ceil(count / config.cluster.workers)
     return Shard(inputs, targets, batch_size=math.ceil(len(targets) / per_worker))
-
-
-def sandblaster_fits(run: RunConfig) -> None:
-    """This loop runs Sandblaster's tasks, which only its optimizer hands out."""
-    if run.optimizer.name != "lbfgs":
-        raise ValueError("train.loop sandblaster is Sandblaster L-BFGS's: it needs "
-                         "optimizer.name lbfgs (--optimizer lbfgs)")

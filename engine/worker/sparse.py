@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.config import RunConfig
-from engine.datasets.sparse import SparseSplit, is_sparse_synthetic
+from engine.datasets.sparse import SparseSplit
 from engine.errors import ShuttingDown
 from engine.models.logreg import SparseLogReg, kkt_mask, working_set
 from engine.wire.protocol import ANY_CLOCK
@@ -121,26 +120,3 @@ class SparseLoop(PlainLoop):
             "bytes_sent": task.row.bytes_sent + pushed.bytes_sent,
             "bytes_received": task.row.bytes_received + pushed.bytes_received,
             "acked_at": pushed.answered_at}))
-
-
-def sparse_fits(run: RunConfig) -> None:
-    """Sparse samples train in this loop, which has none of the dense loops' options."""
-    sparse, loop = is_sparse_synthetic(run.data.dataset), run.train.loop
-    if not sparse:
-        if loop == "sparse":
-            raise ValueError("train.loop sparse trains sparse data sets (sparse-synthetic:...)")
-        return
-    if run.model.name != "logreg":
-        raise ValueError(f"sparse data sets train model logreg, not {run.model.name}")
-    comm, train = run.comm, run.train
-    unsupported = [name for name, used in (
-        ("train.loop " + loop, loop not in ("auto", "sparse")),
-        ("train.overlap", train.overlap), ("train fetch_every/push_every/warm_start",
-                                           train.downpour),
-        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
-        ("comm.schedule", comm.schedule != "none"), ("comm.range_size",
-                                                     comm.range_size is not None),
-        ("cluster.backend sim", run.cluster.backend == "sim")) if used]
-    if unsupported:
-        raise ValueError(f"the sparse logistic-regression loop does not take "
-                         f"{', '.join(unsupported)}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine.config import RunConfig
 from engine.worker.client import PullHandle, PullResult, PushHandle
 from engine.worker.loops import LayeredLoop, Shard, Worker, compute_gradient
 
@@ -109,17 +108,3 @@ class WaitFreeLoop(LayeredLoop):
         ahead, self._ahead = self._ahead, {}
         assert clock == self._ahead_clock and len(ahead) == len(self.worker.layout.segments)
         return list(ahead.values())
-
-
-def wait_free_fits(run: RunConfig) -> None:
-    """Wait-free backpropagation pushes each layer from inside backward (train.layer_pulls
-    sends its pulls from there too)."""
-    loop = run.train.loop
-    if loop == "wait-free" and (run.comm.prune != "none" or run.comm.momentum_correction):
-        raise ValueError("train.loop wait-free pushes each layer from inside backward, but "
-                         "comm.prune filters the whole gradient at once: use train.loop "
-                         "layered (or plain) with a push filter")
-    if run.train.layer_pulls and (loop != "wait-free" or not run.train.pipeline):
-        raise ValueError("train.layer_pulls sends each layer's next pull from inside "
-                         "backward: it needs train.loop wait-free and train.pipeline "
-                         f"(here train.loop {loop}, train.pipeline {run.train.pipeline})")

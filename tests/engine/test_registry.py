@@ -34,3 +34,29 @@ def test_the_consistency_models_say_which_can_grow_and_which_can_hand_copies_ove
     # a timing history a handed-over copy cannot have
     assert CONSISTENCY_MODELS.able(CHANGING_WORKERS) == ("asp", "ssp", "bounded-delay", "dssp")
     assert CONSISTENCY_MODELS.able(HANDOFF) == ("bsp", "asp", "ssp", "bounded-delay", "dssp")
+
+
+def test_a_lazy_policy_is_imported_when_first_built_and_not_before() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from engine.policies.optimizers import SERVER_OPTIMIZERS\n"
+            "entry = SERVER_OPTIMIZERS.entry('adam')\n"
+            "assert entry.summary and entry.implies['optimizer.lr'] == 0.001\n"
+            "assert SERVER_OPTIMIZERS.can('sgd', 'anything') is False\n"
+            "assert 'engine.server.optimizers' not in sys.modules\n"
+            "build = SERVER_OPTIMIZERS.get('adam')\n"
+            "assert 'engine.server.optimizers' in sys.modules\n"
+            "assert build.__name__ == 'build_adam' and SERVER_OPTIMIZERS.get('adam') is build\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_lazy_name_that_does_not_resolve_fails_when_built() -> None:
+    from engine.registry import Lazy
+
+    kinds: Registry[object] = Registry("kind")
+    kinds.register("ghost", Lazy("engine.errors:NoSuchThing"), "nowhere")
+    assert kinds.names() == ("ghost",)  # listing it loads nothing
+    with pytest.raises(AttributeError, match="NoSuchThing"):
+        kinds.get("ghost")

@@ -58,3 +58,25 @@ def test_launch_help_keeps_bracketed_words() -> None:
     assert "TOML file with [cluster], [sync], [train], ... sections" in shown
     assert "RANK:FACTOR[@ONSET]" in shown
     assert len(COMMANDS) >= 10
+
+
+# What --help must not load: the processes' code (each registry names its implementations
+# "module:attribute" and imports them on first use) and torch. bench/startup.py times it.
+HEAVY = ("engine.worker", "engine.server", "engine.roles", "torch", "numpy", "sqlalchemy")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["launch", "--help"], ["compare", "--help"]])
+def test_help_loads_no_worker_server_role_or_torch_module(argv: list[str]) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom psctl.cli import main\n"
+            f"sys.argv = ['psctl', *{argv!r}]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(*sorted(sys.modules), sep='\\n', file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert "Usage: psctl" in done.stdout
+    loaded = done.stderr.split()
+    assert "psctl.cli" in loaded and "engine.config" in loaded  # the list is the real one
+    assert [m for m in loaded if m.split(".")[0] in HEAVY or m.startswith(HEAVY)] == []

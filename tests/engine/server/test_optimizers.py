@@ -17,14 +17,12 @@ from engine.consistency.base import ASP
 from engine.errors import ConfigError, UnsafeUpdate
 from engine.keys import KeyRange
 from engine.plan import parse_config
+from engine.policies.optimizers import SERVER_OPTIMIZERS, ServerOptimizer, default_lr
 from engine.server.optimizers import (
-    SERVER_OPTIMIZERS,
     SGD,
     Adagrad,
     Adam,
     RMSprop,
-    ServerOptimizer,
-    default_lr,
     make_optimizer,
 )
 from engine.server.shard import ShardState
@@ -505,7 +503,7 @@ def test_each_optimizer_has_its_own_default_learning_rate() -> None:
     assert defaults == {"sgd": 0.1, "adagrad": 0.005, "adam": 0.001, "rmsprop": 0.0005,
                         "lbfgs": 1.0}
     adam = parse_config({"optimizer": {"name": "adam"}}).optimizer
-    assert adam.lr == SERVER_OPTIMIZERS.get("adam").default_lr == 0.001
+    assert adam.lr == default_lr("adam") == 0.001
     # the schema alone knows no optimizer: engine.plan, which composes every run, fills it in
     assert OptimizerConfig(name="adam").lr == 0.1
 

@@ -165,8 +165,8 @@ def test_what_the_simulator_cannot_model_fails_fast(overrides: dict[str, Any], s
 
 
 def test_every_worker_loop_has_a_simulated_twin() -> None:
+    from engine.policies.loops import WORKER_LOOPS
     from engine.sim.worker import SIM_LOOPS
-    from engine.worker.registry import WORKER_LOOPS
 
     # scheduled is refused on the sim backend (comm.schedule), as the config test above shows;
     # sparse trains sparse data sets, which the simulator refuses (test_sparse_synthetic.py);
