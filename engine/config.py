@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationError,
     field_validator,
     model_validator,
@@ -33,6 +34,13 @@ _LONGEST_S = 1e7
 _SEED_MAX = 2**63 - 1
 
 
+def _flag(name: str) -> dict[str, JsonValue]:
+    """Field metadata: the setting's psctl launch flag (``--no-NAME`` too for a switch); its
+    help is the field's description, where ``{choices}`` lists the policies the setting names
+    and ``{implied}`` the value each policy implies (psctl/launch_options.py)."""
+    return {"flag": name}
+
+
 class _Frozen(BaseModel):
     # inf and nan pass every bound check (nan compares false, inf is "> 0") but break the
     # processes that use them, and the JSON the config is stored and sent as cannot carry them.
@@ -44,21 +52,22 @@ MAX_RANGES_PER_SERVER = 64
 
 
 class ClusterConfig(_Frozen):
-    backend: str = Field("local", description=(
-        "where the roles run: local (processes on this machine) or sim (one process, virtual "
-        "time; see [sim])"))
-    workers: int = Field(4, ge=1, le=256, description="worker processes")
-    servers: int = Field(2, ge=1, le=64, description="shard server processes")
+    backend: str = Field("local", json_schema_extra=_flag("--backend"), description=(
+        "where the roles run: {choices}"))
+    workers: int = Field(4, ge=1, le=256, json_schema_extra=_flag("--workers"), description=(
+        "worker processes [4]"))
+    servers: int = Field(2, ge=1, le=64, json_schema_extra=_flag("--servers"), description=(
+        "shard server processes [2]"))
     host: str = Field("127.0.0.1", description="address every process binds and connects on")
     connect_timeout_s: float = Field(60.0, gt=0, le=_LONGEST_S,
                                      description="how long a process waits for a peer")
     request_timeout_s: float = Field(300.0, gt=0, le=_LONGEST_S,
                                      description="longest wait for one push or pull")
     max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
-    transport: Literal["tcp", "websocket"] = Field("tcp", description=(
-        "how workers, the evaluator and replicas reach the shard servers: tcp (psctl's "
-        "length-prefixed messages, each payload copied once per hop; docs/architecture.md) or "
-        "websocket; control connections to the coordinator are websockets either way"))
+    transport: Literal["tcp", "websocket"] = Field("tcp",
+        json_schema_extra=_flag("--transport"), description=(
+        "how workers reach the shard servers: tcp (psctl's own framing, one copy per hop) or "
+        "websocket [tcp]"))
     max_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
         "unread reply bytes one connection may have queued at a server before it is "
         "disconnected as too slow a reader (one reply always goes through)"))
@@ -71,14 +80,12 @@ class ClusterConfig(_Frozen):
         "at a server for a clock; a connection's first 16 are never refused for it"))
     max_server_pending_pulls: int = Field(8192, ge=1, le=2**22, description=(
         "pulls all senders together may have waiting at one server process for a clock"))
-    replicas: int = Field(0, ge=0, le=8, description=(
-        "backup copies of every key range, on other servers along a consistent-hash ring; a "
-        "push is acknowledged once every copy applied it, and a dead server's keys fail over "
-        "to the next copy (needs servers > replicas)"))
-    template: bool = Field(True, description=(
-        "local backend on Linux: fork the servers, workers and evaluator from one warm process "
-        "that imported torch and psctl once (each starts in milliseconds, sharing those pages); "
-        "false: each role starts a fresh Python"))
+    replicas: int = Field(0, ge=0, le=8, json_schema_extra=_flag("--replicas"), description=(
+        "backup copies of every key range on other servers (chain replication): a dead server's "
+        "keys fail over to the next copy [0]"))
+    template: bool = Field(True, json_schema_extra=_flag("--template"), description=(
+        "fork the roles from one warm process that imported torch once (local backend, Linux) "
+        "[--template]; --no-template: each role starts a fresh Python"))
 
     heartbeat_timeout_s: float = Field(0.5, ge=0.05, le=_LONGEST_S, description=(
         "with replicas: the pause every server's heartbeat (a datagram every fifth of this) "
@@ -88,10 +95,10 @@ class ClusterConfig(_Frozen):
     server_stall_s: float = Field(60.0, gt=0, le=_LONGEST_S, description=(
         "with replicas: a server whose event loop has not turned for this long, or whose "
         "process works but has sent no heartbeat for this long, is taken for hung and killed"))
-    key_ranges: int | None = Field(None, ge=1, le=4096, description=(
-        "key ranges the parameters are cut into, spread over the servers (at least one per "
-        "server, at most 64 per server); a server joining a running job (psctl scale "
-        "--servers) takes whole ranges from the others; unset: one per server"))
+    key_ranges: int | None = Field(None, ge=1, le=4096,
+        json_schema_extra=_flag("--key-ranges"), description=(
+        "cut the keys into this many ranges, spread over the servers (one per server by default); "
+        "a server joining the running job (psctl scale --servers) takes whole ranges"))
 
     @model_validator(mode="after")
     def _room_for_replicas(self) -> ClusterConfig:
@@ -128,23 +135,24 @@ class HistorySeed(_Frozen):
 
 
 class SyncConfig(_Frozen):
-    model: str = Field("bsp", description="consistency model (engine.consistency.registry)")
-    staleness: int = Field(3, ge=0, le=10_000,
-                           description="ssp, dssp: clocks the fastest worker may lead the slowest")
-    range: int = Field(4, ge=0, le=10_000,
-                       description="dssp: extra clocks the server may allow at run time")
-    delay: int = Field(2, ge=0, le=10_000, description=(
-        "bounded-delay: iterations a worker may start before its own older ones are done"))
+    model: str = Field("bsp", json_schema_extra=_flag("--sync"), description=(
+        "consistency model: {choices}"))
+    staleness: int = Field(3, ge=0, le=10_000, json_schema_extra=_flag("--staleness"), description=(
+        "ssp, dssp: clocks the fastest worker may lead the slowest [3]"))
+    range: int = Field(4, ge=0, le=10_000, json_schema_extra=_flag("--range"), description=(
+        "dssp: extra clocks the servers may allow at run time [4]"))
+    delay: int = Field(2, ge=0, le=10_000, json_schema_extra=_flag("--delay"), description=(
+        "bounded-delay: own iterations a worker may run ahead of its finished ones [2]"))
     lookahead: int = Field(15, ge=1, le=10_000,
-                           description="elastic: R, future iterations predicted per worker")
-    predictor: Literal["last", "ewma"] = Field(
-        "ewma", description="elastic: last interval (the paper's) or a robust recent average")
+        json_schema_extra=_flag("--lookahead"), description=(
+        "elastic: R, future iterations predicted per worker [15]"))
+    predictor: Literal["last", "ewma"] = Field("ewma",
+        json_schema_extra=_flag("--predictor"), description=(
+        "elastic: last (the paper's) or ewma (robust recent average) [ewma]"))
     history: HistorySeed | None = Field(
         None, description="elastic: timings of a previous run that replace the monitoring phase")
-    push_scale: str = Field("mean", description=(
-        "models that apply pushes one by one: each push applies 1/workers of its gradient (mean: "
-        "the same step per round as BSP's averaged update) or all of it (sum); the "
-        "aggregation rule of engine.server.aggregation"))
+    push_scale: str = Field("mean", json_schema_extra=_flag("--aggregation"), description=(
+        "how pushes combine, per key: {choices}"))
 
 
 
@@ -170,26 +178,34 @@ class HeterogeneityConfig(_Frozen):
 
 
 class DataConfig(_Frozen):
-    dataset: str = Field("mnist", description=(
-        "mnist, fashion-mnist, digits (offline), path/to/file.py:load or libsvm:PATH"))
-    data_dir: str | None = Field(None, description="folder holding the data set's files")
-    train_limit: int | None = Field(None, ge=1, description="use only the first N training samples")
+    dataset: str = Field("mnist", json_schema_extra=_flag("--dataset"), description=(
+        "mnist, fashion-mnist, digits (bundled, offline), path/to/file.py:load (a function "
+        "returning train_x, train_y, test_x, test_y) or libsvm:PATH [mnist]"))
+    data_dir: str | None = Field(None, json_schema_extra=_flag("--data-dir"), description=(
+        "folder with the data set's IDX files [env: PSCTL_DATA_DIR]"))
+    train_limit: int | None = Field(None, ge=1,
+        json_schema_extra=_flag("--train-limit"), description=(
+        "use only the first N training samples"))
 
 
 
 class ModelConfig(_Frozen):
-    name: str = Field("mlp", description=(
-        "mlp, cnn (LeNet), logreg, or path/to/file.py:build (docs/models.md)"))
+    name: str = Field("mlp", json_schema_extra=_flag("--model"), description=(
+        "mlp, cnn (LeNet), logreg, or path/to/file.py:build (a function build(input_shape, "
+        "num_classes) returning a torch.nn.Module) [mlp]"))
     hidden: tuple[int, ...] = Field((512, 512, 512), description="hidden layer widths of the MLP")
 
 
 
 class OptimizerConfig(_Frozen):
-    name: str = Field("sgd", description="server optimizer (engine.server.optimizers)")
+    name: str = Field("sgd", json_schema_extra=_flag("--optimizer"), description=(
+        "server optimizer: {choices}"))
     # Filled in from the optimizer's own default when not given (engine.plan asks its
     # registry), so the stored config always says which rate the run used.
-    lr: float = Field(0.1, gt=0, description="server learning rate [the optimizer's default]")
-    momentum: float = Field(0.9, ge=0, lt=1, description="sgd: momentum")
+    lr: float = Field(0.1, gt=0, json_schema_extra=_flag("--lr"), description=(
+        "server learning rate [the optimizer's own: {implied}]"))
+    momentum: float = Field(0.9, ge=0, lt=1, json_schema_extra=_flag("--momentum"), description=(
+        "server SGD momentum [0.9]"))
     nesterov: bool = Field(False, description="sgd: Nesterov momentum")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient")
     betas: tuple[float, float] = Field((0.9, 0.999), description=(
@@ -198,19 +214,20 @@ class OptimizerConfig(_Frozen):
         "rmsprop: decay rate of the running mean of the squared gradient"))
     eps: float | None = Field(None, gt=0, le=1, description=(
         "added to the denominator [adagrad 1e-10, adam and rmsprop 1e-8, as torch.optim]"))
-    l1: float = Field(0.0, ge=0, description=(
-        "L1 penalty: after each update the servers soft-threshold the updated keys by their step "
-        "size times this (a proximal step; sgd with momentum 0, or adagrad) [0: off]"))
-    clip_norm: float | None = Field(None, gt=0, description=(
-        "servers scale a pushed gradient whose L2 norm (of the part on one shard) exceeds this "
-        "down to it; off by default"))
-    history: int = Field(10, ge=1, le=20, description=(
-        "lbfgs: correction pairs kept (L-BFGS's m)"))
-    portions: int | None = Field(None, ge=1, le=65536, description=(
-        "lbfgs: data portions per pass over the training set [8 per worker]"))
-    backups: bool = Field(True, description=(
-        "lbfgs: idle workers take a copy of the portion that has run longest; the first copy "
-        "to finish counts (Sandblaster's backup tasks)"))
+    l1: float = Field(0.0, ge=0, json_schema_extra=_flag("--l1"), description=(
+        "L1 penalty applied by the servers as a proximal (soft-threshold) step; sgd with "
+        "--momentum 0, or adagrad [0: off]"))
+    clip_norm: float | None = Field(None, gt=0,
+        json_schema_extra=_flag("--clip-norm"), description=(
+        "servers scale each pushed gradient down to this L2 norm (per shard) [off]"))
+    history: int = Field(10, ge=1, le=20, json_schema_extra=_flag("--lbfgs-history"), description=(
+        "--optimizer lbfgs: correction pairs kept (L-BFGS's m) [10]"))
+    portions: int | None = Field(None, ge=1, le=65536,
+        json_schema_extra=_flag("--portions"), description=(
+        "--optimizer lbfgs: data portions per pass over the training set [8 per worker]"))
+    backups: bool = Field(True, json_schema_extra=_flag("--backups"), description=(
+        "--optimizer lbfgs: idle workers take copies of the portions that have run longest; the "
+        "first to finish counts [on]"))
 
     @field_validator("betas")
     @classmethod
@@ -227,54 +244,60 @@ class LearningConfig(_Frozen):
     arrival. Both multiply the optimizer's learning rate."""
 
     schedule: str = Field("constant", description="learning-rate schedule: constant, step, cosine")
-    unit: Literal["updates", "epochs"] = Field("updates", description=(
-        "what warmup, step_every and total count: a shard's updates, or epochs (by the clock "
-        "of each push) [updates]"))
-    warmup: int = Field(0, ge=0, le=10**9, description=(
-        "updates (or epochs) of linear warm-up before the schedule starts [0: none]"))
+    unit: Literal["updates", "epochs"] = Field("updates",
+        json_schema_extra=_flag("--lr-unit"), description=(
+        "what --lr-schedule's and --lr-warmup's numbers count: updates (of each shard) or epochs "
+        "(by the clock of each push) [updates]"))
+    warmup: int = Field(0, ge=0, le=10**9, json_schema_extra=_flag("--lr-warmup"), description=(
+        "updates (or epochs) of linear warm-up before the schedule [0]"))
     step_every: int | None = Field(None, ge=1, le=10**9,
                                    description="step: updates (or epochs) between decays")
     gamma: float = Field(0.1, gt=0, le=1, description="step: the factor of each decay")
     total: int | None = Field(None, ge=1, le=10**9,
                               description="cosine: updates (or epochs) to anneal over")
     floor: float = Field(0.0, ge=0, lt=1, description="cosine: the final factor")
-    rule: str = Field("none", description=(
-        "staleness-aware rule: none, consgd, dynsgd, dynssgc, adaptive or split"))
-    global_lr: float | None = Field(None, gt=0, le=1, description=(
-        "every rule but none: the global rate λ each push is multiplied by [1/workers]"))
+    rule: str = Field("none", json_schema_extra=_flag("--lr-rule"), description=(
+        "staleness-aware rule for pushes applied on arrival: {choices}"))
+    global_lr: float | None = Field(None, gt=0, le=1,
+        json_schema_extra=_flag("--global-lr"), description=(
+        "every --lr-rule but none: the global rate each push is multiplied by [1/workers]"))
     window: int | None = Field(None, ge=1, le=100_000, description=(
         "dynssgc: pushes over which the maximum staleness is taken [2 × workers]"))
 
 
 class TrainConfig(_Frozen):
-    epochs: int = Field(10, ge=1)
-    batch_size: int = Field(64, ge=1, le=65536)
-    seed: int = Field(0, ge=0, le=_SEED_MAX)
-    overlap: bool = Field(
-        False, description="prefetch the next pull during compute (asp only; adds staleness 1)"
-    )
-    pipeline: bool = Field(True, description=(
-        "plain and layered loops: send the next iteration's pull right behind this one's push, "
-        "not after its ack (the servers still answer it only when the consistency model "
-        "allows)"))
-    layer_pulls: bool = Field(False, description=(
-        "wait-free loop with train.pipeline: each layer's pull of the next iteration leaves "
-        "from inside backward right behind its push, not one pull of the whole model after "
-        "backward (the last layers' values arrive while backward computes the first; on 2 "
-        "vCPUs the extra frames cost more than that saved: docs/benchmarks.md)"))
+    epochs: int = Field(10, ge=1, json_schema_extra=_flag("--epochs"), description=(
+        "passes over the training set [10]"))
+    batch_size: int = Field(64, ge=1, le=65536,
+        json_schema_extra=_flag("--batch-size"), description=(
+        "samples per worker iteration [64]"))
+    seed: int = Field(0, ge=0, le=_SEED_MAX, json_schema_extra=_flag("--seed"), description=(
+        "seed for initialisation and shuffling [0]"))
+    overlap: bool = Field(False, json_schema_extra=_flag("--overlap"), description=(
+        "asp: prefetch the next pull during compute"))
+    pipeline: bool = Field(True, json_schema_extra=_flag("--pipeline"), description=(
+        "send the next pull right behind each push, not after its ack; the model still decides "
+        "when it is answered [on]"))
+    layer_pulls: bool = Field(False, json_schema_extra=_flag("--layer-pulls"), description=(
+        "--loop wait-free: send each layer's next pull from inside backward, right behind its push"
+        " [off]"))
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$", description=(
-        "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda"))
-    loop: str = Field("auto", description=(
-        "worker loop (engine.policies.loops); auto: overlapped, delayed, downpour or plain as "
-        "the settings need"))
-    fetch_every: int = Field(1, ge=1, le=10_000, description=(
-        "asp (Downpour's n_fetch): pull fresh values every N iterations, computing on the "
-        "fetched copy in between"))
-    push_every: int = Field(1, ge=1, le=10_000, description=(
-        "asp (Downpour's n_push): accumulate N gradients, then push their sum"))
-    warm_start: int = Field(0, ge=0, le=10**9, description=(
-        "asp: worker 0 trains alone for its first N iterations before the others join"))
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$",
+        json_schema_extra=_flag("--device"), description=(
+        "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda[:N] "
+        "[auto]"))
+    loop: str = Field("auto", json_schema_extra=_flag("--loop"), description=(
+        "worker loop: {choices}; auto picks overlapped, downpour, delayed or plain as the other "
+        "options need"))
+    fetch_every: int = Field(1, ge=1, le=10_000,
+        json_schema_extra=_flag("--fetch-every"), description=(
+        "asp (Downpour): pull fresh values every N iterations [1]"))
+    push_every: int = Field(1, ge=1, le=10_000,
+        json_schema_extra=_flag("--push-every"), description=(
+        "asp (Downpour): push the sum of N gradients at once [1]"))
+    warm_start: int = Field(0, ge=0, le=10**9,
+        json_schema_extra=_flag("--warm-start"), description=(
+        "asp (Downpour): worker 0 trains alone for its first N iterations [0]"))
 
     @property
     def downpour(self) -> bool:
@@ -286,33 +309,40 @@ class TrainConfig(_Frozen):
 class CommConfig(_Frozen):
     """What a worker's pushes carry (engine.worker.filters, docs/communication.md)."""
 
-    prune: str = Field("none", description=(
-        "push filter per layer: none, topk:P% (e.g. topk:1%), sigma:K or dynamic [none]"))
-    error_feedback: bool = Field(True, description=(
-        "add what the filter did not send to the next gradient (error feedback) [on]"))
-    kkt_filter: bool = Field(True, description=(
-        "sparse logistic regression with l1: leave out keys whose weight is 0 and |gradient| <= "
-        "l1, which the proximal step would keep at 0 (seed 003) [on]"))
-    momentum_correction: float = Field(0.0, ge=0, lt=1, description=(
-        "Deep Gradient Compression's momentum correction on the worker, with this momentum "
-        "[0: off]"))
-    wire_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description=(
-        "the workers' pushed and pulled values on the wire; servers keep float32 [float32]"))
-    pull_filter: str = Field("none", description=(
-        "servers answer a worker's pull with only the values that moved by more than DELTA "
-        "since it last got them: none or significant:DELTA [none]"))
-    refresh_every: int = Field(100, ge=1, le=10**6, description=(
-        "with a pull filter: every Nth pull of a worker is answered whole [100]"))
-    schedule: Literal["none", "fifo", "filo", "stalest-first"] = Field("none", description=(
-        "per-layer pulls and pushes through a request pool in this order (the scheduled worker "
-        "loop): fifo, filo or stalest-first [none: the other loops]"))
-    pool_size: int = Field(1, ge=1, le=1024, description=(
-        "with a schedule: requests the pool keeps in flight at once [1]"))
-    range_size: int | None = Field(None, ge=1, le=2**31, description=(
-        "split every push and pull into pipelined frames of at most this many keys [off: one "
-        "frame per shard]"))
-    compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none", description=(
-        "compress frames with key lists (sparse pushes and pulls) where it shrinks them "
+    prune: str = Field("none", json_schema_extra=_flag("--prune"), description=(
+        "push filter per layer: none, topk:P% (e.g. topk:1%), sigma:K (|g| > K standard "
+        "deviations) or dynamic (seed 002); pruned pushes travel as sparse frames [none]"))
+    error_feedback: bool = Field(True, json_schema_extra=_flag("--error-feedback"), description=(
+        "add what --prune did not send to the next gradient [on]"))
+    kkt_filter: bool = Field(True, json_schema_extra=_flag("--kkt-filter"), description=(
+        "sparse logistic regression with --l1: skip pushing keys the proximal step would keep at 0"
+        " [on]"))
+    momentum_correction: float = Field(0.0, ge=0, lt=1,
+        json_schema_extra=_flag("--momentum-correction"), description=(
+        "with --prune: Deep Gradient Compression's momentum correction on the worker, with this "
+        "momentum (use --momentum 0 on the servers) [0: off]"))
+    wire_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32",
+        json_schema_extra=_flag("--wire-dtype"), description=(
+        "workers' values on the wire: float32, float16 or bfloat16 (servers keep and accumulate "
+        "float32) [float32]"))
+    pull_filter: str = Field("none", json_schema_extra=_flag("--pull-filter"), description=(
+        "servers answer a worker's pull with only the values that moved by more than DELTA since "
+        "it last got them: none or significant:DELTA [none]"))
+    refresh_every: int = Field(100, ge=1, le=10**6,
+        json_schema_extra=_flag("--refresh-every"), description=(
+        "with --pull-filter: every Nth pull of a worker is answered whole [100]"))
+    schedule: Literal["none", "fifo", "filo", "stalest-first"] = Field("none",
+        json_schema_extra=_flag("--schedule"), description=(
+        "pull and push layer by layer through a request pool in this order: fifo, filo or "
+        "stalest-first (seed 002) [none]"))
+    pool_size: int = Field(1, ge=1, le=1024, json_schema_extra=_flag("--pool-size"), description=(
+        "with --schedule: requests in flight at once [1]"))
+    range_size: int | None = Field(None, ge=1, le=2**31,
+        json_schema_extra=_flag("--range-size"), description=(
+        "split every push and pull into pipelined frames of at most KEYS keys [off]"))
+    compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none",
+        json_schema_extra=_flag("--compress"), description=(
+        "compress sparse frames (key lists) with none, lz4, zstd or snappy, where it shrinks them "
         "[none]"))
 
     @model_validator(mode="after")
@@ -324,31 +354,39 @@ class CommConfig(_Frozen):
 
 
 class StopConfig(_Frozen):
-    target_accuracy: float | None = Field(None, gt=0, le=1)
-    max_seconds: float | None = Field(None, gt=0, le=_LONGEST_S)
+    target_accuracy: float | None = Field(None, gt=0, le=1,
+        json_schema_extra=_flag("--target-accuracy"), description=(
+        "stop once the test accuracy reaches A (0-1)"))
+    max_seconds: float | None = Field(None, gt=0, le=_LONGEST_S,
+        json_schema_extra=_flag("--max-seconds"), description=(
+        "stop after S seconds"))
 
 
 class EvalConfig(_Frozen):
     interval_s: float = Field(10.0, gt=0, le=_LONGEST_S,
-                              description="evaluate at least this often (seconds)")
+        json_schema_extra=_flag("--eval-interval"), description=(
+        "evaluate at least every S seconds [10]"))
 
 
 class SimConfig(_Frozen):
     """How the simulated cluster (``cluster.backend = "sim"``) turns work into virtual time."""
 
-    compute: Literal["measured", "given"] = Field("measured", description=(
-        "a worker's compute time per batch: measured (timed once per model and batch size on "
-        "this machine, alone, and cached) or given (compute_ms)"))
-    compute_ms: float | None = Field(None, gt=0, le=_LONGEST_S, description=(
-        "compute given: milliseconds per batch, before stragglers and jitter"))
-    network: str = Field("10gbit:50us", description=(
-        "BANDWIDTH:LATENCY of every server's link, e.g. 10gbit:50us, 1gbit:0.2ms, 100mbit:1ms"))
-    server_network: str | None = Field(None, description=(
-        "BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
-        "(e.g. 100gbit:10us; a loopback server has no link of its own to queue on)"))
-    server_ms: float | None = Field(None, ge=0, le=_LONGEST_S, description=(
-        "milliseconds a server takes to apply a dense update of the whole model (a shard "
-        "takes its share); unset: measured"))
+    compute: Literal["measured", "given"] = Field("measured",
+        json_schema_extra=_flag("--compute"), description=(
+        "sim: a worker's compute time per batch, measured (timed once on this machine, cached) or "
+        "given by --compute-ms [measured]"))
+    compute_ms: float | None = Field(None, gt=0, le=_LONGEST_S,
+        json_schema_extra=_flag("--compute-ms"), description=(
+        "sim: milliseconds of compute per batch (implies --compute given)"))
+    network: str = Field("10gbit:50us", json_schema_extra=_flag("--network"), description=(
+        "sim: BANDWIDTH:LATENCY of each server's link, e.g. 10gbit:50us [10gbit:50us]"))
+    server_network: str | None = Field(None,
+        json_schema_extra=_flag("--server-network"), description=(
+        "sim: BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
+        "[--network]"))
+    server_ms: float | None = Field(None, ge=0, le=_LONGEST_S,
+        json_schema_extra=_flag("--server-ms"), description=(
+        "sim: milliseconds a server takes to apply a dense update of the whole model [measured]"))
 
     @model_validator(mode="after")
     def _one_compute(self) -> SimConfig:
@@ -363,17 +401,19 @@ class SimConfig(_Frozen):
 class FaultConfig(_Frozen):
     """Checkpoints, restarts and injected faults (``docs/fault-tolerance.md``)."""
 
-    checkpoint_every_s: float | None = Field(None, gt=0, le=_LONGEST_S, description=(
-        "every this many seconds (and at the end) each shard saves its values, optimizer "
-        "state and clocks to the run's folder, for psctl resume; unset: only at the end"))
-    max_restarts: int = Field(3, ge=0, le=1000, description=(
-        "times a worker, or a server of a run with replicas, killed by a signal (kill -9, the "
-        "OOM killer) is restarted; a worker rejoins at the clock the servers hold for it, a "
-        "server takes copies of its key ranges back from their chains"))
-    inject: tuple[str, ...] = Field((), max_length=64, description=(
-        "faults to inject: kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
-        "kill:evaluator:0@SECONDS (after training started), drop:PERCENT% and delay:MSms on "
-        "the workers' data plane"))
+    checkpoint_every_s: float | None = Field(None, gt=0, le=_LONGEST_S,
+        json_schema_extra=_flag("--checkpoint-every"), description=(
+        "every S seconds (and at the end) each shard saves its values, optimizer state and clocks "
+        "to the run's folder, for psctl resume"))
+    max_restarts: int = Field(3, ge=0, le=1000,
+        json_schema_extra=_flag("--max-restarts"), description=(
+        "times a worker (or, with replicas, a server) killed by a signal is restarted: a worker "
+        "rejoins at its clock, a server takes its copies back [3]"))
+    inject: tuple[str, ...] = Field((), max_length=64,
+        json_schema_extra=_flag("--fault"), description=(
+        "inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
+        "kill:evaluator:0@SECONDS (after training started), drop:PERCENT% or delay:MSms on the "
+        "workers' data plane"))
     resend_after_s: float = Field(0.1, gt=0, le=60, description=(
         "with drop faults, a data-plane request unanswered this long is sent again (by "
         "request id; the servers discard duplicates)"))
@@ -386,19 +426,24 @@ _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9._-]+:[0-9]{1,5})$")
 class RayConfig(_Frozen):
     """Where a run on ``cluster.backend = "ray"`` places its roles (``docs/cluster.md``)."""
 
-    address: str = Field("auto", description=(
-        "the Ray cluster: auto (the one RAY_ADDRESS or `ray start` on this machine names) or "
-        "HOST:PORT of its head"))
-    worker_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs each worker actor holds")
-    worker_gpus: float = Field(0.0, ge=0, le=64, description="GPUs each worker actor holds")
-    server_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs each server actor holds")
+    address: str = Field("auto", json_schema_extra=_flag("--ray-address"), description=(
+        "ray: the cluster's head, HOST:PORT, or auto: RAY_ADDRESS, else the cluster `ray start` "
+        "began on this machine [auto]"))
+    worker_cpus: float = Field(1.0, gt=0, le=1024,
+        json_schema_extra=_flag("--worker-cpus"), description=(
+        "ray: CPUs each worker actor holds [1]"))
+    worker_gpus: float = Field(0.0, ge=0, le=64,
+        json_schema_extra=_flag("--worker-gpus"), description=(
+        "ray: GPUs each worker actor holds [0]"))
+    server_cpus: float = Field(1.0, gt=0, le=1024,
+        json_schema_extra=_flag("--server-cpus"), description=(
+        "ray: CPUs each server actor holds [1]"))
     evaluator_cpus: float = Field(0.0, ge=0, le=1024, description=(
         "CPUs the evaluator holds (it evaluates every eval.interval_s; 0 fits it anywhere)"))
-    placement: Literal["pack", "spread", "strict-pack", "strict-spread"] = Field(
-        "spread", description=(
-            "the workers' placement-group strategy: spread (over nodes where it can), pack (on "
-            "as few nodes as fit), strict-spread (one node each) or strict-pack (one node); "
-            "servers always spread"))
+    placement: Literal["pack", "spread", "strict-pack", "strict-spread"] = Field("spread",
+        json_schema_extra=_flag("--placement"), description=(
+        "ray: how the workers are placed: spread, pack, strict-spread or strict-pack (servers "
+        "always spread) [spread]"))
     start_timeout_s: float = Field(60.0, gt=0, le=_LONGEST_S, description=(
         "how long the cluster may take to find room for every role before the launch fails"))
 
@@ -415,7 +460,8 @@ class RayConfig(_Frozen):
 
 
 class RunConfig(_Frozen):
-    name: str | None = None
+    name: str | None = Field(None, json_schema_extra=_flag("--name"), description=(
+        "a name for the run"))
     cluster: ClusterConfig = ClusterConfig()
     sync: SyncConfig = SyncConfig()
     data: DataConfig = DataConfig()

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from engine.backends import BACKENDS
+from engine.catalog import NAMED, names
 from engine.config import RunConfig, merge, validate
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.datasets.sources import check_source
@@ -31,7 +32,6 @@ from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import ConfigError
 from engine.faults import FaultPlan, check_kills
 from engine.models.spec import check_model
-from engine.policies.aggregation import AGGREGATION_RULES
 from engine.policies.learning import SCHEDULES, STALENESS_RULES
 from engine.policies.loops import WORKER_LOOPS, loops_in_use
 from engine.policies.optimizers import SERVER_OPTIMIZERS
@@ -40,14 +40,6 @@ from engine.server.pull_filter import parse_pull_filter
 from engine.sim.network import parse_network
 from engine.worker.filters import parse_prune
 
-# The setting that names each kind of policy, and its registry.
-NAMED: tuple[tuple[str, Registry[Any]], ...] = (
-    ("cluster.backend", BACKENDS), ("sync.model", CONSISTENCY_MODELS),
-    ("sync.push_scale", AGGREGATION_RULES), ("optimizer.name", SERVER_OPTIMIZERS),
-    ("learning.schedule", SCHEDULES), ("learning.rule", STALENESS_RULES),
-    ("train.loop", WORKER_LOOPS))
-# ``train.loop``'s one name that is no loop: pick the loop the settings need.
-AUTO_LOOP = "auto"
 # What a sparse data set implies (seed 003's workload), unless the run says otherwise.
 SPARSE_IMPLIES = {"sync.model": "bounded-delay", "model.name": "logreg"}
 
@@ -86,7 +78,7 @@ def _implied(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(dataset, str) and is_sparse_synthetic(dataset):
         implied |= SPARSE_IMPLIES
     defaults = RunConfig().to_json_dict()
-    for dotted, registry in NAMED:  # the optimizer's learning rate, L-BFGS's asp, ...
+    for dotted, registry in NAMED.items():  # the optimizer's learning rate, L-BFGS's asp, ...
         name = _get(values, dotted)
         implied |= registry.implied(name if isinstance(name, str) else _get(defaults, dotted))
     missing = {key: value for key, value in implied.items() if _get(values, key) is None
@@ -105,12 +97,11 @@ def _sections_are_tables(values: dict[str, Any], dotted: str) -> bool:
 def _check_names(config: RunConfig) -> None:
     values = config.to_json_dict()
     problems = []
-    for dotted, registry in NAMED:
+    for dotted, registry in NAMED.items():
         name = _get(values, dotted)
-        if name not in registry and not (registry is WORKER_LOOPS and name == AUTO_LOOP):
-            known = ((AUTO_LOOP,) if registry is WORKER_LOOPS else ()) + registry.names()
+        if name not in names(dotted):
             problems.append(f"{dotted}: unknown {registry.kind} {name!r} "
-                            f"(known: {', '.join(known)})")
+                            f"(known: {', '.join(names(dotted))})")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
 

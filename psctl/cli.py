@@ -14,6 +14,7 @@ from psctl import policies, settings
 from psctl.cliutil import DbOption, Handled, RunArgument, err, show
 from psctl.cliutil import fail as _fail
 from psctl.launch_command import launch
+from psctl.launch_options import SectionedCommand
 from psctl.role import role_app
 
 # engine.db.queries.SQLITE_INT_MAX, spelled out so that the CLI loads without the database
@@ -34,7 +35,7 @@ zipline_app = typer.Typer(rich_markup_mode=None,
                           no_args_is_help=True)
 app.add_typer(zipline_app, name="zipline")
 app.add_typer(role_app, name="role")
-app.command()(launch)
+app.command(cls=SectionedCommand)(launch)
 
 
 

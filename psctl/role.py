@@ -124,10 +124,10 @@ def _new_run(launch_args: list[str], db: Path, join_timeout: float | None
     from engine.errors import ConfigError
     from engine.launcher import NewRun
     from psctl.launch_command import launch, prepare_database
-    from psctl.launchopts import launch_config
+    from psctl.launch_options import SectionedCommand, launch_config
 
     launch_app = typer.Typer(rich_markup_mode=None)
-    launch_app.command()(launch)
+    launch_app.command(cls=SectionedCommand)(launch)
     try:
         options = typer.main.get_command(launch_app).make_context(
             "psctl role coordinator", launch_args).params

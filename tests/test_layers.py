@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("webui",),                       # the dashboard, which psctl ui starts
     ("psctl.settings",),              # where the database is, exit codes: both faces read it
     ("engine.plan",),                 # composes a run from flags, files and the policies
+    ("engine.catalog",),              # which setting names which kind of policy
     ("engine.backends",),             # local, ray, sim
     ("engine.sim",),                  # the simulated cluster (a backend)
     ("engine.launcher", "engine.hosts"),

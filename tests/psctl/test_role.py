@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from psctl.cli import app
-from psctl.launchopts import SETTINGS, launch_overrides
 
 runner = CliRunner()
 
@@ -28,18 +27,3 @@ def test_a_coordinator_refuses_what_psctl_launch_would_refuse(
     assert result.exit_code != 0
     assert message in " ".join(result.output.split()), result.output
     assert not db.exists()  # refused before anything was recorded
-
-
-def test_every_launch_option_that_sets_something_is_mapped() -> None:
-    from psctl.cli import launch
-
-    parameters = set(launch.__annotations__) - {"return"}
-    handled = set(SETTINGS) | {"data_dir", "compute", "fault", "straggler", "jitter",
-                               "history", "lr_schedule", "config", "no_config", "db", "live",
-                               "ui", "repeat"}
-    assert parameters == handled
-    overrides = launch_overrides({"workers": 3, "data_dir": Path("/d"), "compute_ms": 5.0,
-                                  "fault": ["kill:worker:0@1s"]})
-    assert overrides["cluster.workers"] == 3 and overrides["data.data_dir"] == "/d"
-    assert overrides["sim.compute"] == "given" and overrides["fault.inject"] == (
-        "kill:worker:0@1s",)

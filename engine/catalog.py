@@ -1,0 +1,36 @@
+"""Every setting that names a policy, with the registry that knows the names: what engine.plan
+checks a run against and what ``psctl launch --help`` lists. Reading it imports no
+implementation: the registries hold theirs ``Lazy``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.backends import BACKENDS
+from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.policies.aggregation import AGGREGATION_RULES
+from engine.policies.learning import SCHEDULES, STALENESS_RULES
+from engine.policies.loops import WORKER_LOOPS
+from engine.policies.optimizers import SERVER_OPTIMIZERS
+from engine.registry import Registry
+
+# The setting (dotted) -> the registry of the policies it names, in the config's order.
+NAMED: dict[str, Registry[Any]] = {
+    "cluster.backend": BACKENDS, "sync.model": CONSISTENCY_MODELS,
+    "sync.push_scale": AGGREGATION_RULES, "optimizer.name": SERVER_OPTIMIZERS,
+    "learning.schedule": SCHEDULES, "learning.rule": STALENESS_RULES,
+    "train.loop": WORKER_LOOPS}
+# Names a setting takes that are no policy: ``train.loop auto`` picks the loop the run needs.
+EXTRA_NAMES: dict[str, tuple[str, ...]] = {"train.loop": ("auto",)}
+
+
+def names(setting: str) -> tuple[str, ...]:
+    """Every value ``setting`` (one of NAMED) may take, in the order --help lists them."""
+    return EXTRA_NAMES.get(setting, ()) + NAMED[setting].names()
+
+
+def implied(setting: str) -> list[tuple[str, object]]:
+    """(policy, value) for every policy that implies a value of ``setting``: the optimizers'
+    learning rates, for ``optimizer.lr``."""
+    return [(entry.name, entry.implies[setting]) for registry in NAMED.values()
+            for entry in registry if setting in entry.implies]

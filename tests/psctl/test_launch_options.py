@@ -1,0 +1,103 @@
+"""psctl launch's options are made from the settings' fields: each flag sets its own setting
+(--momentum is optimizer.momentum, ...), resolved to a run's configuration in process by the
+options the launch command parsed. The expected settings are written out here, not read from
+the fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+
+from engine.config import RunConfig
+from psctl.cli import app
+from psctl.launch_options import launch_config, launch_overrides, setting_options
+
+LAUNCH = typer.main.get_command(app).commands["launch"]  # type: ignore[attr-defined]
+
+# flag -> (value given, where the run's configuration must hold it); values are distinct and
+# none is a default, so a flag wired to another setting (or to none) shows.
+FLAGS: dict[str, tuple[Any, tuple[str, str]]] = {
+    "--lr": (0.125, ("optimizer", "lr")),
+    "--momentum": (0.375, ("optimizer", "momentum")),
+    "--clip-norm": (7.5, ("optimizer", "clip_norm")),
+    "--max-seconds": (321.0, ("stop", "max_seconds")),
+    "--target-accuracy": (0.625, ("stop", "target_accuracy")),
+    "--eval-interval": (4.5, ("eval", "interval_s")),
+    "--workers": (3, ("cluster", "workers")),
+    "--servers": (2, ("cluster", "servers")),
+    "--epochs": (4, ("train", "epochs")),
+    "--seed": (17, ("train", "seed")),
+    "--range": (6, ("sync", "range")),
+    "--aggregation": ("sum", ("sync", "push_scale")),
+    "--lbfgs-history": (7, ("optimizer", "history")),
+    "--checkpoint-every": (33.0, ("fault", "checkpoint_every_s")),
+}
+
+
+def configured(args: list[str], tmp_path: Path) -> RunConfig:
+    # digits: resolving the configuration looks for the data set, and digits needs no files.
+    options = LAUNCH.make_context("psctl launch", ["--dataset", "digits", "--no-config", *args])
+    return launch_config(options.params, tmp_path / "experiments.db")
+
+
+@pytest.mark.parametrize("flag", sorted(FLAGS))
+def test_a_launch_flag_sets_its_own_setting_and_no_other(flag: str, tmp_path: Path) -> None:
+    value, (section, field) = FLAGS[flag]
+    default = configured([], tmp_path)
+    config = configured([flag, str(value)], tmp_path)
+    assert getattr(getattr(config, section), field) == value
+    # Nothing else moved: the configuration is the default one with this setting changed.
+    changed = default.model_copy(update={section: getattr(default, section).model_copy(
+        update={field: value})})
+    assert config == changed
+
+
+def test_every_flag_at_once_keeps_each_value_apart(tmp_path: Path) -> None:
+    config = configured([word for flag, (value, _) in FLAGS.items() for word in (flag, str(value))],
+                        tmp_path)
+    got = {flag: getattr(getattr(config, section), field)
+           for flag, (_, (section, field)) in FLAGS.items()}
+    assert got == {flag: value for flag, (value, _) in FLAGS.items()}
+
+
+def test_switches_repeats_and_sugar(tmp_path: Path) -> None:
+    config = configured(["--no-pipeline", "--fault", "kill:worker:1@5", "--fault", "drop:1%",
+                         "--name", "r1", "--data-dir", str(tmp_path)], tmp_path)
+    assert config.train.pipeline is False and config.name == "r1"
+    assert config.fault.inject == ("kill:worker:1@5", "drop:1%")
+    simulated = configured(["--backend", "sim", "--compute-ms", "5"], tmp_path).sim
+    assert (simulated.compute, simulated.compute_ms) == ("given", 5.0)  # --compute-ms: both
+
+
+def test_every_launch_option_is_a_setting_or_one_of_the_few_others() -> None:
+    params = {param.name for param in LAUNCH.params}
+    settings = {option.param for option in setting_options()}
+    assert params - settings == {"history", "straggler", "jitter", "lr_schedule", "config",
+                                 "no_config", "db", "live", "ui", "repeat"}
+    assert len(settings) == len(setting_options())  # no two settings share a flag
+    assert settings <= params
+
+
+def test_each_setting_option_overrides_its_own_setting() -> None:
+    for option in setting_options():
+        given = {option.param: ["x"] if option.many else "x"}
+        changed = {key: value for key, value in launch_overrides(given).items()
+                   if value is not None}
+        implied = {"sim.compute": "given"} if option.flag == "--compute-ms" else {}
+        assert changed == {option.setting: ("x",) if option.many else "x"} | implied, option
+
+
+def test_the_help_is_grouped_by_section_with_the_policies_listed() -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["launch", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(result.output.split())
+    sections = [line for line in result.output.splitlines() if line.endswith(" options:")]
+    assert sections[0] == "Cluster options:" and sections[-1] == "Run options:"
+    assert "Sync options:" in sections and "Optimizer options:" in sections
+    assert "consistency model: bsp, asp, ssp, bounded-delay, dssp or elastic [bsp]" in text
+    assert "server learning rate [the optimizer's own: sgd 0.1, adagrad 0.005" in text
+    assert "worker loop: auto, plain, layered" in text
