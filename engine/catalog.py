@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine import plugins
 from engine.backends import BACKENDS
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.policies.aggregation import AGGREGATION_RULES
@@ -20,6 +21,8 @@ NAMED: dict[str, Registry[Any]] = {
     "sync.push_scale": AGGREGATION_RULES, "optimizer.name": SERVER_OPTIMIZERS,
     "learning.schedule": SCHEDULES, "learning.rule": STALENESS_RULES,
     "train.loop": WORKER_LOOPS}
+# Policies from outside psctl register themselves now, before anything lists or checks one.
+plugins.load()
 # Names a setting takes that are no policy: ``train.loop auto`` picks the loop the run needs.
 EXTRA_NAMES: dict[str, tuple[str, ...]] = {"train.loop": ("auto",)}
 

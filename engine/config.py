@@ -34,7 +34,7 @@ _LONGEST_S = 1e7
 _SEED_MAX = 2**63 - 1
 
 
-def _flag(name: str) -> dict[str, JsonValue]:
+def flag(name: str) -> dict[str, JsonValue]:
     """Field metadata: the setting's psctl launch flag (``--no-NAME`` too for a switch); its
     help is the field's description, where ``{choices}`` lists the policies the setting names
     and ``{implied}`` the value each policy implies (psctl/launch_options.py)."""
@@ -47,16 +47,24 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+class _NamesPolicies(_Frozen):
+    """A section with a setting that names a policy: a policy with settings of its own keeps
+    them in a table named after it ([sync.NAME]); engine.plan checks every such table against
+    the policy's registered settings and refuses any other key."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+
+
 # A server's ranges start at its own positions on the replica ring (one per virtual node).
 MAX_RANGES_PER_SERVER = 64
 
 
-class ClusterConfig(_Frozen):
-    backend: str = Field("local", json_schema_extra=_flag("--backend"), description=(
+class ClusterConfig(_NamesPolicies):
+    backend: str = Field("local", json_schema_extra=flag("--backend"), description=(
         "where the roles run: {choices}"))
-    workers: int = Field(4, ge=1, le=256, json_schema_extra=_flag("--workers"), description=(
+    workers: int = Field(4, ge=1, le=256, json_schema_extra=flag("--workers"), description=(
         "worker processes [4]"))
-    servers: int = Field(2, ge=1, le=64, json_schema_extra=_flag("--servers"), description=(
+    servers: int = Field(2, ge=1, le=64, json_schema_extra=flag("--servers"), description=(
         "shard server processes [2]"))
     host: str = Field("127.0.0.1", description="address every process binds and connects on")
     connect_timeout_s: float = Field(60.0, gt=0, le=_LONGEST_S,
@@ -65,7 +73,7 @@ class ClusterConfig(_Frozen):
                                      description="longest wait for one push or pull")
     max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
     transport: Literal["tcp", "websocket"] = Field("tcp",
-        json_schema_extra=_flag("--transport"), description=(
+        json_schema_extra=flag("--transport"), description=(
         "how workers reach the shard servers: tcp (psctl's own framing, one copy per hop) or "
         "websocket [tcp]"))
     max_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
@@ -80,10 +88,10 @@ class ClusterConfig(_Frozen):
         "at a server for a clock; a connection's first 16 are never refused for it"))
     max_server_pending_pulls: int = Field(8192, ge=1, le=2**22, description=(
         "pulls all senders together may have waiting at one server process for a clock"))
-    replicas: int = Field(0, ge=0, le=8, json_schema_extra=_flag("--replicas"), description=(
+    replicas: int = Field(0, ge=0, le=8, json_schema_extra=flag("--replicas"), description=(
         "backup copies of every key range on other servers (chain replication): a dead server's "
         "keys fail over to the next copy [0]"))
-    template: bool = Field(True, json_schema_extra=_flag("--template"), description=(
+    template: bool = Field(True, json_schema_extra=flag("--template"), description=(
         "fork the roles from one warm process that imported torch once (local backend, Linux) "
         "[--template]; --no-template: each role starts a fresh Python"))
 
@@ -96,7 +104,7 @@ class ClusterConfig(_Frozen):
         "with replicas: a server whose event loop has not turned for this long, or whose "
         "process works but has sent no heartbeat for this long, is taken for hung and killed"))
     key_ranges: int | None = Field(None, ge=1, le=4096,
-        json_schema_extra=_flag("--key-ranges"), description=(
+        json_schema_extra=flag("--key-ranges"), description=(
         "cut the keys into this many ranges, spread over the servers (one per server by default); "
         "a server joining the running job (psctl scale --servers) takes whole ranges"))
 
@@ -134,24 +142,24 @@ class HistorySeed(_Frozen):
         return self
 
 
-class SyncConfig(_Frozen):
-    model: str = Field("bsp", json_schema_extra=_flag("--sync"), description=(
+class SyncConfig(_NamesPolicies):
+    model: str = Field("bsp", json_schema_extra=flag("--sync"), description=(
         "consistency model: {choices}"))
-    staleness: int = Field(3, ge=0, le=10_000, json_schema_extra=_flag("--staleness"), description=(
+    staleness: int = Field(3, ge=0, le=10_000, json_schema_extra=flag("--staleness"), description=(
         "ssp, dssp: clocks the fastest worker may lead the slowest [3]"))
-    range: int = Field(4, ge=0, le=10_000, json_schema_extra=_flag("--range"), description=(
+    range: int = Field(4, ge=0, le=10_000, json_schema_extra=flag("--range"), description=(
         "dssp: extra clocks the servers may allow at run time [4]"))
-    delay: int = Field(2, ge=0, le=10_000, json_schema_extra=_flag("--delay"), description=(
+    delay: int = Field(2, ge=0, le=10_000, json_schema_extra=flag("--delay"), description=(
         "bounded-delay: own iterations a worker may run ahead of its finished ones [2]"))
     lookahead: int = Field(15, ge=1, le=10_000,
-        json_schema_extra=_flag("--lookahead"), description=(
+        json_schema_extra=flag("--lookahead"), description=(
         "elastic: R, future iterations predicted per worker [15]"))
     predictor: Literal["last", "ewma"] = Field("ewma",
-        json_schema_extra=_flag("--predictor"), description=(
+        json_schema_extra=flag("--predictor"), description=(
         "elastic: last (the paper's) or ewma (robust recent average) [ewma]"))
     history: HistorySeed | None = Field(
         None, description="elastic: timings of a previous run that replace the monitoring phase")
-    push_scale: str = Field("mean", json_schema_extra=_flag("--aggregation"), description=(
+    push_scale: str = Field("mean", json_schema_extra=flag("--aggregation"), description=(
         "how pushes combine, per key: {choices}"))
 
 
@@ -178,33 +186,33 @@ class HeterogeneityConfig(_Frozen):
 
 
 class DataConfig(_Frozen):
-    dataset: str = Field("mnist", json_schema_extra=_flag("--dataset"), description=(
+    dataset: str = Field("mnist", json_schema_extra=flag("--dataset"), description=(
         "mnist, fashion-mnist, digits (bundled, offline), path/to/file.py:load (a function "
         "returning train_x, train_y, test_x, test_y) or libsvm:PATH [mnist]"))
-    data_dir: str | None = Field(None, json_schema_extra=_flag("--data-dir"), description=(
+    data_dir: str | None = Field(None, json_schema_extra=flag("--data-dir"), description=(
         "folder with the data set's IDX files [env: PSCTL_DATA_DIR]"))
     train_limit: int | None = Field(None, ge=1,
-        json_schema_extra=_flag("--train-limit"), description=(
+        json_schema_extra=flag("--train-limit"), description=(
         "use only the first N training samples"))
 
 
 
 class ModelConfig(_Frozen):
-    name: str = Field("mlp", json_schema_extra=_flag("--model"), description=(
+    name: str = Field("mlp", json_schema_extra=flag("--model"), description=(
         "mlp, cnn (LeNet), logreg, or path/to/file.py:build (a function build(input_shape, "
         "num_classes) returning a torch.nn.Module) [mlp]"))
     hidden: tuple[int, ...] = Field((512, 512, 512), description="hidden layer widths of the MLP")
 
 
 
-class OptimizerConfig(_Frozen):
-    name: str = Field("sgd", json_schema_extra=_flag("--optimizer"), description=(
+class OptimizerConfig(_NamesPolicies):
+    name: str = Field("sgd", json_schema_extra=flag("--optimizer"), description=(
         "server optimizer: {choices}"))
     # Filled in from the optimizer's own default when not given (engine.plan asks its
     # registry), so the stored config always says which rate the run used.
-    lr: float = Field(0.1, gt=0, json_schema_extra=_flag("--lr"), description=(
+    lr: float = Field(0.1, gt=0, json_schema_extra=flag("--lr"), description=(
         "server learning rate [the optimizer's own: {implied}]"))
-    momentum: float = Field(0.9, ge=0, lt=1, json_schema_extra=_flag("--momentum"), description=(
+    momentum: float = Field(0.9, ge=0, lt=1, json_schema_extra=flag("--momentum"), description=(
         "server SGD momentum [0.9]"))
     nesterov: bool = Field(False, description="sgd: Nesterov momentum")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient")
@@ -214,18 +222,18 @@ class OptimizerConfig(_Frozen):
         "rmsprop: decay rate of the running mean of the squared gradient"))
     eps: float | None = Field(None, gt=0, le=1, description=(
         "added to the denominator [adagrad 1e-10, adam and rmsprop 1e-8, as torch.optim]"))
-    l1: float = Field(0.0, ge=0, json_schema_extra=_flag("--l1"), description=(
+    l1: float = Field(0.0, ge=0, json_schema_extra=flag("--l1"), description=(
         "L1 penalty applied by the servers as a proximal (soft-threshold) step; sgd with "
         "--momentum 0, or adagrad [0: off]"))
     clip_norm: float | None = Field(None, gt=0,
-        json_schema_extra=_flag("--clip-norm"), description=(
+        json_schema_extra=flag("--clip-norm"), description=(
         "servers scale each pushed gradient down to this L2 norm (per shard) [off]"))
-    history: int = Field(10, ge=1, le=20, json_schema_extra=_flag("--lbfgs-history"), description=(
+    history: int = Field(10, ge=1, le=20, json_schema_extra=flag("--lbfgs-history"), description=(
         "--optimizer lbfgs: correction pairs kept (L-BFGS's m) [10]"))
     portions: int | None = Field(None, ge=1, le=65536,
-        json_schema_extra=_flag("--portions"), description=(
+        json_schema_extra=flag("--portions"), description=(
         "--optimizer lbfgs: data portions per pass over the training set [8 per worker]"))
-    backups: bool = Field(True, json_schema_extra=_flag("--backups"), description=(
+    backups: bool = Field(True, json_schema_extra=flag("--backups"), description=(
         "--optimizer lbfgs: idle workers take copies of the portions that have run longest; the "
         "first to finish counts [on]"))
 
@@ -238,17 +246,17 @@ class OptimizerConfig(_Frozen):
 
 
 
-class LearningConfig(_Frozen):
+class LearningConfig(_NamesPolicies):
     """How large each update's step is on the servers (engine.server.learning, docs/learning.md):
     a schedule over the shard's update count, and a staleness-aware rule for pushes applied on
     arrival. Both multiply the optimizer's learning rate."""
 
     schedule: str = Field("constant", description="learning-rate schedule: constant, step, cosine")
     unit: Literal["updates", "epochs"] = Field("updates",
-        json_schema_extra=_flag("--lr-unit"), description=(
+        json_schema_extra=flag("--lr-unit"), description=(
         "what --lr-schedule's and --lr-warmup's numbers count: updates (of each shard) or epochs "
         "(by the clock of each push) [updates]"))
-    warmup: int = Field(0, ge=0, le=10**9, json_schema_extra=_flag("--lr-warmup"), description=(
+    warmup: int = Field(0, ge=0, le=10**9, json_schema_extra=flag("--lr-warmup"), description=(
         "updates (or epochs) of linear warm-up before the schedule [0]"))
     step_every: int | None = Field(None, ge=1, le=10**9,
                                    description="step: updates (or epochs) between decays")
@@ -256,47 +264,47 @@ class LearningConfig(_Frozen):
     total: int | None = Field(None, ge=1, le=10**9,
                               description="cosine: updates (or epochs) to anneal over")
     floor: float = Field(0.0, ge=0, lt=1, description="cosine: the final factor")
-    rule: str = Field("none", json_schema_extra=_flag("--lr-rule"), description=(
+    rule: str = Field("none", json_schema_extra=flag("--lr-rule"), description=(
         "staleness-aware rule for pushes applied on arrival: {choices}"))
     global_lr: float | None = Field(None, gt=0, le=1,
-        json_schema_extra=_flag("--global-lr"), description=(
+        json_schema_extra=flag("--global-lr"), description=(
         "every --lr-rule but none: the global rate each push is multiplied by [1/workers]"))
     window: int | None = Field(None, ge=1, le=100_000, description=(
         "dynssgc: pushes over which the maximum staleness is taken [2 × workers]"))
 
 
-class TrainConfig(_Frozen):
-    epochs: int = Field(10, ge=1, json_schema_extra=_flag("--epochs"), description=(
+class TrainConfig(_NamesPolicies):
+    epochs: int = Field(10, ge=1, json_schema_extra=flag("--epochs"), description=(
         "passes over the training set [10]"))
     batch_size: int = Field(64, ge=1, le=65536,
-        json_schema_extra=_flag("--batch-size"), description=(
+        json_schema_extra=flag("--batch-size"), description=(
         "samples per worker iteration [64]"))
-    seed: int = Field(0, ge=0, le=_SEED_MAX, json_schema_extra=_flag("--seed"), description=(
+    seed: int = Field(0, ge=0, le=_SEED_MAX, json_schema_extra=flag("--seed"), description=(
         "seed for initialisation and shuffling [0]"))
-    overlap: bool = Field(False, json_schema_extra=_flag("--overlap"), description=(
+    overlap: bool = Field(False, json_schema_extra=flag("--overlap"), description=(
         "asp: prefetch the next pull during compute"))
-    pipeline: bool = Field(True, json_schema_extra=_flag("--pipeline"), description=(
+    pipeline: bool = Field(True, json_schema_extra=flag("--pipeline"), description=(
         "send the next pull right behind each push, not after its ack; the model still decides "
         "when it is answered [on]"))
-    layer_pulls: bool = Field(False, json_schema_extra=_flag("--layer-pulls"), description=(
+    layer_pulls: bool = Field(False, json_schema_extra=flag("--layer-pulls"), description=(
         "--loop wait-free: send each layer's next pull from inside backward, right behind its push"
         " [off]"))
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$",
-        json_schema_extra=_flag("--device"), description=(
+        json_schema_extra=flag("--device"), description=(
         "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda[:N] "
         "[auto]"))
-    loop: str = Field("auto", json_schema_extra=_flag("--loop"), description=(
+    loop: str = Field("auto", json_schema_extra=flag("--loop"), description=(
         "worker loop: {choices}; auto picks overlapped, downpour, delayed or plain as the other "
         "options need"))
     fetch_every: int = Field(1, ge=1, le=10_000,
-        json_schema_extra=_flag("--fetch-every"), description=(
+        json_schema_extra=flag("--fetch-every"), description=(
         "asp (Downpour): pull fresh values every N iterations [1]"))
     push_every: int = Field(1, ge=1, le=10_000,
-        json_schema_extra=_flag("--push-every"), description=(
+        json_schema_extra=flag("--push-every"), description=(
         "asp (Downpour): push the sum of N gradients at once [1]"))
     warm_start: int = Field(0, ge=0, le=10**9,
-        json_schema_extra=_flag("--warm-start"), description=(
+        json_schema_extra=flag("--warm-start"), description=(
         "asp (Downpour): worker 0 trains alone for its first N iterations [0]"))
 
     @property
@@ -309,39 +317,39 @@ class TrainConfig(_Frozen):
 class CommConfig(_Frozen):
     """What a worker's pushes carry (engine.worker.filters, docs/communication.md)."""
 
-    prune: str = Field("none", json_schema_extra=_flag("--prune"), description=(
+    prune: str = Field("none", json_schema_extra=flag("--prune"), description=(
         "push filter per layer: none, topk:P% (e.g. topk:1%), sigma:K (|g| > K standard "
         "deviations) or dynamic (seed 002); pruned pushes travel as sparse frames [none]"))
-    error_feedback: bool = Field(True, json_schema_extra=_flag("--error-feedback"), description=(
+    error_feedback: bool = Field(True, json_schema_extra=flag("--error-feedback"), description=(
         "add what --prune did not send to the next gradient [on]"))
-    kkt_filter: bool = Field(True, json_schema_extra=_flag("--kkt-filter"), description=(
+    kkt_filter: bool = Field(True, json_schema_extra=flag("--kkt-filter"), description=(
         "sparse logistic regression with --l1: skip pushing keys the proximal step would keep at 0"
         " [on]"))
     momentum_correction: float = Field(0.0, ge=0, lt=1,
-        json_schema_extra=_flag("--momentum-correction"), description=(
+        json_schema_extra=flag("--momentum-correction"), description=(
         "with --prune: Deep Gradient Compression's momentum correction on the worker, with this "
         "momentum (use --momentum 0 on the servers) [0: off]"))
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32",
-        json_schema_extra=_flag("--wire-dtype"), description=(
+        json_schema_extra=flag("--wire-dtype"), description=(
         "workers' values on the wire: float32, float16 or bfloat16 (servers keep and accumulate "
         "float32) [float32]"))
-    pull_filter: str = Field("none", json_schema_extra=_flag("--pull-filter"), description=(
+    pull_filter: str = Field("none", json_schema_extra=flag("--pull-filter"), description=(
         "servers answer a worker's pull with only the values that moved by more than DELTA since "
         "it last got them: none or significant:DELTA [none]"))
     refresh_every: int = Field(100, ge=1, le=10**6,
-        json_schema_extra=_flag("--refresh-every"), description=(
+        json_schema_extra=flag("--refresh-every"), description=(
         "with --pull-filter: every Nth pull of a worker is answered whole [100]"))
     schedule: Literal["none", "fifo", "filo", "stalest-first"] = Field("none",
-        json_schema_extra=_flag("--schedule"), description=(
+        json_schema_extra=flag("--schedule"), description=(
         "pull and push layer by layer through a request pool in this order: fifo, filo or "
         "stalest-first (seed 002) [none]"))
-    pool_size: int = Field(1, ge=1, le=1024, json_schema_extra=_flag("--pool-size"), description=(
+    pool_size: int = Field(1, ge=1, le=1024, json_schema_extra=flag("--pool-size"), description=(
         "with --schedule: requests in flight at once [1]"))
     range_size: int | None = Field(None, ge=1, le=2**31,
-        json_schema_extra=_flag("--range-size"), description=(
+        json_schema_extra=flag("--range-size"), description=(
         "split every push and pull into pipelined frames of at most KEYS keys [off]"))
     compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none",
-        json_schema_extra=_flag("--compress"), description=(
+        json_schema_extra=flag("--compress"), description=(
         "compress sparse frames (key lists) with none, lz4, zstd or snappy, where it shrinks them "
         "[none]"))
 
@@ -355,16 +363,16 @@ class CommConfig(_Frozen):
 
 class StopConfig(_Frozen):
     target_accuracy: float | None = Field(None, gt=0, le=1,
-        json_schema_extra=_flag("--target-accuracy"), description=(
+        json_schema_extra=flag("--target-accuracy"), description=(
         "stop once the test accuracy reaches A (0-1)"))
     max_seconds: float | None = Field(None, gt=0, le=_LONGEST_S,
-        json_schema_extra=_flag("--max-seconds"), description=(
+        json_schema_extra=flag("--max-seconds"), description=(
         "stop after S seconds"))
 
 
 class EvalConfig(_Frozen):
     interval_s: float = Field(10.0, gt=0, le=_LONGEST_S,
-        json_schema_extra=_flag("--eval-interval"), description=(
+        json_schema_extra=flag("--eval-interval"), description=(
         "evaluate at least every S seconds [10]"))
 
 
@@ -372,20 +380,20 @@ class SimConfig(_Frozen):
     """How the simulated cluster (``cluster.backend = "sim"``) turns work into virtual time."""
 
     compute: Literal["measured", "given"] = Field("measured",
-        json_schema_extra=_flag("--compute"), description=(
+        json_schema_extra=flag("--compute"), description=(
         "sim: a worker's compute time per batch, measured (timed once on this machine, cached) or "
         "given by --compute-ms [measured]"))
     compute_ms: float | None = Field(None, gt=0, le=_LONGEST_S,
-        json_schema_extra=_flag("--compute-ms"), description=(
+        json_schema_extra=flag("--compute-ms"), description=(
         "sim: milliseconds of compute per batch (implies --compute given)"))
-    network: str = Field("10gbit:50us", json_schema_extra=_flag("--network"), description=(
+    network: str = Field("10gbit:50us", json_schema_extra=flag("--network"), description=(
         "sim: BANDWIDTH:LATENCY of each server's link, e.g. 10gbit:50us [10gbit:50us]"))
     server_network: str | None = Field(None,
-        json_schema_extra=_flag("--server-network"), description=(
+        json_schema_extra=flag("--server-network"), description=(
         "sim: BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
         "[--network]"))
     server_ms: float | None = Field(None, ge=0, le=_LONGEST_S,
-        json_schema_extra=_flag("--server-ms"), description=(
+        json_schema_extra=flag("--server-ms"), description=(
         "sim: milliseconds a server takes to apply a dense update of the whole model [measured]"))
 
     @model_validator(mode="after")
@@ -402,15 +410,15 @@ class FaultConfig(_Frozen):
     """Checkpoints, restarts and injected faults (``docs/fault-tolerance.md``)."""
 
     checkpoint_every_s: float | None = Field(None, gt=0, le=_LONGEST_S,
-        json_schema_extra=_flag("--checkpoint-every"), description=(
+        json_schema_extra=flag("--checkpoint-every"), description=(
         "every S seconds (and at the end) each shard saves its values, optimizer state and clocks "
         "to the run's folder, for psctl resume"))
     max_restarts: int = Field(3, ge=0, le=1000,
-        json_schema_extra=_flag("--max-restarts"), description=(
+        json_schema_extra=flag("--max-restarts"), description=(
         "times a worker (or, with replicas, a server) killed by a signal is restarted: a worker "
         "rejoins at its clock, a server takes its copies back [3]"))
     inject: tuple[str, ...] = Field((), max_length=64,
-        json_schema_extra=_flag("--fault"), description=(
+        json_schema_extra=flag("--fault"), description=(
         "inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
         "kill:evaluator:0@SECONDS (after training started), drop:PERCENT% or delay:MSms on the "
         "workers' data plane"))
@@ -426,22 +434,22 @@ _RAY_ADDRESS = re.compile(r"^(auto|[A-Za-z0-9._-]+:[0-9]{1,5})$")
 class RayConfig(_Frozen):
     """Where a run on ``cluster.backend = "ray"`` places its roles (``docs/cluster.md``)."""
 
-    address: str = Field("auto", json_schema_extra=_flag("--ray-address"), description=(
+    address: str = Field("auto", json_schema_extra=flag("--ray-address"), description=(
         "ray: the cluster's head, HOST:PORT, or auto: RAY_ADDRESS, else the cluster `ray start` "
         "began on this machine [auto]"))
     worker_cpus: float = Field(1.0, gt=0, le=1024,
-        json_schema_extra=_flag("--worker-cpus"), description=(
+        json_schema_extra=flag("--worker-cpus"), description=(
         "ray: CPUs each worker actor holds [1]"))
     worker_gpus: float = Field(0.0, ge=0, le=64,
-        json_schema_extra=_flag("--worker-gpus"), description=(
+        json_schema_extra=flag("--worker-gpus"), description=(
         "ray: GPUs each worker actor holds [0]"))
     server_cpus: float = Field(1.0, gt=0, le=1024,
-        json_schema_extra=_flag("--server-cpus"), description=(
+        json_schema_extra=flag("--server-cpus"), description=(
         "ray: CPUs each server actor holds [1]"))
     evaluator_cpus: float = Field(0.0, ge=0, le=1024, description=(
         "CPUs the evaluator holds (it evaluates every eval.interval_s; 0 fits it anywhere)"))
     placement: Literal["pack", "spread", "strict-pack", "strict-spread"] = Field("spread",
-        json_schema_extra=_flag("--placement"), description=(
+        json_schema_extra=flag("--placement"), description=(
         "ray: how the workers are placed: spread, pack, strict-spread or strict-pack (servers "
         "always spread) [spread]"))
     start_timeout_s: float = Field(60.0, gt=0, le=_LONGEST_S, description=(
@@ -460,7 +468,7 @@ class RayConfig(_Frozen):
 
 
 class RunConfig(_Frozen):
-    name: str | None = Field(None, json_schema_extra=_flag("--name"), description=(
+    name: str | None = Field(None, json_schema_extra=flag("--name"), description=(
         "a name for the run"))
     cluster: ClusterConfig = ClusterConfig()
     sync: SyncConfig = SyncConfig()
@@ -561,8 +569,9 @@ def check_nesting(value: Any, where: str) -> None:
             stack.extend((child, depth + 1) for child in item)
 
 
-def describe(exc: ValidationError) -> str:
-    # One line, naming each setting and the value given, so the CLI can print it as it is.
+def describe(exc: ValidationError, within: tuple[str, ...] = ()) -> str:
+    """One line, naming each setting (under ``within``, the table that was validated) and the
+    value given, so the CLI can print it as it is."""
     problems = []
     for error in exc.errors():
         # Our own validators' messages already quote the offending values.
@@ -570,7 +579,7 @@ def describe(exc: ValidationError) -> str:
         message = error["msg"].removeprefix("Value error, ")
         if not (ours or error["type"] == "missing"):
             message += f" (got {_clipped(error['input'])})"
-        where = ".".join(str(part) for part in error["loc"])
+        where = ".".join([*within, *(str(part) for part in error["loc"])])
         problems.append(f"{where}: {message}" if where else message)
     return "invalid configuration: " + "; ".join(problems)
 

@@ -23,9 +23,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine.backends import BACKENDS
 from engine.catalog import NAMED, names
-from engine.config import RunConfig, merge, validate
+from engine.config import RunConfig, describe, merge, validate
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.datasets.sources import check_source
 from engine.datasets.sparse import is_sparse_synthetic
@@ -55,7 +57,7 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     ConfigError saying what to change when it cannot run."""
     config = validate(_implied(values))
     _check_names(config)
-    config = _canonical(config)
+    config = _canonical(_own_settings(config))
     problems = _broken_rules(config)
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
@@ -104,6 +106,41 @@ def _check_names(config: RunConfig) -> None:
                             f"(known: {', '.join(names(dotted))})")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def _own_settings(config: RunConfig) -> RunConfig:
+    """Each policy's own settings table checked by its settings model and stored whole (the
+    chosen policy's defaults written out); any other key a section does not know is refused."""
+    values = config.to_json_dict()
+    problems: list[str] = []
+    for section in sorted({dotted.split(".")[0] for dotted in NAMED}):
+        model = getattr(config, section)
+        tables = dict(model.model_extra or {})
+        owners = {entry.name: entry.settings for dotted, registry in NAMED.items()
+                  if dotted.startswith(section + ".") for entry in registry
+                  if entry.settings is not None}
+        for dotted in (d for d in NAMED if d.startswith(section + ".")):
+            chosen = _get(values, dotted)
+            if chosen in owners:
+                tables.setdefault(chosen, {})
+        for name, table in tables.items():
+            settings = owners.get(name)
+            if settings is None:
+                problems.append(f"{section}.{name}: no such setting, nor a policy with "
+                                f"settings of its own")
+            elif not isinstance(table, dict):
+                problems.append(f"{section}.{name}: the settings of {name} are a table "
+                                f"([{section}.{name}]), not {table!r}")
+            else:
+                try:
+                    values[section][name] = settings.model_validate(table).model_dump(
+                        mode="json")
+                except ValidationError as exc:
+                    problems.append(describe(exc, (section, name))
+                                    .removeprefix("invalid configuration: "))
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+    return validate(values)
 
 
 def _network(spec: str | None) -> str | None:

@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from engine.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from engine.config import RunConfig
 
 T = TypeVar("T")
+M = TypeVar("M", bound="BaseModel")
 # A policy's rule about the rest of the run: raises ValueError, saying what to change, when the
 # run combines the policy with something it cannot work with; returns when it can.
 Rule = Callable[["RunConfig"], None]
@@ -50,6 +53,10 @@ class Entry(Generic[T]):
     # Settings (dotted) the policy implies unless the run gives them: L-BFGS applies pushes as
     # they come, summed. A run that gives another value is then refused by ``requires``.
     implies: Mapping[str, object] = field(default_factory=dict)
+    # The policy's own settings (a frozen pydantic model): a table named after the policy in
+    # the section of the setting that names it ([sync.NAME]), each field with a flag
+    # (engine.config.flag) a psctl launch option. None: it has none of its own.
+    settings: type[BaseModel] | None = None
 
 
 class Registry(Generic[T]):
@@ -62,11 +69,20 @@ class Registry(Generic[T]):
     def register(self, name: str, value: T | Lazy, summary: str, *,
                  capabilities: frozenset[str] = frozenset(),
                  requires: tuple[Rule, ...] = (),
-                 implies: Mapping[str, object] | None = None) -> None:
+                 implies: Mapping[str, object] | None = None,
+                 settings: type[BaseModel] | None = None) -> None:
         if name in self._entries:
             raise ConfigError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = Entry(name, value, summary, frozenset(capabilities),
-                                    tuple(requires), dict(implies or {}))
+                                    tuple(requires), dict(implies or {}), settings)
+
+    def settings_of(self, name: str, section: BaseModel, model: type[M]) -> M:
+        """Policy ``name``'s own settings (registered as ``model``), read from its table in
+        ``section``, the config section that names it (engine.plan checked the table when it
+        composed the run)."""
+        if self.entry(name).settings is not model:
+            raise ConfigError(f"{self.kind} {name!r} has no settings {model.__name__}")
+        return model.model_validate((section.model_extra or {}).get(name, {}))
 
     def implied(self, name: str) -> Mapping[str, object]:
         """The settings policy ``name`` implies (an empty mapping for an unknown name)."""

@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 
 from engine.catalog import NAMED, implied, names
 from engine.config import RunConfig
+from engine.errors import ConfigError
 from psctl.cliutil import DbOption
 
 RUN_PANEL = "run"
@@ -79,16 +80,31 @@ def _help(setting: str, info: FieldInfo) -> str:
         for name, value in implied(setting)))
 
 
+def _policy_fields() -> list[tuple[str, FieldInfo]]:
+    """The policies' own settings, each in its table: ``sync.NAME.FIELD``."""
+    found = []
+    for dotted, registry in NAMED.items():
+        section = dotted.split(".")[0]
+        for entry in registry:
+            if entry.settings is not None:
+                found += _fields(entry.settings, f"{section}.{entry.name}.")
+    return found
+
+
 def setting_options() -> tuple[SettingOption, ...]:
-    """Every setting's option, in the config's order."""
-    options = []
-    for setting, info in _fields(RunConfig, ""):
+    """Every setting's option, in the config's order, then the policies' own."""
+    options: dict[str, SettingOption] = {}
+    for setting, info in [*_fields(RunConfig, ""), *_policy_fields()]:
         extra = info.json_schema_extra
         if isinstance(extra, dict) and isinstance(extra.get("flag"), str):
             kind, many = _kind(info.annotation)
-            options.append(SettingOption(setting, str(extra["flag"]), kind, many,
-                                         _help(setting, info)))
-    return tuple(options)
+            option = SettingOption(setting, str(extra["flag"]), kind, many,
+                                   _help(setting, info))
+            if option.flag in options:
+                raise ConfigError(f"{option.flag} is the flag of both "
+                                  f"{options[option.flag].setting} and {setting}")
+            options[option.flag] = option
+    return tuple(options.values())
 
 
 def _setting_parameter(option: SettingOption) -> inspect.Parameter:

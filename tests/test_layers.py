@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "engine.recorder", "engine.policies"),
     ("engine.db", "engine.transport"),
     ("engine.wire",),
-    ("engine.aio", "engine.keys", "engine.registry", "engine.userfiles",
+    ("engine.aio", "engine.keys", "engine.registry", "engine.userfiles", "engine.plugins",
      "engine.server.update"),         # a value type: what a policy's Protocol takes
     ("engine.config",),               # the schema: pydantic and engine.errors only
     ("engine.errors", "engine"),

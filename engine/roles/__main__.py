@@ -16,6 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from engine import plugins
 from engine.errors import PsctlError
 from engine.roles import lifecycle
 from engine.roles.lifecycle import join_token, setup_logging
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None, *, die_with_parent: bool = True) -> int:
 
 def _run(args: argparse.Namespace, token: str) -> int:
     from engine.transport.schemes import SchemeTransport
+
+    plugins.load()  # the run's policies from outside psctl, as its launcher saw them
 
     if args.role == "coordinator":
         return _coordinator(args, token)

@@ -85,3 +85,28 @@ def test_a_role_reads_the_composed_run_back_unchanged() -> None:
     assert config.sync.model == "bounded-delay" and config.model.name == "logreg"
     assert RunConfig.model_validate(config.to_json_dict()) == config
     assert parse_config(config.to_json_dict()) == config
+
+
+def test_a_policys_own_settings_live_in_its_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Knobs(BaseModel):
+        model_config = ConfigDict(frozen=True, extra="forbid")
+        knob: int = Field(3, ge=1)
+
+    monkeypatch.setattr(CONSISTENCY_MODELS, "_entries", dict(CONSISTENCY_MODELS._entries))
+    CONSISTENCY_MODELS.register("knobbed", lambda sync, workers, ranges: ASP(workers), "a toy",
+                                settings=Knobs)
+    chosen = build_config({}, {"sync.model": "knobbed"})
+    assert chosen.to_json_dict()["sync"]["knobbed"] == {"knob": 3}  # its defaults, written out
+    assert CONSISTENCY_MODELS.settings_of("knobbed", chosen.sync, Knobs).knob == 3
+    given = build_config({"sync": {"model": "knobbed", "knobbed": {"knob": 5}}}, {})
+    assert CONSISTENCY_MODELS.settings_of("knobbed", given.sync, Knobs).knob == 5
+    with pytest.raises(ConfigError, match=r"sync\.knobbed\.knob: Input should be greater than "
+                                          r"or equal to 1 \(got 0\)"):
+        build_config({}, {"sync.model": "knobbed", "sync.knobbed.knob": 0})
+    with pytest.raises(ConfigError, match=r"sync\.knobbed\.kbob: Extra inputs"):
+        build_config({}, {"sync.model": "knobbed", "sync.knobbed.kbob": 1})
+    with pytest.raises(ConfigError, match=r"sync\.stalenes: no such setting"):
+        build_config({"sync": {"stalenes": 3}}, {})
+    assert build_config({"sync": {"knobbed": {"knob": 2}}}, {}).sync.model == "bsp"  # kept
