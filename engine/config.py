@@ -72,10 +72,10 @@ class ClusterConfig(_NamesPolicies):
     request_timeout_s: float = Field(300.0, gt=0, le=_LONGEST_S,
                                      description="longest wait for one push or pull")
     max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
-    transport: Literal["tcp", "websocket"] = Field("tcp",
-        json_schema_extra=flag("--transport"), description=(
-        "how workers reach the shard servers: tcp (psctl's own framing, one copy per hop) or "
-        "websocket [tcp]"))
+    transport: Literal["tcp", "websocket"] = Field(
+        "tcp", json_schema_extra=flag("--transport"), description=(
+            "how workers reach the shard servers: tcp (psctl's own framing, one copy per hop) or "
+            "websocket [tcp]"))
     max_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
         "unread reply bytes one connection may have queued at a server before it is "
         "disconnected as too slow a reader (one reply always goes through)"))
@@ -103,10 +103,11 @@ class ClusterConfig(_NamesPolicies):
     server_stall_s: float = Field(60.0, gt=0, le=_LONGEST_S, description=(
         "with replicas: a server whose event loop has not turned for this long, or whose "
         "process works but has sent no heartbeat for this long, is taken for hung and killed"))
-    key_ranges: int | None = Field(None, ge=1, le=4096,
-        json_schema_extra=flag("--key-ranges"), description=(
-        "cut the keys into this many ranges, spread over the servers (one per server by default); "
-        "a server joining the running job (psctl scale --servers) takes whole ranges"))
+    key_ranges: int | None = Field(
+        None, ge=1, le=4096, json_schema_extra=flag("--key-ranges"), description=(
+            "cut the keys into this many ranges, spread over the servers (one per server by "
+            "default); a server joining the running job (psctl scale --servers) takes whole "
+            "ranges"))
 
     @model_validator(mode="after")
     def _room_for_replicas(self) -> ClusterConfig:
@@ -151,12 +152,12 @@ class SyncConfig(_NamesPolicies):
         "dssp: extra clocks the servers may allow at run time [4]"))
     delay: int = Field(2, ge=0, le=10_000, json_schema_extra=flag("--delay"), description=(
         "bounded-delay: own iterations a worker may run ahead of its finished ones [2]"))
-    lookahead: int = Field(15, ge=1, le=10_000,
-        json_schema_extra=flag("--lookahead"), description=(
-        "elastic: R, future iterations predicted per worker [15]"))
-    predictor: Literal["last", "ewma"] = Field("ewma",
-        json_schema_extra=flag("--predictor"), description=(
-        "elastic: last (the paper's) or ewma (robust recent average) [ewma]"))
+    lookahead: int = Field(
+        15, ge=1, le=10_000, json_schema_extra=flag("--lookahead"), description=(
+            "elastic: R, future iterations predicted per worker [15]"))
+    predictor: Literal["last", "ewma"] = Field(
+        "ewma", json_schema_extra=flag("--predictor"), description=(
+            "elastic: last (the paper's) or ewma (robust recent average) [ewma]"))
     history: HistorySeed | None = Field(
         None, description="elastic: timings of a previous run that replace the monitoring phase")
     push_scale: str = Field("mean", json_schema_extra=flag("--aggregation"), description=(
@@ -191,9 +192,9 @@ class DataConfig(_Frozen):
         "returning train_x, train_y, test_x, test_y) or libsvm:PATH [mnist]"))
     data_dir: str | None = Field(None, json_schema_extra=flag("--data-dir"), description=(
         "folder with the data set's IDX files [env: PSCTL_DATA_DIR]"))
-    train_limit: int | None = Field(None, ge=1,
-        json_schema_extra=flag("--train-limit"), description=(
-        "use only the first N training samples"))
+    train_limit: int | None = Field(
+        None, ge=1, json_schema_extra=flag("--train-limit"), description=(
+            "use only the first N training samples"))
 
 
 
@@ -225,14 +226,14 @@ class OptimizerConfig(_NamesPolicies):
     l1: float = Field(0.0, ge=0, json_schema_extra=flag("--l1"), description=(
         "L1 penalty applied by the servers as a proximal (soft-threshold) step; sgd with "
         "--momentum 0, or adagrad [0: off]"))
-    clip_norm: float | None = Field(None, gt=0,
-        json_schema_extra=flag("--clip-norm"), description=(
-        "servers scale each pushed gradient down to this L2 norm (per shard) [off]"))
+    clip_norm: float | None = Field(
+        None, gt=0, json_schema_extra=flag("--clip-norm"), description=(
+            "servers scale each pushed gradient down to this L2 norm (per shard) [off]"))
     history: int = Field(10, ge=1, le=20, json_schema_extra=flag("--lbfgs-history"), description=(
         "--optimizer lbfgs: correction pairs kept (L-BFGS's m) [10]"))
-    portions: int | None = Field(None, ge=1, le=65536,
-        json_schema_extra=flag("--portions"), description=(
-        "--optimizer lbfgs: data portions per pass over the training set [8 per worker]"))
+    portions: int | None = Field(
+        None, ge=1, le=65536, json_schema_extra=flag("--portions"), description=(
+            "--optimizer lbfgs: data portions per pass over the training set [8 per worker]"))
     backups: bool = Field(True, json_schema_extra=flag("--backups"), description=(
         "--optimizer lbfgs: idle workers take copies of the portions that have run longest; the "
         "first to finish counts [on]"))
@@ -252,10 +253,10 @@ class LearningConfig(_NamesPolicies):
     arrival. Both multiply the optimizer's learning rate."""
 
     schedule: str = Field("constant", description="learning-rate schedule: constant, step, cosine")
-    unit: Literal["updates", "epochs"] = Field("updates",
-        json_schema_extra=flag("--lr-unit"), description=(
-        "what --lr-schedule's and --lr-warmup's numbers count: updates (of each shard) or epochs "
-        "(by the clock of each push) [updates]"))
+    unit: Literal["updates", "epochs"] = Field(
+        "updates", json_schema_extra=flag("--lr-unit"), description=(
+            "what --lr-schedule's and --lr-warmup's numbers count: updates (of each shard) or "
+            "epochs (by the clock of each push) [updates]"))
     warmup: int = Field(0, ge=0, le=10**9, json_schema_extra=flag("--lr-warmup"), description=(
         "updates (or epochs) of linear warm-up before the schedule [0]"))
     step_every: int | None = Field(None, ge=1, le=10**9,
@@ -266,9 +267,9 @@ class LearningConfig(_NamesPolicies):
     floor: float = Field(0.0, ge=0, lt=1, description="cosine: the final factor")
     rule: str = Field("none", json_schema_extra=flag("--lr-rule"), description=(
         "staleness-aware rule for pushes applied on arrival: {choices}"))
-    global_lr: float | None = Field(None, gt=0, le=1,
-        json_schema_extra=flag("--global-lr"), description=(
-        "every --lr-rule but none: the global rate each push is multiplied by [1/workers]"))
+    global_lr: float | None = Field(
+        None, gt=0, le=1, json_schema_extra=flag("--global-lr"), description=(
+            "every --lr-rule but none: the global rate each push is multiplied by [1/workers]"))
     window: int | None = Field(None, ge=1, le=100_000, description=(
         "dynssgc: pushes over which the maximum staleness is taken [2 × workers]"))
 
@@ -276,9 +277,9 @@ class LearningConfig(_NamesPolicies):
 class TrainConfig(_NamesPolicies):
     epochs: int = Field(10, ge=1, json_schema_extra=flag("--epochs"), description=(
         "passes over the training set [10]"))
-    batch_size: int = Field(64, ge=1, le=65536,
-        json_schema_extra=flag("--batch-size"), description=(
-        "samples per worker iteration [64]"))
+    batch_size: int = Field(
+        64, ge=1, le=65536, json_schema_extra=flag("--batch-size"), description=(
+            "samples per worker iteration [64]"))
     seed: int = Field(0, ge=0, le=_SEED_MAX, json_schema_extra=flag("--seed"), description=(
         "seed for initialisation and shuffling [0]"))
     overlap: bool = Field(False, json_schema_extra=flag("--overlap"), description=(
@@ -290,22 +291,23 @@ class TrainConfig(_NamesPolicies):
         "--loop wait-free: send each layer's next pull from inside backward, right behind its push"
         " [off]"))
     torch_threads: int = Field(1, ge=1, le=1024, description="intra-op threads per worker")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$",
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$",
         json_schema_extra=flag("--device"), description=(
-        "where workers and the evaluator compute: auto (a GPU when there is one), cpu or cuda[:N] "
-        "[auto]"))
+            "where workers and the evaluator compute: auto (a GPU when there is one), cpu or "
+            "cuda[:N] [auto]"))
     loop: str = Field("auto", json_schema_extra=flag("--loop"), description=(
         "worker loop: {choices}; auto picks overlapped, downpour, delayed or plain as the other "
         "options need"))
-    fetch_every: int = Field(1, ge=1, le=10_000,
-        json_schema_extra=flag("--fetch-every"), description=(
-        "asp (Downpour): pull fresh values every N iterations [1]"))
-    push_every: int = Field(1, ge=1, le=10_000,
-        json_schema_extra=flag("--push-every"), description=(
-        "asp (Downpour): push the sum of N gradients at once [1]"))
-    warm_start: int = Field(0, ge=0, le=10**9,
-        json_schema_extra=flag("--warm-start"), description=(
-        "asp (Downpour): worker 0 trains alone for its first N iterations [0]"))
+    fetch_every: int = Field(
+        1, ge=1, le=10_000, json_schema_extra=flag("--fetch-every"), description=(
+            "asp (Downpour): pull fresh values every N iterations [1]"))
+    push_every: int = Field(
+        1, ge=1, le=10_000, json_schema_extra=flag("--push-every"), description=(
+            "asp (Downpour): push the sum of N gradients at once [1]"))
+    warm_start: int = Field(
+        0, ge=0, le=10**9, json_schema_extra=flag("--warm-start"), description=(
+            "asp (Downpour): worker 0 trains alone for its first N iterations [0]"))
 
     @property
     def downpour(self) -> bool:
@@ -325,33 +327,33 @@ class CommConfig(_Frozen):
     kkt_filter: bool = Field(True, json_schema_extra=flag("--kkt-filter"), description=(
         "sparse logistic regression with --l1: skip pushing keys the proximal step would keep at 0"
         " [on]"))
-    momentum_correction: float = Field(0.0, ge=0, lt=1,
-        json_schema_extra=flag("--momentum-correction"), description=(
-        "with --prune: Deep Gradient Compression's momentum correction on the worker, with this "
-        "momentum (use --momentum 0 on the servers) [0: off]"))
-    wire_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32",
-        json_schema_extra=flag("--wire-dtype"), description=(
-        "workers' values on the wire: float32, float16 or bfloat16 (servers keep and accumulate "
-        "float32) [float32]"))
+    momentum_correction: float = Field(
+        0.0, ge=0, lt=1, json_schema_extra=flag("--momentum-correction"), description=(
+            "with --prune: Deep Gradient Compression's momentum correction on the worker, with "
+            "this momentum (use --momentum 0 on the servers) [0: off]"))
+    wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", json_schema_extra=flag("--wire-dtype"), description=(
+            "workers' values on the wire: float32, float16 or bfloat16 (servers keep and "
+            "accumulate float32) [float32]"))
     pull_filter: str = Field("none", json_schema_extra=flag("--pull-filter"), description=(
         "servers answer a worker's pull with only the values that moved by more than DELTA since "
         "it last got them: none or significant:DELTA [none]"))
-    refresh_every: int = Field(100, ge=1, le=10**6,
-        json_schema_extra=flag("--refresh-every"), description=(
-        "with --pull-filter: every Nth pull of a worker is answered whole [100]"))
-    schedule: Literal["none", "fifo", "filo", "stalest-first"] = Field("none",
-        json_schema_extra=flag("--schedule"), description=(
-        "pull and push layer by layer through a request pool in this order: fifo, filo or "
-        "stalest-first (seed 002) [none]"))
+    refresh_every: int = Field(
+        100, ge=1, le=10**6, json_schema_extra=flag("--refresh-every"), description=(
+            "with --pull-filter: every Nth pull of a worker is answered whole [100]"))
+    schedule: Literal["none", "fifo", "filo", "stalest-first"] = Field(
+        "none", json_schema_extra=flag("--schedule"), description=(
+            "pull and push layer by layer through a request pool in this order: fifo, filo or "
+            "stalest-first (seed 002) [none]"))
     pool_size: int = Field(1, ge=1, le=1024, json_schema_extra=flag("--pool-size"), description=(
         "with --schedule: requests in flight at once [1]"))
-    range_size: int | None = Field(None, ge=1, le=2**31,
-        json_schema_extra=flag("--range-size"), description=(
-        "split every push and pull into pipelined frames of at most KEYS keys [off]"))
-    compress: Literal["none", "lz4", "zstd", "snappy"] = Field("none",
-        json_schema_extra=flag("--compress"), description=(
-        "compress sparse frames (key lists) with none, lz4, zstd or snappy, where it shrinks them "
-        "[none]"))
+    range_size: int | None = Field(
+        None, ge=1, le=2**31, json_schema_extra=flag("--range-size"), description=(
+            "split every push and pull into pipelined frames of at most KEYS keys [off]"))
+    compress: Literal["none", "lz4", "zstd", "snappy"] = Field(
+        "none", json_schema_extra=flag("--compress"), description=(
+            "compress sparse frames (key lists) with none, lz4, zstd or snappy, where it shrinks "
+            "them [none]"))
 
     @model_validator(mode="after")
     def _consistent(self) -> CommConfig:
@@ -362,39 +364,40 @@ class CommConfig(_Frozen):
 
 
 class StopConfig(_Frozen):
-    target_accuracy: float | None = Field(None, gt=0, le=1,
-        json_schema_extra=flag("--target-accuracy"), description=(
-        "stop once the test accuracy reaches A (0-1)"))
-    max_seconds: float | None = Field(None, gt=0, le=_LONGEST_S,
-        json_schema_extra=flag("--max-seconds"), description=(
-        "stop after S seconds"))
+    target_accuracy: float | None = Field(
+        None, gt=0, le=1, json_schema_extra=flag("--target-accuracy"), description=(
+            "stop once the test accuracy reaches A (0-1)"))
+    max_seconds: float | None = Field(
+        None, gt=0, le=_LONGEST_S, json_schema_extra=flag("--max-seconds"), description=(
+            "stop after S seconds"))
 
 
 class EvalConfig(_Frozen):
-    interval_s: float = Field(10.0, gt=0, le=_LONGEST_S,
-        json_schema_extra=flag("--eval-interval"), description=(
-        "evaluate at least every S seconds [10]"))
+    interval_s: float = Field(
+        10.0, gt=0, le=_LONGEST_S, json_schema_extra=flag("--eval-interval"), description=(
+            "evaluate at least every S seconds [10]"))
 
 
 class SimConfig(_Frozen):
     """How the simulated cluster (``cluster.backend = "sim"``) turns work into virtual time."""
 
-    compute: Literal["measured", "given"] = Field("measured",
-        json_schema_extra=flag("--compute"), description=(
-        "sim: a worker's compute time per batch, measured (timed once on this machine, cached) or "
-        "given by --compute-ms [measured]"))
-    compute_ms: float | None = Field(None, gt=0, le=_LONGEST_S,
-        json_schema_extra=flag("--compute-ms"), description=(
-        "sim: milliseconds of compute per batch (implies --compute given)"))
+    compute: Literal["measured", "given"] = Field(
+        "measured", json_schema_extra=flag("--compute"), description=(
+            "sim: a worker's compute time per batch, measured (timed once on this machine, cached)"
+            " or given by --compute-ms [measured]"))
+    compute_ms: float | None = Field(
+        None, gt=0, le=_LONGEST_S, json_schema_extra=flag("--compute-ms"), description=(
+            "sim: milliseconds of compute per batch (implies --compute given)"))
     network: str = Field("10gbit:50us", json_schema_extra=flag("--network"), description=(
         "sim: BANDWIDTH:LATENCY of each server's link, e.g. 10gbit:50us [10gbit:50us]"))
-    server_network: str | None = Field(None,
-        json_schema_extra=flag("--server-network"), description=(
-        "sim: BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
-        "[--network]"))
-    server_ms: float | None = Field(None, ge=0, le=_LONGEST_S,
-        json_schema_extra=flag("--server-ms"), description=(
-        "sim: milliseconds a server takes to apply a dense update of the whole model [measured]"))
+    server_network: str | None = Field(
+        None, json_schema_extra=flag("--server-network"), description=(
+            "sim: BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
+            "[--network]"))
+    server_ms: float | None = Field(
+        None, ge=0, le=_LONGEST_S, json_schema_extra=flag("--server-ms"), description=(
+            "sim: milliseconds a server takes to apply a dense update of the whole model "
+            "[measured]"))
 
     @model_validator(mode="after")
     def _one_compute(self) -> SimConfig:
@@ -409,19 +412,19 @@ class SimConfig(_Frozen):
 class FaultConfig(_Frozen):
     """Checkpoints, restarts and injected faults (``docs/fault-tolerance.md``)."""
 
-    checkpoint_every_s: float | None = Field(None, gt=0, le=_LONGEST_S,
-        json_schema_extra=flag("--checkpoint-every"), description=(
-        "every S seconds (and at the end) each shard saves its values, optimizer state and clocks "
-        "to the run's folder, for psctl resume"))
-    max_restarts: int = Field(3, ge=0, le=1000,
-        json_schema_extra=flag("--max-restarts"), description=(
-        "times a worker (or, with replicas, a server) killed by a signal is restarted: a worker "
-        "rejoins at its clock, a server takes its copies back [3]"))
-    inject: tuple[str, ...] = Field((), max_length=64,
-        json_schema_extra=flag("--fault"), description=(
-        "inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
-        "kill:evaluator:0@SECONDS (after training started), drop:PERCENT% or delay:MSms on the "
-        "workers' data plane"))
+    checkpoint_every_s: float | None = Field(
+        None, gt=0, le=_LONGEST_S, json_schema_extra=flag("--checkpoint-every"), description=(
+            "every S seconds (and at the end) each shard saves its values, optimizer state and "
+            "clocks to the run's folder, for psctl resume"))
+    max_restarts: int = Field(
+        3, ge=0, le=1000, json_schema_extra=flag("--max-restarts"), description=(
+            "times a worker (or, with replicas, a server) killed by a signal is restarted: a "
+            "worker rejoins at its clock, a server takes its copies back [3]"))
+    inject: tuple[str, ...] = Field(
+        (), max_length=64, json_schema_extra=flag("--fault"), description=(
+            "inject a fault (repeatable): kill:worker:RANK@SECONDS, kill:server:RANK@SECONDS, "
+            "kill:evaluator:0@SECONDS (after training started), drop:PERCENT% or delay:MSms on the"
+            " workers' data plane"))
     resend_after_s: float = Field(0.1, gt=0, le=60, description=(
         "with drop faults, a data-plane request unanswered this long is sent again (by "
         "request id; the servers discard duplicates)"))
@@ -437,21 +440,21 @@ class RayConfig(_Frozen):
     address: str = Field("auto", json_schema_extra=flag("--ray-address"), description=(
         "ray: the cluster's head, HOST:PORT, or auto: RAY_ADDRESS, else the cluster `ray start` "
         "began on this machine [auto]"))
-    worker_cpus: float = Field(1.0, gt=0, le=1024,
-        json_schema_extra=flag("--worker-cpus"), description=(
-        "ray: CPUs each worker actor holds [1]"))
-    worker_gpus: float = Field(0.0, ge=0, le=64,
-        json_schema_extra=flag("--worker-gpus"), description=(
-        "ray: GPUs each worker actor holds [0]"))
-    server_cpus: float = Field(1.0, gt=0, le=1024,
-        json_schema_extra=flag("--server-cpus"), description=(
-        "ray: CPUs each server actor holds [1]"))
+    worker_cpus: float = Field(
+        1.0, gt=0, le=1024, json_schema_extra=flag("--worker-cpus"), description=(
+            "ray: CPUs each worker actor holds [1]"))
+    worker_gpus: float = Field(
+        0.0, ge=0, le=64, json_schema_extra=flag("--worker-gpus"), description=(
+            "ray: GPUs each worker actor holds [0]"))
+    server_cpus: float = Field(
+        1.0, gt=0, le=1024, json_schema_extra=flag("--server-cpus"), description=(
+            "ray: CPUs each server actor holds [1]"))
     evaluator_cpus: float = Field(0.0, ge=0, le=1024, description=(
         "CPUs the evaluator holds (it evaluates every eval.interval_s; 0 fits it anywhere)"))
-    placement: Literal["pack", "spread", "strict-pack", "strict-spread"] = Field("spread",
-        json_schema_extra=flag("--placement"), description=(
-        "ray: how the workers are placed: spread, pack, strict-spread or strict-pack (servers "
-        "always spread) [spread]"))
+    placement: Literal["pack", "spread", "strict-pack", "strict-spread"] = Field(
+        "spread", json_schema_extra=flag("--placement"), description=(
+            "ray: how the workers are placed: spread, pack, strict-spread or strict-pack (servers "
+            "always spread) [spread]"))
     start_timeout_s: float = Field(60.0, gt=0, le=_LONGEST_S, description=(
         "how long the cluster may take to find room for every role before the launch fails"))
 
