@@ -80,7 +80,11 @@ def _simulable(config: RunConfig) -> None:
 
 
 BACKENDS: Registry[Backend] = Registry("backend")
-BACKENDS.register("local", _local, "every role a process on this machine, over websockets")
+# Its roles are processes of this machine: they share its cores (oversubscription is said),
+# its GPUs are the ones --device is checked against, and psctl resume restarts them here.
+THIS_MACHINE = "this-machine"
+BACKENDS.register("local", _local, "every role a process on this machine, over websockets",
+                  capabilities=frozenset({THIS_MACHINE}))
 BACKENDS.register("ray", _ray, "every role a Ray actor, placed across a Ray cluster "
                   "(pip install 'psctl[ray]'; see docs/cluster.md)")
 BACKENDS.register("sim", _sim, "the whole cluster in one process, in virtual time (seed "

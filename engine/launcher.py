@@ -33,6 +33,7 @@ from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
 from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess
 from engine.hosts.local import LocalHosts
 from engine.hosts.template import TemplateHosts, template_available
+from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
 from engine.recorder import Recorder
 from engine.roles.checkpoints import checkpoint_folder
 from engine.roles.exits import signal_name, write_exit_note
@@ -107,7 +108,9 @@ class LaunchResult:
 def default_run_name(config: RunConfig) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # Sandblaster's asp is only how its pushes land: the method is what names the run.
-    method = "lbfgs" if config.optimizer.name == "lbfgs" else config.sync.model
+    method = (config.optimizer.name if SERVER_OPTIMIZERS.can(config.optimizer.name,
+                                                              DRIVES_TRAINING)
+              else config.sync.model)
     return (f"{method}-w{config.cluster.workers}s{config.cluster.servers}-"
             f"{label(config.data.dataset)}-{stamp}")
 

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from engine.analysis.cells import fmt_seconds
-from engine.backends import BACKENDS, RunHandle
+from engine.backends import BACKENDS, THIS_MACHINE, RunHandle
 from engine.config import RunConfig
 from engine.datasets import describe, locate
 from engine.datasets.sources import is_user_source
@@ -48,7 +48,7 @@ def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
         builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
                        spec.num_classes, sparse=spec.sparse)  # a model that cannot take these
         # samples says so now
-    if config.cluster.backend == "local":  # a Ray cluster's GPUs are on its nodes, not here
+    if BACKENDS.can(config.cluster.backend, THIS_MACHINE):  # a cluster's GPUs are on its nodes
         check_device(config.train.device)
     if source not in ("sklearn", "generated") and not is_user_source(config.data.dataset):
         pinned = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
@@ -88,7 +88,7 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
     console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({escape(launcher.name)}) → "
                   f"{escape(str(db))}", highlight=False)
     crowded = (oversubscription(config.cluster.workers, config.cluster.servers, usable_cores())
-               if config.cluster.backend == "local" else None)
+               if BACKENDS.can(config.cluster.backend, THIS_MACHINE) else None)
     if crowded is not None:
         console.print(f"[yellow]warning:[/] {crowded}", highlight=False)
     risky = downpour_momentum_note(config)

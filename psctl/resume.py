@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.backends import BACKENDS, THIS_MACHINE
 from engine.config import RunConfig
 from engine.db.queries import CRASH_AFTER_S, effective_status
 from engine.errors import LaunchError, StoreError
@@ -91,7 +92,7 @@ def with_data_dir(config: RunConfig, data_dir: Path | None) -> RunConfig:
 
 
 def resumed_launcher(config: RunConfig, db: Path, point: ResumePoint) -> Launcher:
-    if config.cluster.backend != "local":
+    if not BACKENDS.can(config.cluster.backend, THIS_MACHINE):
         raise LaunchError(f"psctl resume runs on the local backend; run {point.run_id[:8]} "
                           f"ran on {config.cluster.backend}")
     return Launcher(config, db=db, resume=point)

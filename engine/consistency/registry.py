@@ -26,6 +26,8 @@ HANDOFF = "handoff"
 # Its servers answer every pull at once: a worker may prefetch or compute on an old copy
 # (train.overlap, Downpour's settings) without a clock ever waiting for it.
 ASYNCHRONOUS = "asynchronous"
+# Each worker bounds its own delay (sync.delay iterations in flight); the servers do not wait.
+OWN_DELAY = "own-delay"
 
 
 def _runs_delayed_loop(run: RunConfig) -> None:
@@ -54,7 +56,8 @@ CONSISTENCY_MODELS.register(
 CONSISTENCY_MODELS.register(
     "bounded-delay", Lazy("engine.consistency.base:build_asp"),
     "a worker keeps at most --delay of its own iterations in flight",
-    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}), requires=(_runs_delayed_loop,))
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF, OWN_DELAY}),
+    requires=(_runs_delayed_loop,))
 CONSISTENCY_MODELS.register(
     "dssp", Lazy("engine.consistency.ssp:build_dssp"),
     "dynamic SSP: the bound stretches within [S, S+R] when waiting would be idle time",

@@ -108,6 +108,9 @@ def sandblaster_fits(run: RunConfig) -> None:
                          "optimizer.name lbfgs (--optimizer lbfgs)")
 
 
+# The coordinator hands its workers portions of the whole training set (Sandblaster's tasks):
+# each worker holds every row, not a shard of its own.
+ANY_ROWS = "any-rows"
 # (the worker, its model) -> the loop: a class of engine.worker (a PlainLoop, typed there)
 LoopClass = Callable[..., Any]
 WORKER_LOOPS: Registry[LoopClass] = Registry("worker loop")
@@ -137,7 +140,7 @@ WORKER_LOOPS.register("sparse", Lazy("engine.worker.sparse:SparseLoop"),
 WORKER_LOOPS.register("sandblaster", Lazy("engine.worker.sandblaster:SandblasterLoop"),
                       "Sandblaster L-BFGS (--optimizer lbfgs): sum the loss and gradient over the "
                       "coordinator's data portions, push committed sums",
-                      requires=(sandblaster_fits,))
+                      requires=(sandblaster_fits,), capabilities=frozenset({ANY_ROWS}))
 
 
 def loop_name(config: RunConfig) -> str:

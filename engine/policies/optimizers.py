@@ -39,6 +39,9 @@ OptimizerBuild = Callable[["OptimizerConfig", int], "ServerOptimizer"]
 # The rate each uses when the run gives none (--lr): rates that suit one optimizer are far off
 # for another.
 LR = "optimizer.lr"
+# The coordinator moves the parameters itself and hands the workers their tasks (Sandblaster
+# L-BFGS): the run is named after the optimizer, and the coordinator runs its method.
+DRIVES_TRAINING = "drives-training"
 
 
 def _l1_fits(run: RunConfig) -> None:
@@ -111,7 +114,7 @@ SERVER_OPTIMIZERS.register(
     "lbfgs", Lazy("engine.server.optimizers:build_gradient_sum"),
     "Sandblaster L-BFGS: the shards sum full-pass gradients, the coordinator's L-BFGS moves "
     "the parameters by vector operations on the shards; lr is each line search's first step",
-    requires=(_lbfgs_fits,),
+    requires=(_lbfgs_fits,), capabilities=frozenset({DRIVES_TRAINING}),
     # its own tasks say when a push is applied: as they come, summed
     implies={LR: 1.0, "sync.model": "asp", "sync.push_scale": "sum"})
 

@@ -31,6 +31,7 @@ from engine.errors import (
 )
 from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
+from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
 from engine.replication.detector import Detector
 from engine.roles.checkpoints import CheckpointKeeper
 from engine.roles.lifecycle import this_machine
@@ -671,7 +672,7 @@ class Coordinator(Recovery, Scaling, Moves):
         await asyncio.gather(*(self._send(server, Start(clocks_per_epoch=clocks))
                                for server in by_role["server"]))
         await asyncio.gather(*(self._send(worker, Start()) for worker in by_role["worker"]))
-        if self.config.optimizer.name == "lbfgs":
+        if SERVER_OPTIMIZERS.can(self.config.optimizer.name, DRIVES_TRAINING):
             self._sandblaster_task = asyncio.create_task(self._run_sandblaster())
             self._tasks.add(self._sandblaster_task)
 

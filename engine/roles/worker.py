@@ -18,7 +18,7 @@ from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel
 from engine.models.logreg import SparseLogReg
-from engine.policies.loops import WORKER_LOOPS, loop_name
+from engine.policies.loops import ANY_ROWS, WORKER_LOOPS, loop_name
 from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
 from engine.transport.control import SyncControl
@@ -83,7 +83,7 @@ def _shard_and_model(config: RunConfig, rank: int,
     model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
                               device=devices.resolve(config.train.device))
     check_layout(model, welcome)
-    if loop_name(config) == "sandblaster":  # any worker may be given any rows
+    if WORKER_LOOPS.can(loop_name(config), ANY_ROWS):  # any worker may be given any rows
         return sandblaster_shard(dataset.train_x, dataset.train_y, config), model
     return shard_for(dataset.train_x, dataset.train_y, **where), model
 

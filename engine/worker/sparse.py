@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.consistency.registry import CONSISTENCY_MODELS, OWN_DELAY
 from engine.datasets.sparse import SparseSplit
 from engine.errors import ShuttingDown
 from engine.models.logreg import SparseLogReg, kkt_mask, working_set
@@ -60,7 +61,8 @@ class SparseLoop(PlainLoop):
         self.l1 = config.optimizer.l1
         self.kkt = config.comm.kkt_filter and self.l1 > 0
         self.newest = config.sync.model in ("bounded-delay", "asp")  # else pulls wait a clock
-        self.delay = config.sync.delay if config.sync.model == "bounded-delay" else 0
+        self.delay = (config.sync.delay if CONSISTENCY_MODELS.can(config.sync.model, OWN_DELAY)
+                      else 0)
 
     def begin(self) -> None:
         self._tasks: deque[_Task] = deque()
