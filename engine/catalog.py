@@ -4,7 +4,7 @@ implementation: the registries hold theirs ``Lazy``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import plugins
 from engine.backends import BACKENDS
@@ -14,6 +14,9 @@ from engine.policies.learning import SCHEDULES, STALENESS_RULES
 from engine.policies.loops import WORKER_LOOPS
 from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 # The setting (dotted) -> the registry of the policies it names, in the config's order.
 NAMED: dict[str, Registry[Any]] = {
@@ -37,3 +40,11 @@ def implied(setting: str) -> list[tuple[str, object]]:
     learning rates, for ``optimizer.lr``."""
     return [(entry.name, entry.implies[setting]) for registry in NAMED.values()
             for entry in registry if setting in entry.implies]
+
+
+def own_settings() -> list[tuple[str, str, type[BaseModel]]]:
+    """(section, policy, its settings model) for every policy with settings of its own: they
+    live in the table ``[section.policy]``."""
+    return [(dotted.split(".")[0], entry.name, entry.settings)
+            for dotted, registry in NAMED.items() for entry in registry
+            if entry.settings is not None]

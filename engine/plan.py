@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.backends import BACKENDS
-from engine.catalog import NAMED, names
+from engine.catalog import NAMED, names, own_settings
 from engine.config import RunConfig, describe, merge, validate
 from engine.consistency.registry import CONSISTENCY_MODELS
 from engine.datasets.sources import check_source
@@ -116,9 +116,7 @@ def _own_settings(config: RunConfig) -> RunConfig:
     for section in sorted({dotted.split(".")[0] for dotted in NAMED}):
         model = getattr(config, section)
         tables = dict(model.model_extra or {})
-        owners = {entry.name: entry.settings for dotted, registry in NAMED.items()
-                  if dotted.startswith(section + ".") for entry in registry
-                  if entry.settings is not None}
+        owners = {name: model for part, name, model in own_settings() if part == section}
         for dotted in (d for d in NAMED if d.startswith(section + ".")):
             chosen = _get(values, dotted)
             if chosen in owners:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.analysis.selection import flatten
-from engine.catalog import NAMED
+from engine.catalog import own_settings
 from engine.config import RunConfig, check_nesting, load_toml
 from engine.errors import ConfigError
 
@@ -42,12 +42,8 @@ def user_config_file() -> Path:
 def known_keys() -> set[str]:
     """Every setting a layer may give: the config's, and each policy's own in its table."""
     keys = set(flatten(RunConfig().to_json_dict()))
-    for dotted, registry in NAMED.items():
-        section = dotted.split(".")[0]
-        for entry in registry:
-            if entry.settings is not None:
-                keys |= {f"{section}.{entry.name}.{key}"
-                         for key in flatten(entry.settings().model_dump(mode="json"))}
+    for section, name, model in own_settings():
+        keys |= {f"{section}.{name}.{key}" for key in flatten(model().model_dump(mode="json"))}
     return keys
 
 

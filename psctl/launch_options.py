@@ -19,7 +19,7 @@ import typer.core
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from engine.catalog import NAMED, implied, names
+from engine.catalog import NAMED, implied, names, own_settings
 from engine.config import RunConfig
 from engine.errors import ConfigError
 from psctl.cliutil import DbOption
@@ -82,13 +82,8 @@ def _help(setting: str, info: FieldInfo) -> str:
 
 def _policy_fields() -> list[tuple[str, FieldInfo]]:
     """The policies' own settings, each in its table: ``sync.NAME.FIELD``."""
-    found = []
-    for dotted, registry in NAMED.items():
-        section = dotted.split(".")[0]
-        for entry in registry:
-            if entry.settings is not None:
-                found += _fields(entry.settings, f"{section}.{entry.name}.")
-    return found
+    return [field for section, name, model in own_settings()
+            for field in _fields(model, f"{section}.{name}.")]
 
 
 def setting_options() -> tuple[SettingOption, ...]:
