@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 60.0
 FORK_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
+# With the template gone, how often a wait looks whether a role it forked has ended.
+GONE_POLL_S = 0.02
 
 
 def template_available() -> bool:
@@ -102,7 +104,12 @@ class Template:
                 lambda: pid in self._replies.codes or self._replies.gone, timeout)
             if pid in self._replies.codes:
                 return self._replies.codes[pid]
-            return -signal.SIGKILL if self._replies.gone and not _alive(pid) else None
+            gone = self._replies.gone
+        if gone and _alive(pid) and (timeout is None or timeout > 0):
+            # No reply will say when it ends: look again shortly rather than at once, so that
+            # a wait on it does not spin.
+            time.sleep(GONE_POLL_S if timeout is None else min(timeout, GONE_POLL_S))
+        return -signal.SIGKILL if gone and not _alive(pid) else None
 
     def close(self) -> None:
         """Let go: the template exits once the roles it forked have ended."""

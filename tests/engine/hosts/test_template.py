@@ -121,3 +121,36 @@ def test_hosts_fork_every_role_but_the_announcing_coordinator_and_let_go_at_clos
     finally:
         hosts.close()
     assert (tmp_path / "template.log").exists()
+
+
+def test_a_wait_on_a_role_of_a_gone_template_looks_again_shortly_not_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the template gone no reply says when a role ends: the wait polls, it does not spin."""
+    from engine.hosts import template as module
+
+    gone = object.__new__(Template)
+    gone._replies = module._Replies(gone=True)  # what the reader thread leaves when it ends
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    looks = 0
+    real = module._alive
+
+    def counted(pid: int) -> bool:
+        nonlocal looks
+        looks += 1
+        return real(pid)
+
+    monkeypatch.setattr(module, "_alive", counted)
+    try:
+        role = TemplateProcess(gone, sleeper.pid, Path("/dev/null"), "127.0.0.1")
+        began = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            role.wait(timeout=0.3)
+        assert time.monotonic() - began >= 0.3
+        assert looks <= 2 * (0.3 / module.GONE_POLL_S + 2)  # a spin makes thousands
+        assert role.poll() is None  # a poll still answers at once
+        sleeper.kill()
+        sleeper.wait(5)
+        assert role.wait(timeout=1.0) == -signal.SIGKILL  # ended: read as killed, at once
+    finally:
+        sleeper.kill()
+        sleeper.wait(5)
