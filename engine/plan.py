@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from engine.backends import BACKENDS
 from engine.catalog import NAMED, names, own_settings
@@ -100,10 +100,10 @@ def _check_names(config: RunConfig) -> None:
     values = config.to_json_dict()
     problems = []
     for dotted, registry in NAMED.items():
-        name = _get(values, dotted)
-        if name not in names(dotted):
+        name, known = _get(values, dotted), names(dotted)
+        if name not in known:
             problems.append(f"{dotted}: unknown {registry.kind} {name!r} "
-                            f"(known: {', '.join(names(dotted))})")
+                            f"(known: {', '.join(known)})")
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
 
@@ -112,33 +112,36 @@ def _own_settings(config: RunConfig) -> RunConfig:
     """Each policy's own settings table checked by its settings model and stored whole (the
     chosen policy's defaults written out); any other key a section does not know is refused."""
     values = config.to_json_dict()
+    owners = {(section, name): model for section, name, model in own_settings()}
     problems: list[str] = []
     for section in sorted({dotted.split(".")[0] for dotted in NAMED}):
-        model = getattr(config, section)
-        tables = dict(model.model_extra or {})
-        owners = {name: model for part, name, model in own_settings() if part == section}
-        for dotted in (d for d in NAMED if d.startswith(section + ".")):
-            chosen = _get(values, dotted)
-            if chosen in owners:
-                tables.setdefault(chosen, {})
+        tables = dict(getattr(config, section).model_extra or {})
+        for dotted in NAMED:  # the chosen policy's table, its defaults where none is given
+            if dotted.startswith(section + ".") and (section, _get(values, dotted)) in owners:
+                tables.setdefault(_get(values, dotted), {})
         for name, table in tables.items():
-            settings = owners.get(name)
-            if settings is None:
-                problems.append(f"{section}.{name}: no such setting, nor a policy with "
-                                f"settings of its own")
-            elif not isinstance(table, dict):
-                problems.append(f"{section}.{name}: the settings of {name} are a table "
-                                f"([{section}.{name}]), not {table!r}")
+            checked = _own_table(section, name, table, owners.get((section, name)))
+            if isinstance(checked, str):
+                problems.append(checked)
             else:
-                try:
-                    values[section][name] = settings.model_validate(table).model_dump(
-                        mode="json")
-                except ValidationError as exc:
-                    problems.append(describe(exc, (section, name))
-                                    .removeprefix("invalid configuration: "))
+                values[section][name] = checked
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
     return validate(values)
+
+
+def _own_table(section: str, name: str, table: Any,
+               model: type[BaseModel] | None) -> dict[str, Any] | str:
+    """The table ``[section.name]`` as its policy's settings store it, or what is wrong."""
+    if model is None:
+        return f"{section}.{name}: no such setting, nor a policy with settings of its own"
+    if not isinstance(table, dict):
+        return (f"{section}.{name}: the settings of {name} are a table ([{section}.{name}]), "
+                f"not {table!r}")
+    try:
+        return model.model_validate(table).model_dump(mode="json")
+    except ValidationError as exc:
+        return describe(exc, (section, name)).removeprefix("invalid configuration: ")
 
 
 def _network(spec: str | None) -> str | None:

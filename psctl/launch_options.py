@@ -158,8 +158,9 @@ def launch_overrides(options: Mapping[str, Any]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for option in setting_options():
         value = options.get(option.param)
-        overrides[option.setting] = tuple(value) if option.many and value else (
-            None if option.many else value)
+        if option.many:  # a repeated option: none given leaves the setting as it is
+            value = tuple(value) if value else None
+        overrides[option.setting] = value
     if options.get("compute_ms") is not None:  # --compute-ms says the compute is given
         overrides["sim.compute"] = "given"
     return overrides
