@@ -15,10 +15,10 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from engine.config import RunConfig
 from engine.errors import (
@@ -29,17 +29,16 @@ from engine.errors import (
     RunFailed,
     StoreError,
 )
-from engine.faults import FaultPlan
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
-from engine.replication.detector import Detector
-from engine.roles.checkpoints import CheckpointKeeper
+from engine.roles.joining import join_deadline_s, join_failure, role_config
 from engine.roles.lifecycle import this_machine
-from engine.roles.liveness import ServerWatch, open_receiver
+from engine.roles.liveness import open_receiver
 from engine.roles.membership import Membership
 from engine.roles.moves import Moves
-from engine.roles.peer import Peer, Progress
+from engine.roles.peer import Peer, Progress, RunState
 from engine.roles.placement import Placement
+from engine.roles.recording import RecorderSink, Records
 from engine.roles.recovery import Recovery
 from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
 from engine.roles.sandblaster import Sandblaster
@@ -73,23 +72,14 @@ from engine.wire.messages import (
 )
 from engine.wire.records import (
     EvaluationRecord,
-    EventRecord,
     IterationRecord,
-    LayerRecord,
-    ProcessSample,
     RunStatus,
-    SyncRecord,
     divergence,
 )
 
 log = logging.getLogger(__name__)
 _Row = TypeVar("_Row")
 
-# Seconds of the join deadline per process of the run, on top of cluster.connect_timeout_s: a
-# machine with few cores starts processes (each imports torch) only a few at a time. Measured on
-# 2 cores: 1.4 s a process for 15, slowing to 3 s a process past 50 (the joined ones idle, but
-# not for free); 103 processes need about 290 s.
-JOIN_S_PER_PROCESS = 3.0
 # Refused hellos recorded as events and logged, at most (the rest are counted), and how long
 # closing a refused connection may take.
 REFUSALS_RECORDED = 100
@@ -98,7 +88,6 @@ REFUSALS_RECORDED = 100
 HELLO_TIMEOUT_S = 10.0
 _CLOSE_WAIT_S = 5.0
 _CLOSE_REASON_BYTES = 120
-_NAMES_SHOWN = 8
 
 
 @dataclass(frozen=True)
@@ -109,109 +98,45 @@ class Resume:
     seq: int
 
 
-def process_count(config: RunConfig) -> int:
-    """Every role process of a run: servers, workers and the evaluator."""
-    return config.cluster.servers + config.cluster.workers + 1
+class Coordinator:
+    """Admits every role, routes what they send, and decides the run's end; what it knows of
+    the run is ``state``, shared with its parts: ``records`` (every row written), ``moves``
+    (key ranges between servers), ``recovery`` (failures, heartbeats, checkpoints) and
+    ``scaling`` (``psctl scale``). The parts ask the coordinator only what ``Hub`` lists."""
 
-
-def join_deadline_s(config: RunConfig) -> float:
-    """How long every role of the run has, from the coordinator's start, to join it."""
-    return config.cluster.connect_timeout_s + JOIN_S_PER_PROCESS * process_count(config)
-
-
-def join_failure(missing: list[str], config: RunConfig) -> str:
-    """Why the run failed when ``missing`` did not join in time, and which setting to raise."""
-    shown = ", ".join(missing[:_NAMES_SHOWN])
-    if len(missing) > _NAMES_SHOWN:
-        shown += f" and {len(missing) - _NAMES_SHOWN} more"
-    processes = process_count(config)
-    return (f"{len(missing)} of {processes} processes ({shown}) did not join within "
-            f"{join_deadline_s(config):.0f} s (cluster.connect_timeout_s = "
-            f"{config.cluster.connect_timeout_s:g} s plus {JOIN_S_PER_PROCESS:g} s for each of "
-            f"the {processes} processes); see their logs. If the machine is just slow to start "
-            f"them, raise cluster.connect_timeout_s (a [cluster] connect_timeout_s in the "
-            f"--config file, PSCTL_CLUSTER__CONNECT_TIMEOUT_S, or psctl role coordinator's "
-            f"--join-timeout), or start fewer workers")
-
-
-def _role_config(config: RunConfig) -> dict[str, Any]:
-    """The configuration the roles get in their welcome: the user's, except that a role waits
-    for its peers (a worker for the start of training) as long as the run gives them to join,
-    since the first worker to start waits for the last."""
-    patient = config.cluster.model_copy(
-        update={"connect_timeout_s": max(config.cluster.connect_timeout_s,
-                                         join_deadline_s(config))})
-    return config.model_copy(update={"cluster": patient}).to_json_dict()
-
-
-class RecorderSink(Protocol):
-    """What the coordinator needs of the recorder (``engine.recorder.Recorder`` fits). A method
-    that raises :class:`StoreError` ends the run as failed."""
-
-    def record_iterations(self, rows: list[IterationRecord]) -> None: ...
-
-    def record_evaluation(self, row: EvaluationRecord) -> None: ...
-
-    def record_event(self, row: EventRecord) -> None: ...
-
-    def record_sync(self, row: SyncRecord) -> None: ...
-
-    def record_process_samples(self, rows: list[ProcessSample]) -> None: ...
-
-    def record_layers(self, rows: list[LayerRecord]) -> None: ...
-
-
-class Coordinator(Recovery, Scaling, Moves):
     def __init__(self, config: RunConfig, *, run_id: str, token: str, layout: KeyLayout,
                  recorder: RecorderSink, partitioner: Partitioner | None = None,
                  sampler: ProcessSampler | None = None, folder: Path | None = None,
                  resume: Resume | None = None,
                  kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL)) -> None:
-        self.config, self.run_id, self.token, self.recorder = config, run_id, token, recorder
-        # The run's folder (its checkpoints go in it); None: no checkpoints.
-        self.folder, self.resume, self._kill = folder, resume, kill
-        self.faults = FaultPlan.of(config.fault.inject)
-        self.restarts: dict[tuple[str, int], int] = {}  # (role, rank) -> restarts so far
-        self._refused = 0  # connections refused for a bad hello
-        self.training = asyncio.Event()
-        self._training_at = 0.0
-        self.sampler = sampler
-        self.layout = layout
-        num_keys = self.num_keys = layout.num_keys
-        self.ranges = (partitioner or RangePartitioner()).ranges(num_keys, config.cluster.ranges)
-        self.checkpoints = None if folder is None else CheckpointKeeper(
-            folder, len(self.ranges), first_seq=resume.seq if resume else 0,
-            send=self._order_server, event=self._event)
-        self.peers: dict[tuple[str, int], Peer] = {}
-        self.placement = Placement(self.ranges, config.cluster.replicas, config.cluster.servers)
-        self.server_members = Membership(config.cluster.servers)
-        self._moving = asyncio.Lock()
-        self.servers_ready = asyncio.Event()
-        self._linked = 0
-        self.membership = Membership(config.cluster.workers)
-        self._members_acked: set[int] = set()
-        self._join_clocks: dict[int, int] = {}
-        self._newcomers: dict[int, dict[str, Any]] = {}  # rank -> what its welcome changes
-        self._members_changed = asyncio.Event()
-        self._failed_over_at: dict[int, float] = {}  # range -> when its primary was lost
-        self._killed_at: dict[tuple[str, int], float] = {}
-        self._watch = ServerWatch(
-            Detector(config.cluster.heartbeat_timeout_s, config.cluster.heartbeat_timeout_s / 5),
-            config.cluster.server_stall_s)
-        self._beats: asyncio.DatagramTransport | None = None
-        self._beats_port: int | None = None
-        self._move_waiters: dict[tuple[int, int], asyncio.Future[EventRecord]] = {}
-        self._clocks_per_epoch: float | None = None  # the servers' Start: a rejoined one's too
-        self.progress = Progress()
-        self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
-            asyncio.get_running_loop().create_future()
+        self.config, self.run_id, self.token = config, run_id, token
+        self.resume, self.sampler, self.layout = resume, sampler, layout
+        self.records = Records(recorder, self.recorder_failed)
+        self.num_keys = layout.num_keys
+        self.ranges = (partitioner or RangePartitioner()).ranges(self.num_keys,
+                                                                 config.cluster.ranges)
+        self.state = RunState(
+            config, run_id, folder,
+            placement=Placement(self.ranges, config.cluster.replicas, config.cluster.servers),
+            membership=Membership(config.cluster.workers),
+            server_members=Membership(config.cluster.servers))
         # started_at moves back by a resumed run's active time (its evaluations' clock);
         # opened_at is when this coordinator began, for what happened since (exit notes).
         self.started_at = self.opened_at = time.time()
+        self.moves = Moves(self.state, self)
+        self.recovery = Recovery(self.state, self, abandon=self.moves.abandon, kill=kill,
+                                 opened_at=self.opened_at,
+                                 first_checkpoint=resume.seq if resume else 0)
+        self.scaling = Scaling(self.state, self, self.moves)
+        self._refused = 0  # connections refused for a bad hello
+        self._beats: asyncio.DatagramTransport | None = None
+        self._beats_port: int | None = None
+        self._clocks_per_epoch: float | None = None  # the servers' Start: a rejoined one's too
+        self.outcome: asyncio.Future[tuple[RunStatus, str | None]] = \
+            asyncio.get_running_loop().create_future()
         self.join_deadline_s = join_deadline_s(config)
-        self._role_config = _role_config(config)
+        self._role_config = role_config(config)
         self.best_accuracy = 0.0
-        self._stop_reason: str | None = None
         self._eval_pending = False
         self._final: asyncio.Future[EvaluationRecord] | None = None
         self._final_asked = 0  # times the final evaluation was asked for
@@ -223,17 +148,43 @@ class Coordinator(Recovery, Scaling, Moves):
         self._sandblaster_task: asyncio.Task[None] | None = None
         self._train_samples = 0
 
+    # The run's state, as the coordinator's own code reads it.
+    @property
+    def peers(self) -> dict[tuple[str, int], Peer]:
+        return self.state.peers
+
+    @property
+    def progress(self) -> Progress:
+        return self.state.progress
+
+    @property
+    def placement(self) -> Placement:
+        return self.state.placement
+
+    @property
+    def membership(self) -> Membership:
+        return self.state.membership
+
+    @property
+    def training(self) -> asyncio.Event:
+        return self.state.training
+
+    @property
+    def servers_ready(self) -> asyncio.Event:
+        return self.state.servers_ready
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, transport: Transport, host: str, port: int) -> str:
         self._listener = await transport.listen(host, port, self._serve, token=self.token)
         if self.config.cluster.replicas:
             self._beats, _, self._beats_port = await open_receiver(host, self.token,
-                                                                   self._on_beat)
+                                                                   self.recovery.on_beat)
         for coro in (self._watch_registration(), self._evaluation_timer(), self._deadline(),
-                     self._sample_processes(), self._inject_kills(), self._checkpoints(),
-                     self._watch_scale(), self._heartbeats()):
-            self._spawn(coro)
+                     self._sample_processes(), self.recovery.inject_kills(),
+                     self.recovery.checkpoint_loop(), self.scaling.watch_requests(),
+                     self.recovery.heartbeats()):
+            self.spawn(coro)
         return self._listener.address
 
     async def run(self) -> tuple[RunStatus, str | None]:
@@ -243,8 +194,8 @@ class Coordinator(Recovery, Scaling, Moves):
         finisher.cancel()
         for task in list(self._tasks):
             task.cancel()
-        if self._wants_final_checkpoint(status):
-            await self._checkpoint()
+        if self.recovery.wants_final_checkpoint(status):
+            await self.recovery.checkpoint()
         await self._dismiss_all()
         if self._listener is not None:
             await self._listener.close()
@@ -255,7 +206,7 @@ class Coordinator(Recovery, Scaling, Moves):
     def fail(self, reason: str) -> None:
         # Settled before it is recorded: a recorder that cannot write must not keep the run alive.
         self._settle(RunStatus.FAILED, reason)
-        self._event("run_failed", reason=reason)
+        self.event("run_failed", reason=reason)
 
     def recorder_failed(self, error: StoreError) -> None:
         """The run can no longer be recorded, so it ends now (nothing more is written)."""
@@ -264,7 +215,7 @@ class Coordinator(Recovery, Scaling, Moves):
         self._settle(RunStatus.FAILED, str(error))
 
     def interrupt(self) -> None:
-        self._event("interrupted")
+        self.event("interrupted")
         self._settle(RunStatus.INTERRUPTED, "interrupted by the user")
 
     def _settle(self, status: RunStatus, reason: str | None) -> None:
@@ -296,12 +247,13 @@ class Coordinator(Recovery, Scaling, Moves):
                 return
             if peer.role == "worker" and self.sandblaster is not None:
                 self.sandblaster.lost(peer.rank)  # its tasks go to the others
-            if self._restartable(peer):
-                self._lose(peer)
+            if self.recovery.restartable(peer):
+                self.recovery.lose(peer)
             elif peer.role == "server" and self.config.cluster.replicas and peer.welcomed:
-                self._fail_over(peer)
+                self.recovery.fail_over(peer)
             else:
-                self.fail(f"{peer} disconnected unexpectedly ({exc}); {self._loss_hint(peer)}")
+                hint = self.recovery.loss_hint(peer)
+                self.fail(f"{peer} disconnected unexpectedly ({exc}); {hint}")
         except PsctlError as exc:
             self.fail(f"{peer} sent an invalid message: {exc}")
 
@@ -326,8 +278,8 @@ class Coordinator(Recovery, Scaling, Moves):
         self._refused += 1
         if self._refused <= REFUSALS_RECORDED:
             log.warning("refused %s: %s", connection.remote, why)
-            self._event("hello_refused", reason=str(why), remote=connection.remote,
-                        refused=self._refused)
+            self.event("hello_refused", reason=str(why), remote=connection.remote,
+                       refused=self._refused)
         elif self._refused == REFUSALS_RECORDED + 1:
             log.warning("refused %s: %s; more refusals are counted, not logged",
                         connection.remote, why)
@@ -344,24 +296,24 @@ class Coordinator(Recovery, Scaling, Moves):
                 "primaries": [] if empty else self.placement.primaries(hello.rank),
                 "checkpoint": None if self.resume is None or empty
                 else str(self.resume.folder), "heartbeat_port": self._beats_port})
-            await self._send(peer, welcome)
+            await self.send(peer, welcome)
             if empty and self._clocks_per_epoch is not None:
-                await self._send(peer, Start(clocks_per_epoch=self._clocks_per_epoch))
+                await self.send(peer, Start(clocks_per_epoch=self._clocks_per_epoch))
         else:
             await self._await_servers()
             welcome = self._welcome(shards=self.placement.shard_map())
             welcome = welcome.model_copy(update={"backups": self.placement.backups()})
             if peer.role == "worker" and hello.rank in self.membership.joining:
-                await self._admit_newcomer(peer)
-            if peer.role == "worker" and hello.rank in self._newcomers:
-                welcome = welcome.model_copy(update=self._newcomers[hello.rank])
-            await self._send(peer, welcome)
+                await self.scaling.admit_newcomer(peer)
+            if peer.role == "worker":
+                welcome = welcome.model_copy(update=self.scaling.welcome_of(hello.rank))
+            await self.send(peer, welcome)
         peer.welcomed = True
-        if self._stop_reason is not None and peer.role in ("worker", "server"):
+        if self.state.stop_reason is not None and peer.role in ("worker", "server"):
             # the stop went out before its welcome (a tiny stop.max_seconds): it must stop too
-            await self._send(peer, Stop(reason=self._stop_reason))
+            await self.send(peer, Stop(reason=self.state.stop_reason))
         elif peer.role == "worker" and peer.rank in self.membership.leaving:
-            await self._send(peer, Stop(reason="scaled down before it joined"))
+            await self.send(peer, Stop(reason="scaled down before it joined"))
         elif peer.role == "evaluator":
             self._evaluator_back()
 
@@ -386,7 +338,7 @@ class Coordinator(Recovery, Scaling, Moves):
     def _register(self, hello: Hello, connection: Connection) -> Peer:
         limit = {"server": self.config.cluster.servers, "worker": self.config.cluster.workers,
                  "evaluator": 1}[hello.role]
-        started = {"worker": self.membership.started, "server": self.server_members.started}
+        started = {"worker": self.membership.started, "server": self.state.server_members.started}
         newcomer = hello.rank >= limit and hello.rank in started.get(hello.role, set())
         if hello.rank >= limit and not newcomer:
             raise ProtocolError(f"{hello.role} rank {hello.rank} is outside 0..{limit - 1}")
@@ -403,23 +355,20 @@ class Coordinator(Recovery, Scaling, Moves):
                     newcomer=server and before is None and newcomer)
         self.peers[(hello.role, hello.rank)] = peer
         if peer.rejoined:  # a server started again: it is heard from now on
-            self._watch.watch(hello.rank)
-            self._event("server_rejoined", rank=hello.rank, pid=hello.pid,
-                        ranges=self.placement.rejoining(hello.rank), node=hello.node,
-                        machine=hello.machine)
+            self.recovery.watch.watch(hello.rank)
+            self.event("server_rejoined", rank=hello.rank, pid=hello.pid,
+                       ranges=self.placement.rejoining(hello.rank), node=hello.node,
+                       machine=hello.machine)
         elif before is not None:  # a restarted worker or evaluator takes the dead one's place
-            self._event(f"{hello.role}_rejoined", role=hello.role, rank=hello.rank,
-                        pid=hello.pid, restarts=self.restarts.get((hello.role, hello.rank), 0),
-                        node=hello.node, machine=hello.machine)
+            self.event(f"{hello.role}_rejoined", role=hello.role, rank=hello.rank,
+                       pid=hello.pid, restarts=self.state.restarts.get((hello.role, hello.rank), 0),
+                       node=hello.node, machine=hello.machine)
         else:
-            self._event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid,
-                        node=hello.node, machine=hello.machine)
+            self.event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid,
+                       node=hello.node, machine=hello.machine)
         if self.sampler is not None and peer.ours:
             self.sampler.watch(hello.role, hello.rank, hello.pid)
         return peer
-
-    def _role_config_of(self, config: RunConfig) -> dict[str, Any]:
-        return _role_config(config)
 
     def _welcome(self, *, shards: list[ShardInfo]) -> Welcome:
         return Welcome(run_id=self.run_id, config=self._role_config,
@@ -434,30 +383,31 @@ class Coordinator(Recovery, Scaling, Moves):
             if message.layers:
                 if any(row.worker != peer.rank for row in message.layers):
                     raise ProtocolError(f"{peer} reported layers of another worker")
-                self._record(self.recorder.record_layers, message.layers)
+                self.records.layers(message.layers)
         elif isinstance(message, Evaluation):
             self._on_evaluation(message)
         elif isinstance(message, Event):
-            self._record(self.recorder.record_event, message.row)
-            if peer.role == "server":
-                self._on_server_event(message.row)
+            self.records.event_row(message.row)
+            if peer.role == "server":  # each part takes the kinds it waits for
+                for part in (self.moves, self.recovery, self.scaling):
+                    part.on_server_event(message.row)
         elif isinstance(message, Syncs):
             for row in message.rows:
-                self._record(self.recorder.record_sync, row)
+                self.records.sync(row)
         elif isinstance(message, Serving):
             copies = {c.index: c.address for c in message.copies}
             self.placement.serving(peer.rank, copies)
             served = self.placement.primaries(peer.rank)
-            self._event("server_listening", rank=peer.rank, copies=copies,
-                        address=copies.get(served[0]) if served else None)
+            self.event("server_listening", rank=peer.rank, copies=copies,
+                       address=copies.get(served[0]) if served else None)
             if peer.rejoined and peer.rank < self.config.cluster.servers:
-                self._spawn(self._rereplicate(peer.rank))
+                self.spawn(self.moves.rereplicate(peer.rank))
             elif peer.rejoined or peer.newcomer:
-                self._spawn(self._take_ranges(peer.rank))
+                self.spawn(self.moves.take_ranges(peer.rank))
             elif self.placement.all_serving():
                 if self.config.cluster.replicas:  # the chains are linked before any push
                     for order in self.placement.links():
-                        self._spawn(self._order(order.server, order.message))
+                        self.spawn(self.order(order.server, order.message))
                 else:
                     self.servers_ready.set()
         elif isinstance(message, Ready):
@@ -466,26 +416,26 @@ class Coordinator(Recovery, Scaling, Moves):
                 self.progress.iterations[peer.rank] = message.first_iteration
             # Each worker is ready once its data is loaded; the displays count these to say
             # what start-up is waiting for, and take the run's total from training_started.
-            self._event("worker_ready", rank=peer.rank,
-                        iterations_per_epoch=message.iterations_per_epoch,
-                        first_iteration=message.first_iteration)
+            self.event("worker_ready", rank=peer.rank,
+                       iterations_per_epoch=message.iterations_per_epoch,
+                       first_iteration=message.first_iteration)
             self._train_samples = message.train_samples
             if self.training.is_set():  # a restarted worker: the others are training already
-                self._spawn(self._send(peer, Start()))
+                self.spawn(self.send(peer, Start()))
                 if self.sandblaster is not None:
                     self.sandblaster.joined(peer.rank)
             elif len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
                 planned = self.config.train.epochs * sum(
                     self.progress.iterations_per_epoch.values())
                 self.training.set()
-                self._training_at = time.monotonic()
+                self.state.training_at = time.monotonic()
                 if self.resume is None:
-                    self._event("training_started", total_iterations=planned)
+                    self.event("training_started", total_iterations=planned)
                 else:
-                    self._event("training_resumed", total_iterations=planned,
-                                checkpoint=self.resume.seq,
-                                first_iterations=dict(sorted(self.progress.iterations.items())))
-                self._spawn(self._start_training(
+                    self.event("training_resumed", total_iterations=planned,
+                               checkpoint=self.resume.seq,
+                               first_iterations=dict(sorted(self.progress.iterations.items())))
+                self.spawn(self._start_training(
                     min(self.progress.iterations_per_epoch.values())))
         elif isinstance(message, EpochDone):
             self._on_epoch_done(peer.rank, message.epoch)
@@ -500,11 +450,11 @@ class Coordinator(Recovery, Scaling, Moves):
             except RunFailed as exc:
                 self.fail(str(exc))
         elif isinstance(message, Fatal) and message.diverged:
-            self._event("diverged", role=peer.role, rank=peer.rank, message=message.message)
+            self.event("diverged", role=peer.role, rank=peer.rank, message=message.message)
             self.fail(message.message)
         elif isinstance(message, Fatal):
-            self._event("process_error", role=peer.role, rank=peer.rank,
-                        message=message.message, traceback=message.traceback[-4000:])
+            self.event("process_error", role=peer.role, rank=peer.rank,
+                       message=message.message, traceback=message.traceback[-4000:])
             if not self.outcome.done():  # a role failing as the run ends does not change how
                 self.fail(f"{peer} failed: {message.message}")
         else:
@@ -513,17 +463,17 @@ class Coordinator(Recovery, Scaling, Moves):
     def _on_iterations(self, peer: Peer, rows: list[IterationRecord]) -> None:
         if any(row.worker != peer.rank for row in rows):
             raise ProtocolError(f"{peer} reported iterations of another worker")
-        self._record(self.recorder.record_iterations, rows)
+        self.records.iterations(rows)
         if rows:
             self.progress.iterations[peer.rank] = rows[-1].iteration + 1
 
     def _on_evaluation(self, message: Evaluation) -> None:
         diverged = divergence(message.row)
         if diverged is not None:  # a NaN loss cannot be stored, and training on is pointless
-            self._event("diverged", accuracy=message.row.accuracy, step=message.row.step)
+            self.event("diverged", accuracy=message.row.accuracy, step=message.row.step)
             self.fail(diverged)
             return
-        self._record(self.recorder.record_evaluation, message.row)
+        self.records.evaluation(message.row)
         self._eval_pending = False
         self.best_accuracy = max(self.best_accuracy, message.row.accuracy)
         target = self.config.stop.target_accuracy
@@ -541,39 +491,39 @@ class Coordinator(Recovery, Scaling, Moves):
         self.progress.epochs_done[rank] = epoch
         after = min((self.progress.epochs_done.get(w, -1) for w in workers), default=-1)
         if after > before:
-            self._event("epoch_done", epoch=after)
+            self.event("epoch_done", epoch=after)
             if after + 1 < self.config.train.epochs:
                 self._request_evaluation(float(after + 1), final=False)
 
     def _on_done(self, peer: Peer, message: Done) -> None:
         peer.leaving = True  # a worker that is done closes its connection; that is no failure
         self.progress.done.add(peer.rank)
-        self._event("worker_done", rank=peer.rank, iterations=message.iterations,
-                    reason=message.reason)
+        self.event("worker_done", rank=peer.rank, iterations=message.iterations,
+                   reason=message.reason)
         if self.membership.scaled:  # its last push is in: nobody waits for it any more
             self.membership.leaving.discard(peer.rank)
-            self._spawn(self._update_members())
+            self.spawn(self.scaling.update_members())
         if self.membership.active <= self.progress.done:
             self._all_done.set()
 
     # -- ending ---------------------------------------------------------------------------------
 
     def _begin_stop(self, reason: str) -> None:
-        if self._stop_reason is not None:
+        if self.state.stop_reason is not None:
             return
-        self._stop_reason = reason
-        self._event("stop", reason=reason)
+        self.state.stop_reason = reason
+        self.event("stop", reason=reason)
         for peer in list(self.peers.values()):
             if peer.role in ("worker", "server") and peer.welcomed:  # _admit stops the others
-                self._spawn(self._send(peer, Stop(reason=reason)))
+                self.spawn(self.send(peer, Stop(reason=reason)))
 
     async def _finish_when_done(self) -> None:
         await self._all_done.wait()
-        if self._stop_reason is None:  # every epoch ran: freeze the model for the final test
+        if self.state.stop_reason is None:  # every epoch ran: freeze the model for the final test
             self._begin_stop("all epochs done")
         if not any(self.progress.iterations.values()):
             self.fail(f"no worker completed an iteration before the run stopped "
-                      f"({self._stop_reason})")
+                      f"({self.state.stop_reason})")
             return
         await self._settle_sandblaster()
         self._final = asyncio.get_running_loop().create_future()
@@ -581,7 +531,7 @@ class Coordinator(Recovery, Scaling, Moves):
         if not await self._final_delivered(self._final):
             self.fail("the evaluator did not deliver the final evaluation in time")
             return
-        self._settle(RunStatus.FINISHED, self._stop_reason)
+        self._settle(RunStatus.FINISHED, self.state.stop_reason)
 
     async def _final_delivered(self, final: asyncio.Future[EvaluationRecord]) -> bool:
         """Whether the final evaluation arrives within cluster.request_timeout_s of its last
@@ -600,7 +550,7 @@ class Coordinator(Recovery, Scaling, Moves):
     async def _dismiss_all(self) -> None:
         for peer in self.peers.values():
             peer.leaving = True
-        await asyncio.gather(*(self._send(peer, Exit()) for peer in self.peers.values()),
+        await asyncio.gather(*(self.send(peer, Exit()) for peer in self.peers.values()),
                              return_exceptions=True)
         # Give roles a moment to send their last events and close on their side.
         await asyncio.sleep(0.2)
@@ -621,7 +571,8 @@ class Coordinator(Recovery, Scaling, Moves):
     async def _evaluation_timer(self) -> None:
         while True:
             await asyncio.sleep(self.config.eval.interval_s)
-            if self.training.is_set() and self.progress.iterations and self._stop_reason is None:
+            stopping = self.state.stop_reason is not None
+            if self.training.is_set() and self.progress.iterations and not stopping:
                 self._request_evaluation(self.progress.epoch(self.config.cluster.workers),
                                          final=False)
 
@@ -632,7 +583,7 @@ class Coordinator(Recovery, Scaling, Moves):
             await asyncio.sleep(SAMPLE_INTERVAL_S)
             rows = self.sampler.sample()
             if rows:
-                self._record(self.recorder.record_process_samples, rows)
+                self.records.samples(rows)
 
     async def _deadline(self) -> None:
         if self.config.stop.max_seconds is None:
@@ -650,7 +601,7 @@ class Coordinator(Recovery, Scaling, Moves):
         # A resumed run repeats the epochs after its checkpoint: its evaluations' epochs wait
         # at the highest one recorded before, rather than going back.
         epoch = max(epoch, self.progress.epoch_floor)
-        self._spawn(self._send(evaluator, Evaluate(epoch=epoch, final=final)))
+        self.spawn(self.send(evaluator, Evaluate(epoch=epoch, final=final)))
 
     def _evaluator_back(self) -> None:
         """The evaluator joined (again, after a restart): what its lost predecessor was asked
@@ -669,9 +620,9 @@ class Coordinator(Recovery, Scaling, Moves):
         self._clocks_per_epoch = clocks
         by_role = {role: [p for p in self.peers.values() if p.role == role]
                    for role in ("server", "worker")}
-        await asyncio.gather(*(self._send(server, Start(clocks_per_epoch=clocks))
+        await asyncio.gather(*(self.send(server, Start(clocks_per_epoch=clocks))
                                for server in by_role["server"]))
-        await asyncio.gather(*(self._send(worker, Start()) for worker in by_role["worker"]))
+        await asyncio.gather(*(self.send(worker, Start()) for worker in by_role["worker"]))
         if SERVER_OPTIMIZERS.can(self.config.optimizer.name, DRIVES_TRAINING):
             self._sandblaster_task = asyncio.create_task(self._run_sandblaster())
             self._tasks.add(self._sandblaster_task)
@@ -682,8 +633,8 @@ class Coordinator(Recovery, Scaling, Moves):
             self.sandblaster = Sandblaster(
                 self.config, samples=self._train_samples,
                 peers=lambda role: [p for p in self.peers.values() if p.role == role],
-                send=self._send, event=self._event,
-                stopping=lambda: self._stop_reason is not None)
+                send=self.send, event=self.event,
+                stopping=lambda: self.state.stop_reason is not None)
             reason = await self.sandblaster.minimise(self.config.train.epochs)
         except RunFailed as exc:
             self.fail(str(exc))
@@ -708,7 +659,7 @@ class Coordinator(Recovery, Scaling, Moves):
         except RunFailed as exc:
             self.fail(f"could not put the last L-BFGS iterate back: {exc}")
 
-    async def _send(self, peer: Peer, message: Message) -> None:
+    async def send(self, peer: Peer, message: Message) -> None:
         if peer.lost:  # a dead worker or server: its replacement gets its own messages
             return
         try:
@@ -717,10 +668,10 @@ class Coordinator(Recovery, Scaling, Moves):
             # A worker that can be restarted, or a replicated server: its reader sees the
             # close too, and decides (restart, failover); anyone else's loss ends the run.
             replicated = peer.role == "server" and self.config.cluster.replicas > 0
-            if not (peer.leaving or replicated or self._restartable(peer)):
+            if not (peer.leaving or replicated or self.recovery.restartable(peer)):
                 self.fail(f"{peer} disconnected unexpectedly")
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         task.add_done_callback(self._task_ended)
         self._tasks.add(task)
@@ -734,18 +685,15 @@ class Coordinator(Recovery, Scaling, Moves):
         error = task.exception()
         name = getattr(task.get_coro(), "__qualname__", task.get_name())
         log.error("the coordinator's %s failed", name, exc_info=error)
-        self._event("task_failed", task=name, error=repr(error))
+        self.event("task_failed", task=name, error=repr(error))
         self.fail(f"the coordinator's {name} failed: {error!r}")
 
-    def _event(self, kind: str, **detail: Any) -> None:
-        self._record(self.recorder.record_event,
-                     EventRecord(at=time.time(), kind=kind, detail=detail))
+    def event(self, kind: str, **detail: Any) -> None:
+        self.records.event(kind, **detail)
 
-    def _record(self, write: Callable[[_Row], None], row: _Row) -> None:
-        # Every write goes through here: a failing recorder ends the run instead of escaping
-        # into whichever task or connection handler happened to record, which left it hanging.
-        try:
-            write(row)
-        except StoreError as exc:
-            self.recorder_failed(exc)
-
+    async def order(self, server: int, message: Message) -> None:
+        peer = self.peers.get(("server", server))
+        if peer is None or peer.lost:
+            self.fail(f"server {server} is gone; it cannot take {type(message).__name__}")
+            return
+        await self.send(peer, message)

@@ -1,22 +1,20 @@
-"""What the coordinator knows of each process of a run, and of the run's progress; shared by the
-coordinator (``coordination``) and its fault-tolerance and scaling parts (``recovery``,
-``scaling``), which ``CoordinatorBase`` describes to each other."""
+"""What the coordinator knows of each process of a run and of the run's progress (``RunState``),
+shared with its parts (``recovery``, ``moves``, ``scaling``), and what a part may ask of the
+coordinator (``Hub``)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.config import RunConfig
-from engine.faults import FaultPlan
-from engine.roles.checkpoints import CheckpointKeeper
 from engine.roles.membership import Membership
 from engine.roles.placement import Placement
 from engine.transport.base import Connection
 from engine.wire.messages import Message
-from engine.wire.records import EventRecord
 
 
 @dataclass
@@ -55,63 +53,56 @@ class Progress:
         return max(self.epoch_floor, sum(fractions) / workers if fractions else 0.0)
 
 
-class CoordinatorBase:
-    """The state and helpers the coordinator's parts share (``Coordinator`` and its parts set
-    and define them all)."""
+@dataclass
+class RunState:
+    """What the coordinator and its parts (recovery, moves, scaling) know of the run: each
+    part reads it and changes only its own share, as its docstring says."""
 
     config: RunConfig
     run_id: str
-    folder: Path | None
-    peers: dict[tuple[str, int], Peer]
-    progress: Progress
+    folder: Path | None  # the run's folder (checkpoints, handoffs, psctl scale); None: none
     placement: Placement
-    membership: Membership
-    checkpoints: CheckpointKeeper | None
-    faults: FaultPlan
-    restarts: dict[tuple[str, int], int]
-    training: asyncio.Event
-    servers_ready: asyncio.Event
-    _stop_reason: str | None
+    membership: Membership  # worker ranks: started, joining, leaving (psctl scale)
+    server_members: Membership  # server ranks: started, leaving (psctl scale --servers)
+    peers: dict[tuple[str, int], Peer] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
+    restarts: dict[tuple[str, int], int] = field(default_factory=dict)  # (role, rank) -> count
+    failed_over_at: dict[int, float] = field(default_factory=dict)  # range -> primary lost at
+    training: asyncio.Event = field(default_factory=asyncio.Event)
+    servers_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    training_at: float = 0.0  # time.monotonic() when training started
+    stop_reason: str | None = None  # set once the run is stopping
+
+    def servers(self) -> list[Peer]:
+        return [p for p in self.peers.values() if p.role == "server"]
+
+    def live_servers(self) -> list[int]:
+        return [p.rank for p in self.servers() if not p.lost]
+
+    def alive_server(self, rank: int) -> bool:
+        peer = self.peers.get(("server", rank))
+        return peer is not None and not peer.lost and not peer.fenced
+
+    def leaving_server(self, rank: int) -> bool:
+        peer = self.peers.get(("server", rank))
+        return peer is None or peer.leaving or rank in self.server_members.leaving
+
+
+class Hub(Protocol):
+    """What a part of the coordinator may ask of the coordinator itself (``Coordinator`` is
+    one): the parts never call each other through it."""
 
     def fail(self, reason: str) -> None:
-        raise NotImplementedError
+        """End the run as failed, saying why."""
 
-    def _event(self, kind: str, **detail: Any) -> None:
-        raise NotImplementedError
+    def event(self, kind: str, **detail: Any) -> None:
+        """Record an event of the run."""
 
-    async def _send(self, peer: Peer, message: Message) -> None:
-        raise NotImplementedError
+    async def send(self, peer: Peer, message: Message) -> None:
+        """Send a control message to a role (a lost one's replacement gets its own)."""
 
-    def _spawn(self, coro: Any) -> None:
-        raise NotImplementedError
+    async def order(self, server: int, message: Message) -> None:
+        """Send an order to a server by rank; the run fails if it is gone."""
 
-    # One part calls what another defines (the base comes last in the coordinator's MRO).
-    def _live_servers(self) -> list[int]:
-        raise NotImplementedError
-
-    async def _order(self, server: int, message: Message) -> None:
-        raise NotImplementedError
-
-    def _role_config_of(self, config: RunConfig) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _on_members_updated(self, detail: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _on_move_event(self, row: EventRecord) -> None:
-        raise NotImplementedError
-
-    def _abandon_moves(self, rank: int) -> None:
-        raise NotImplementedError
-
-    async def _rereplicate(self, rank: int) -> None:
-        raise NotImplementedError
-
-    async def _take_ranges(self, rank: int) -> None:
-        raise NotImplementedError
-
-    async def _retire(self, rank: int) -> None:
-        raise NotImplementedError
-
-    def move_refusal(self) -> str | None:
-        raise NotImplementedError
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a task of the run: its error ends the run."""

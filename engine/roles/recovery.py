@@ -8,121 +8,122 @@ import time
 from collections.abc import Callable
 
 from engine.errors import ConnectionClosed
+from engine.faults import FaultPlan
+from engine.replication.detector import Detector
+from engine.roles.checkpoints import CheckpointKeeper
 from engine.roles.exits import read_exit_note
 from engine.roles.liveness import ServerWatch
-from engine.roles.moves import MOVE_KINDS
-from engine.roles.peer import CoordinatorBase, Peer
+from engine.roles.peer import Hub, Peer, RunState
 from engine.wire.beats import Beat
-from engine.wire.messages import Checkpoint, Message, dump_control
+from engine.wire.messages import Checkpoint, dump_control
 from engine.wire.records import EventRecord, RunStatus
 
 # How often a lost role's rejoin wait looks for the launcher's word that it will not come back.
 REJOIN_POLL_S = 0.25
 
 
-class Recovery(CoordinatorBase):
-    """Fed every server event (``_on_server_event``) and started as tasks by the coordinator
-    (``_heartbeats``, ``_inject_kills``, ``_checkpoints``)."""
+class Recovery:
+    """Owns the server watch, the restarts' bookkeeping and the checkpoints; fed every server
+    event (``on_server_event``) and a server's or worker's loss by the coordinator, which runs
+    its loops (``heartbeats``, ``inject_kills``, ``checkpoint_loop``) as tasks. It changes the
+    run's placement when a server is lost, and tells the moves to give up waiting on it
+    (``abandon``)."""
 
-    _kill: Callable[[int], None]
-    _linked: int
-    _failed_over_at: dict[int, float]  # range -> when its primary was lost
-    _killed_at: dict[tuple[str, int], float]
-    _watch: ServerWatch
-    _training_at: float
-    opened_at: float
+    def __init__(self, state: RunState, hub: Hub, *, abandon: Callable[[int], None],
+                 kill: Callable[[int], None], opened_at: float, first_checkpoint: int = 0) -> None:
+        self.state, self.hub = state, hub
+        self._abandon, self._kill, self._opened_at = abandon, kill, opened_at
+        config = state.config
+        self.faults = FaultPlan.of(config.fault.inject)
+        self.watch = ServerWatch(
+            Detector(config.cluster.heartbeat_timeout_s, config.cluster.heartbeat_timeout_s / 5),
+            config.cluster.server_stall_s)
+        self.checkpoints = None if state.folder is None else CheckpointKeeper(
+            state.folder, len(state.placement.ranges), first_seq=first_checkpoint,
+            send=self._order_server, event=hub.event)
+        self._linked = 0  # chains linked at the start: the servers are ready once all are
+        self._killed_at: dict[tuple[str, int], float] = {}
 
-    def _on_server_event(self, row: EventRecord) -> None:
+    def on_server_event(self, row: EventRecord) -> None:
         detail = row.detail
-        if row.kind in MOVE_KINDS:
-            self._on_move_event(row)
         if row.kind in ("checkpoint_saved", "checkpoint_failed") and self.checkpoints:
             self.checkpoints.on_saved(row.kind, detail)
-        elif row.kind == "chain_linked" and not self.servers_ready.is_set():
+        elif row.kind == "chain_linked" and not self.state.servers_ready.is_set():
             self._linked += 1
-            if self._linked == self.placement.copies:
-                self.servers_ready.set()
-        elif row.kind == "members_updated" and isinstance(detail.get("rank"), int):
-            self._on_members_updated(detail)
+            if self._linked == self.state.placement.copies:
+                self.state.servers_ready.set()
         elif row.kind == "failover_served" and isinstance(detail.get("index"), int):
-            lost_at = self._failed_over_at.get(detail["index"])
+            lost_at = self.state.failed_over_at.get(detail["index"])
             served = detail.get("first_pull_at")
             if lost_at is not None and isinstance(served, float):
-                self._event("failover_complete", index=detail["index"], rank=detail.get("rank"),
-                            seconds=round(served - lost_at, 4))
+                self.hub.event("failover_complete", index=detail["index"],
+                               rank=detail.get("rank"), seconds=round(served - lost_at, 4))
 
-    def _fail_over(self, dead: Peer) -> None:
+    def fail_over(self, dead: Peer) -> None:
         """A server died: its backups take over its keys; every chain it was in is repaired."""
         if dead.lost:  # fenced, and now its connection closed too
             return
         dead.lost = True
         lost_at = self._killed_at.get(("server", dead.rank), time.time())
-        orders, failed_over, gone = self.placement.lose(dead.rank)
-        self._abandon_moves(dead.rank)
-        self._event("server_lost", rank=dead.rank, pid=dead.pid)
+        orders, failed_over, gone = self.state.placement.lose(dead.rank)
+        self._abandon(dead.rank)
+        self.hub.event("server_lost", rank=dead.rank, pid=dead.pid)
         if gone:
-            self.fail(f"server {dead.rank} died holding the last copy of shards "
-                      f"{', '.join(map(str, gone))}; resume the run from its last checkpoint "
-                      f"with psctl resume {self.run_id[:8]}")
+            self.hub.fail(f"server {dead.rank} died holding the last copy of shards "
+                          f"{', '.join(map(str, gone))}; resume the run from its last checkpoint "
+                          f"with psctl resume {self.state.run_id[:8]}")
             return
         for index in failed_over:
-            self._failed_over_at[index] = lost_at
-            self._event("failover", index=index, lost=dead.rank,
-                        primary=self.placement.chains[index][0],
-                        chain=list(self.placement.chains[index]))
+            self.state.failed_over_at[index] = lost_at
+            self.hub.event("failover", index=index, lost=dead.rank,
+                           primary=self.state.placement.chains[index][0],
+                           chain=list(self.state.placement.chains[index]))
         for order in orders:
-            self._spawn(self._order(order.server, order.message))
+            self.hub.spawn(self.hub.order(order.server, order.message))
 
-    async def _order(self, server: int, message: Message) -> None:
-        peer = self.peers.get(("server", server))
-        if peer is None or peer.lost:
-            self.fail(f"server {server} is gone; it cannot take {type(message).__name__}")
-            return
-        await self._send(peer, message)
-
-    async def _heartbeats(self) -> None:
+    async def heartbeats(self) -> None:
         """With replicas, a server that stops beating and whose process is gone, stopped or
         blocked (hung, not dead: its sockets stay open) is killed, which closes its connection
         and fails its keys over. Killing it first means it can never serve workers that have
         not moved yet (no split brain). One that is only slow is waited for
         (``engine.roles.liveness``)."""
-        if not self.config.cluster.replicas:
+        if not self.state.config.cluster.replicas:
             return
-        await self.training.wait()
-        detector = self._watch.detector  # each server is watched from its first look (_judge)
+        await self.state.training.wait()
+        detector = self.watch.detector  # each server is watched from its first look (judge)
         while True:
             await asyncio.sleep(detector.interval_s)
             detector.tick(time.monotonic())
-            for peer in [p for p in self.peers.values() if p.role == "server"]:
+            for peer in self.state.servers():
                 if not (peer.lost or peer.fenced or peer.leaving):
-                    self._judge(peer)
+                    self.judge(peer)
 
-    def _on_beat(self, beat: Beat) -> None:
-        self._watch.detector.heard(beat.rank, beat.seq, beat.loop_lag_s)
+    def on_beat(self, beat: Beat) -> None:
+        self.watch.detector.heard(beat.rank, beat.seq, beat.loop_lag_s)
 
-    def _judge(self, peer: Peer) -> None:
-        if peer.rank not in self._watch.detector.arrivals:  # joined since (psctl scale)
-            self._watch.watch(peer.rank)
+    def judge(self, peer: Peer) -> None:
+        if peer.rank not in self.watch.detector.arrivals:  # joined since (psctl scale)
+            self.watch.watch(peer.rank)
             return
-        only = self.placement.only_copies(peer.rank)
-        verdict = self._watch.judge(peer.rank, peer.pid, ours=peer.ours, last_copy=bool(only))
+        only = self.state.placement.only_copies(peer.rank)
+        verdict = self.watch.judge(peer.rank, peer.pid, ours=peer.ours, last_copy=bool(only))
         detail = {"rank": peer.rank, "pid": peer.pid, "silent_s": round(verdict.silent_s, 3),
                   "state": verdict.state, "reason": verdict.reason}
         if verdict.action == "slow":
-            self._event("server_slow", **detail)
+            self.hub.event("server_slow", **detail)
         elif verdict.action == "withheld":
-            self._event("fence_withheld", **detail, ranges=only,
-                        message=f"server {peer.rank} {verdict.reason}, but it holds the last "
-                                f"copy of key ranges {', '.join(map(str, only))}: waiting for "
-                                "it rather than losing them")
+            self.hub.event("fence_withheld", **detail, ranges=only,
+                           message=f"server {peer.rank} {verdict.reason}, but it holds the "
+                                   f"last copy of key ranges {', '.join(map(str, only))}: "
+                                   "waiting for it rather than losing them")
         elif verdict.action == "fence":
-            self._fence(peer, verdict.silent_s, verdict.reason)
+            self.fence(peer, verdict.silent_s, verdict.reason)
 
-    def _fence(self, peer: Peer, silent: float, reason: str) -> None:
+    def fence(self, peer: Peer, silent: float, reason: str) -> None:
         peer.fenced = True
-        self._watch.forget(peer.rank)
-        self._event("server_unresponsive", rank=peer.rank, pid=peer.pid,
-                    silent_s=round(silent, 3), reason=reason)
+        self.watch.forget(peer.rank)
+        self.hub.event("server_unresponsive", rank=peer.rank, pid=peer.pid,
+                       silent_s=round(silent, 3), reason=reason)
         self._killed_at[("server", peer.rank)] = time.time() - silent
         if peer.ours:  # its pid is a process of this machine
             try:
@@ -131,112 +132,109 @@ class Recovery(CoordinatorBase):
             except OSError:
                 pass
         # Elsewhere (or gone): fail over now and stop listening to it.
-        self._fail_over(peer)
-        self._spawn(peer.connection.close())
+        self.fail_over(peer)
+        self.hub.spawn(peer.connection.close())
 
-    def _restartable(self, peer: Peer) -> bool:
+    def restartable(self, peer: Peer) -> bool:
         """A worker or the evaluator that dies mid-run is restarted by the launcher while it
         has restarts left (one that fails with an error says so first, and the run ends)."""
         return (peer.role in ("worker", "evaluator") and peer.welcomed
-                and self.restarts.get((peer.role, peer.rank), 0)
-                < self.config.fault.max_restarts)
+                and self.state.restarts.get((peer.role, peer.rank), 0)
+                < self.state.config.fault.max_restarts)
 
-    def _lose(self, peer: Peer) -> None:
+    def lose(self, peer: Peer) -> None:
         peer.lost = True
         key = (peer.role, peer.rank)
-        count = self.restarts[key] = self.restarts.get(key, 0) + 1
-        self._event(f"{peer.role}_lost", rank=peer.rank, pid=peer.pid, restart=count,
-                    max_restarts=self.config.fault.max_restarts)
-        self._spawn(self._await_rejoin(peer))
+        count = self.state.restarts[key] = self.state.restarts.get(key, 0) + 1
+        self.hub.event(f"{peer.role}_lost", rank=peer.rank, pid=peer.pid, restart=count,
+                       max_restarts=self.state.config.fault.max_restarts)
+        self.hub.spawn(self._await_rejoin(peer))
 
     async def _await_rejoin(self, lost: Peer) -> None:
         """Until its restart takes its place: the run fails when the launcher says it will not
         come back (it exited with an error), or after cluster.connect_timeout_s."""
-        limit = self.config.cluster.connect_timeout_s
+        limit = self.state.config.cluster.connect_timeout_s
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             await asyncio.sleep(REJOIN_POLL_S)
-            if self.peers.get((lost.role, lost.rank)) is not lost:
+            if self.state.peers.get((lost.role, lost.rank)) is not lost:
                 return
-            note = None if self.folder is None else read_exit_note(
-                self.folder, lost.role, lost.rank, self.opened_at)
+            note = None if self.state.folder is None else read_exit_note(
+                self.state.folder, lost.role, lost.rank, self._opened_at)
             if note is not None:
-                self.fail(f"{lost} {note}")
+                self.hub.fail(f"{lost} {note}")
                 return
-        if self.peers.get((lost.role, lost.rank)) is lost:
-            self.fail(f"{lost} died and was not restarted within {limit:g} s "
-                      "(cluster.connect_timeout_s); see its log")
+        if self.state.peers.get((lost.role, lost.rank)) is lost:
+            self.hub.fail(f"{lost} died and was not restarted within {limit:g} s "
+                          "(cluster.connect_timeout_s); see its log")
 
-    def _loss_hint(self, peer: Peer) -> str:
+    def loss_hint(self, peer: Peer) -> str:
         if peer.role in ("worker", "evaluator") and peer.welcomed:
-            used = self.restarts.get((peer.role, peer.rank), 0)
+            used = self.state.restarts.get((peer.role, peer.rank), 0)
             return (f"it was restarted {used} times already (fault.max_restarts = "
-                    f"{self.config.fault.max_restarts}); see its log")
+                    f"{self.state.config.fault.max_restarts}); see its log")
         if peer.role == "server":
             return ("a shard's values live on its server alone, so the run ends; continue it "
-                    f"from its last checkpoint with psctl resume {self.run_id[:8]}")
+                    f"from its last checkpoint with psctl resume {self.state.run_id[:8]}")
         return "see its log"
 
-    async def _inject_kills(self) -> None:
+    async def inject_kills(self) -> None:
         """The ``kill:ROLE:RANK@S`` faults, timed from the start of training."""
-        await self.training.wait()
+        await self.state.training.wait()
         for spec in (f"drop:{self.faults.drop * 100:g}%" if self.faults.drop else None,
                      f"delay:{self.faults.delay_s * 1000:g}ms" if self.faults.delay_s else None):
             if spec is not None:  # the workers apply these from the start of training
-                self._event("fault_injected", spec=spec, role="worker", rank=None, pid=None)
+                self.hub.event("fault_injected", spec=spec, role="worker", rank=None, pid=None)
         for kill in self.faults.kills:
-            await asyncio.sleep(max(0.0, self._training_at + kill.at_s - time.monotonic()))
-            peer = self.peers.get((kill.role, kill.rank))
+            await asyncio.sleep(max(0.0, self.state.training_at + kill.at_s - time.monotonic()))
+            peer = self.state.peers.get((kill.role, kill.rank))
             if peer is None or peer.leaving or not peer.pid:
-                self._event("fault_skipped", spec=kill.spec, reason="the process has left")
+                self.hub.event("fault_skipped", spec=kill.spec, reason="the process has left")
                 continue
             if not peer.ours:
-                self._event("fault_skipped", spec=kill.spec,
-                            reason="it runs on another machine, where its pid is not ours")
+                self.hub.event("fault_skipped", spec=kill.spec,
+                               reason="it runs on another machine, where its pid is not ours")
                 continue
             try:
                 self._killed_at[(kill.role, kill.rank)] = time.time()
                 self._kill(peer.pid)
             except OSError as exc:
-                self._event("fault_skipped", spec=kill.spec, reason=str(exc))
+                self.hub.event("fault_skipped", spec=kill.spec, reason=str(exc))
                 continue
-            self._event("fault_injected", spec=kill.spec, role=kill.role, rank=kill.rank,
-                        pid=peer.pid)
+            self.hub.event("fault_injected", spec=kill.spec, role=kill.role, rank=kill.rank,
+                           pid=peer.pid)
 
-    async def _checkpoints(self) -> None:
-        every = self.config.fault.checkpoint_every_s
+    async def checkpoint_loop(self) -> None:
+        every = self.state.config.fault.checkpoint_every_s
         if every is None or self.checkpoints is None:
             return
-        await self.training.wait()
+        await self.state.training.wait()
         while True:
             await asyncio.sleep(every)
-            if self._stop_reason is None:
-                await self.checkpoints.save(self._live_servers())
+            if self.state.stop_reason is None:
+                await self.checkpoints.save(self.state.live_servers())
 
-    def _live_servers(self) -> list[int]:
-        return [p.rank for p in self.peers.values() if p.role == "server" and not p.lost]
-
-    def _wants_final_checkpoint(self, status: RunStatus) -> bool:
+    def wants_final_checkpoint(self, status: RunStatus) -> bool:
         """At the end: with periodic checkpoints, or for a run that could be resumed, while
         a server is still there to save each shard."""
-        if self.checkpoints is None or not self.training.is_set():
+        if self.checkpoints is None or not self.state.training.is_set():
             return False
-        servers = [p for p in self.peers.values() if p.role == "server"]
-        if len(servers) < self.config.cluster.servers:
+        servers = self.state.servers()
+        if len(servers) < self.state.config.cluster.servers:
             return False
-        if any(p.lost for p in servers) and not self.config.cluster.replicas:
+        if any(p.lost for p in servers) and not self.state.config.cluster.replicas:
             return False
-        if not all(self.placement.chains):  # a range with no copy left: no checkpoint is whole
+        if not all(self.state.placement.chains):  # a range with no copy: no checkpoint is whole
             return False
-        return (self.config.fault.checkpoint_every_s is not None
+        return (self.state.config.fault.checkpoint_every_s is not None
                 or status is not RunStatus.FINISHED)
 
-    async def _checkpoint(self) -> None:
+    async def checkpoint(self) -> None:
         if self.checkpoints is not None:
-            await self.checkpoints.save(self._live_servers())
+            await self.checkpoints.save(self.state.live_servers())
 
     async def _order_server(self, rank: int, message: Checkpoint) -> bool:
-        peer = self.peers.get(("server", rank))
+        peer = self.state.peers.get(("server", rank))
         if peer is None or peer.leaving:
             return False
         try:

@@ -13,13 +13,9 @@ import pytest
 from engine.config import RunConfig
 from engine.errors import ConnectionClosed, StoreError
 from engine.plan import build_config
-from engine.roles.coordination import (
-    JOIN_S_PER_PROCESS,
-    Coordinator,
-    join_deadline_s,
-    join_failure,
-)
+from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_layout
+from engine.roles.joining import JOIN_S_PER_PROCESS, join_deadline_s, join_failure
 from engine.transport import MemoryTransport
 from engine.wire.messages import Hello, Welcome, dump_control, parse_control
 from engine.wire.records import RunStatus

@@ -1,9 +1,10 @@
-"""The coordinator is assembled from parts (recovery, scaling) that call each other through
-``CoordinatorBase``'s declarations: every one of those must be defined by a real part, never
-left to the base's placeholder."""
+"""The coordinator is composed of parts (moves, recovery, scaling, records) that share the
+run's state and ask the coordinator only what ``Hub`` lists: none reaches another through the
+coordinator, and each part's decisions are tested on the part."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 from pathlib import Path
@@ -11,17 +12,36 @@ from typing import Any
 
 import pytest
 
+from engine.roles import moves, recovery, scaling
 from engine.roles.coordination import Coordinator
-from engine.roles.peer import CoordinatorBase
+from engine.roles.peer import Hub
+
+PARTS = (moves, recovery, scaling)
 
 
-def test_every_declared_helper_is_defined_by_a_part_of_the_coordinator() -> None:
-    declared = [name for name, value in vars(CoordinatorBase).items()
-                if inspect.isfunction(value)]
-    assert {"fail", "_event", "_send", "_spawn", "_order", "_on_members_updated"} <= set(declared)
-    for name in declared:
-        owner = next(cls for cls in Coordinator.__mro__ if name in vars(cls))
-        assert owner is not CoordinatorBase, f"{name} is only the base's placeholder"
+def _hub_calls(module: object) -> set[str]:
+    """The names a part's module reaches through ``self.hub``."""
+    tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+    return {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "hub"}
+
+
+def test_a_part_asks_the_coordinator_only_what_the_hub_lists() -> None:
+    listed = {name for name, value in vars(Hub).items()
+              if inspect.isfunction(value) and not name.startswith("_")}
+    assert listed == {"fail", "event", "send", "order", "spawn"}
+    for module in PARTS:
+        assert _hub_calls(module) <= listed, module.__name__
+    for name in listed:  # the coordinator is a Hub
+        assert callable(getattr(Coordinator, name))
+
+
+def test_no_part_inherits_from_another_or_from_a_base_of_stubs() -> None:
+    for cls in (moves.Moves, recovery.Recovery, scaling.Scaling, Coordinator):
+        assert cls.__mro__ == (cls, object), cls
+        source = inspect.getsource(cls)
+        assert "NotImplementedError" not in source, cls
 
 
 class _Connection:
@@ -69,9 +89,9 @@ def test_a_silent_server_whose_kill_fails_is_failed_over_at_once_and_only_once()
         silent, backup = _Connection(), _Connection()
         peers = [Peer("server", 0, silent, welcomed=True, pid=4242),  # type: ignore[arg-type]
                  Peer("server", 1, backup, welcomed=True, pid=4343)]  # type: ignore[arg-type]
-        coordinator.peers = {("server", p.rank): p for p in peers}
-        coordinator._fence(peers[0], 0.7, "no heartbeat for 0.70 s")
-        coordinator._fail_over(peers[0])  # its connection closing later changes nothing
+        coordinator.peers.update({("server", p.rank): p for p in peers})
+        coordinator.recovery.fence(peers[0], 0.7, "no heartbeat for 0.70 s")
+        coordinator.recovery.fail_over(peers[0])  # its connection closing later changes nothing
         await asyncio.sleep(0.05)
         assert killed == [4242] and peers[0].lost and silent.closed
         assert events.kinds.count("server_lost") == 1
@@ -99,10 +119,10 @@ def test_moves_are_refused_where_a_snapshot_cannot_carry_a_ranges_whole_state(
         coordinator = Coordinator(config, run_id="e" * 32, token="t",
                                   layout=model_layout(config), recorder=_Events(),
                                   folder=tmp_path)
-        first = coordinator.move_refusal()
+        first = coordinator.moves.refusal()
         coordinator.membership.scale_to(3)  # a job whose workers changed cannot move ranges
         if first is None:
-            assert "changed its workers" in str(coordinator.move_refusal())
+            assert "changed its workers" in str(coordinator.moves.refusal())
         return first
 
     found = asyncio.run(refusal())
@@ -117,7 +137,7 @@ def test_without_a_run_folder_nothing_moves() -> None:
         config = build_config({}, {"data.dataset": "digits"})
         return Coordinator(config, run_id="e" * 32, token="t",
                            layout=model_layout(config),
-                           recorder=_Events()).move_refusal()
+                           recorder=_Events()).moves.refusal()
 
     assert "no folder" in str(asyncio.run(refusal()))
 
@@ -137,16 +157,17 @@ def test_a_silent_server_holding_the_last_copy_is_waited_for_not_fenced() -> Non
         coordinator = Coordinator(config, run_id="f" * 32, token="t",
                                   layout=model_layout(config), recorder=events,
                                   kill=killed.append)
-        coordinator._watch.probe = lambda pid, cpu: Look(State.STOPPED, 0.0)
+        part = coordinator.recovery
+        part.watch.probe = lambda pid, cpu: Look(State.STOPPED, 0.0)
         survivor = Peer("server", 0, _Connection(), welcomed=True, pid=4242)  # type: ignore[arg-type]
-        coordinator.peers = {("server", 0): survivor}
+        coordinator.peers[("server", 0)] = survivor
         coordinator.placement.lose(1)  # server 1 died: server 0 holds every range alone
-        coordinator._watch.watch(0)
-        detector = coordinator._watch.detector
+        part.watch.watch(0)
+        detector = part.watch.detector
         for tick in range(60):  # 6 s of silence
             detector.tick(tick * detector.interval_s)
-        coordinator._judge(survivor)
-        coordinator._judge(survivor)  # said once
+        part.judge(survivor)
+        part.judge(survivor)  # said once
         return events.kinds
 
     kinds = asyncio.run(main())
@@ -167,12 +188,12 @@ def test_no_final_checkpoint_is_tried_once_a_range_has_no_copy_left(tmp_path: Pa
                                   layout=model_layout(config), recorder=_Events(),
                                   folder=tmp_path)
         coordinator.training.set()
-        coordinator.peers = {("server", r): Peer("server", r, _Connection(),  # type: ignore[arg-type]
-                                                 welcomed=True) for r in (0, 1)}
+        coordinator.peers.update({("server", r): Peer("server", r, _Connection(),  # type: ignore[arg-type]
+                                                      welcomed=True) for r in (0, 1)})
         coordinator.placement.lose(1)
-        before = coordinator._wants_final_checkpoint(RunStatus.FAILED)
+        before = coordinator.recovery.wants_final_checkpoint(RunStatus.FAILED)
         coordinator.placement.lose(0)  # both copies of every range: the run failed
-        return before, coordinator._wants_final_checkpoint(RunStatus.FAILED)
+        return before, coordinator.recovery.wants_final_checkpoint(RunStatus.FAILED)
 
     # one copy left: saved (resumable); none left: not tried (it waited 30 s for nobody)
     assert asyncio.run(wants()) == (True, False)
@@ -191,9 +212,9 @@ def test_a_server_that_joined_while_training_is_watched_from_its_first_look() ->
                                   layout=model_layout(config), recorder=events)
         newcomer = Peer("server", 2, _Connection(), welcomed=True, pid=4444,  # type: ignore[arg-type]
                         newcomer=True)
-        coordinator._judge(newcomer)  # was a KeyError that ended the run (psctl scale)
-        coordinator._judge(newcomer)
-        return 2 in coordinator._watch.detector.arrivals, events.kinds
+        coordinator.recovery.judge(newcomer)  # was a KeyError that ended the run (psctl scale)
+        coordinator.recovery.judge(newcomer)
+        return 2 in coordinator.recovery.watch.detector.arrivals, events.kinds
 
     watched, kinds = asyncio.run(main())
     assert watched and "server_unresponsive" not in kinds
