@@ -3,7 +3,9 @@
 The launcher writes nothing to the database: the coordinator process owns the recorder. The
 launcher only steps in when the coordinator ended without recording how (it died, or its recorder
 failed), marking the run failed (or interrupted) through the recorder's one-shot ``mark_ended``;
-it reads the run's events to start the roles in waves. Every child runs in its own session, so a
+it attaches to the coordinator (``engine.transport.attach``) to be told when each wave of roles
+joined, which ranks ``psctl scale`` added and how the run ended, and to tell it which roles
+ended for good. Every child runs in its own session, so a
 terminal Ctrl-C reaches the launcher alone and shutdown happens in order; every child also asks
 the kernel to kill it should the launcher die (see ``engine.roles.lifecycle``).
 
@@ -24,21 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from engine.config import RunConfig
 from engine.datasets.sources import label
-from engine.db.schema import events, open_engine, translate_errors
-from engine.errors import LaunchError, RunFailed, RunNotFound, StoreError
+from engine.db.schema import open_engine
+from engine.errors import LaunchError, PsctlError, RunFailed, RunNotFound, StoreError
 from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess
 from engine.hosts.local import LocalHosts
 from engine.hosts.template import TemplateHosts, template_available
 from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
 from engine.recorder import Recorder
 from engine.roles.checkpoints import checkpoint_folder
-from engine.roles.exits import signal_name, write_exit_note
-from engine.roles.membership import ranks_to_spawn
 from engine.transport.admission import credential
+from engine.transport.attach import Attachment
+from engine.transport.control import Lost
+from engine.wire.messages import Joined, RoleEnded, RunEnded, StartRoles
 from engine.wire.records import RunStatus
 
 ANNOUNCE_TIMEOUT_S = 30.0
@@ -51,6 +52,10 @@ MIN_WAVE = 4
 # joins must not hold the others back; the coordinator's join deadline reports it).
 WAVE_JOIN_WAIT_S = 10.0
 _POLL_S = 0.1
+# How long the launcher waits, once the coordinator ended, for its word on how the run ended
+# (it reads the database without it).
+LAST_WORD_WAIT_S = 2.0
+_WHY_CHARS = 2000  # RoleEnded.why's bound
 # The environment a role is started with names its own secret and place, never the launcher's.
 _NOT_PASSED_ON = ("PSCTL_TOKEN", "PSCTL_CREDENTIAL", "PSCTL_COORDINATOR", "PSCTL_RANK")
 # Measured on this machine kind: glibc returning and re-faulting 4 MB frames costs ~2 ms per
@@ -153,6 +158,10 @@ class Launcher(NewRun):
         self._token = secrets.token_urlsafe(32)
         self._interrupted = False
         self._address: str | None = None
+        self._link: Attachment | None = None
+        self._joined = 0  # processes the coordinator admitted, as it told
+        self._wanted: dict[str, list[int]] = {"worker": [], "server": []}  # psctl scale's ranks
+        self._end: RunEnded | None = None  # how the run ended, as the coordinator told
 
     def _local_hosts(self, *, append: bool) -> Hosts:
         if self.config.cluster.template and template_available():
@@ -177,6 +186,7 @@ class Launcher(NewRun):
             "coordinator", "--config", str(config_path), "--run-id", self.run_id,
             "--name", self.name, "--db", str(self.db), "--host", NODE, *resume], announce=True)
         address = self._address = self._await_announcement(coordinator)
+        self._link = self._attach(coordinator, address)
         try:
             self._start_roles(address)
         except KeyboardInterrupt:  # starting a hundred roles takes minutes: Ctrl-C ends it all
@@ -201,20 +211,50 @@ class Launcher(NewRun):
     def _await_joined(self, started: int) -> bool:
         """Wait (at most WAVE_JOIN_WAIT_S) until the roles started so far joined, or died;
         whether the coordinator is still there to start more for."""
-        try:
-            engine = open_engine(self.db, readonly=True)
-        except StoreError:  # unreadable: the coordinator fails the run; start the rest anyway
-            return self.children[0].process.poll() is None
-        try:
-            deadline = time.monotonic() + WAVE_JOIN_WAIT_S
-            while time.monotonic() < deadline and self.children[0].process.poll() is None:
-                dead = sum(c.process.poll() is not None for c in self.children[1:])
-                if _joined(engine, self.run_id) + dead >= started:
-                    break
-                time.sleep(_POLL_S)
-        finally:
-            engine.dispose()
+        deadline = time.monotonic() + WAVE_JOIN_WAIT_S
+        while time.monotonic() < deadline and self.children[0].process.poll() is None:
+            dead = sum(c.process.poll() is not None for c in self.children[1:])
+            if self._joined + dead >= started:
+                break
+            self._hear(_POLL_S)
         return self.children[0].process.poll() is None
+
+    def _attach(self, coordinator: Child, address: str) -> Attachment:
+        try:
+            return Attachment.open(address, "launcher", token=self._token,
+                                   timeout=ANNOUNCE_TIMEOUT_S)
+        except LaunchError as exc:
+            self.stop_all(grace_s=0)
+            self.hosts.close()
+            raise LaunchError(f"{exc} (log {coordinator.log}):\n{coordinator.log_tail()}") from None
+
+    def _hear(self, wait_s: float) -> None:
+        """Take what the coordinator told, waiting at most ``wait_s`` for the first word."""
+        link = self._link
+        if link is None:
+            time.sleep(wait_s)
+            return
+        message = link.next(wait_s)
+        while message is not None:
+            if isinstance(message, Lost):  # it ended (or died): the database says how
+                self._link = None
+                link.close()
+                return
+            if isinstance(message, Joined):
+                self._joined = max(self._joined, message.count)
+            elif isinstance(message, StartRoles):
+                self._wanted = {"worker": message.workers, "server": message.servers}
+            elif isinstance(message, RunEnded):
+                self._end = message
+            message = link.next(0)
+
+    def _tell_ended(self, child: Child, why: str) -> None:
+        """Tell the coordinator that ``child`` will not come back, and why."""
+        if self._link is None or self.children[0].process.poll() is not None:
+            return
+        with contextlib.suppress(PsctlError):  # it is gone: its rejoin timeout ends the run
+            self._link.send(RoleEnded.model_validate(
+                {"role": child.role, "rank": child.rank, "why": why[:_WHY_CHARS]}))
 
     def wait(self, on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> LaunchResult:
         """Block until the run ends (Ctrl-C interrupts it cleanly); never leaves a child behind."""
@@ -224,7 +264,7 @@ class Launcher(NewRun):
                 self._spawn_newcomers()
                 if on_tick is not None:
                     on_tick()
-                time.sleep(tick_s)
+                self._hear(tick_s)
         except KeyboardInterrupt:
             self._interrupted = True
             self.children[0].process.send_signal(signal.SIGTERM)
@@ -235,7 +275,18 @@ class Launcher(NewRun):
                 self._interrupted = True
                 self.stop_all(grace_s=0)
             self.hosts.close()
+        self._await_last_word()
         return self._result()
+
+    def _await_last_word(self) -> None:
+        """The coordinator ended: what it told last (how the run ended) may still be on its way
+        to this process; the connection's end says when nothing more comes."""
+        deadline = time.monotonic() + LAST_WORD_WAIT_S
+        while self._link is not None and self._end is None and time.monotonic() < deadline:
+            self._hear(_POLL_S)
+        if self._link is not None:
+            self._link.close()
+            self._link = None
 
     def _watch_roles(self) -> None:
         """Reap the roles that ended (none lingers <defunct>), restart those the run lets it,
@@ -248,8 +299,8 @@ class Launcher(NewRun):
                 continue
             child.ended = True
             code = child.process.returncode or 0
-            if code and self.children[0].process.poll() is None:
-                write_exit_note(self.logs, child.role, child.rank, self._end_of(child, code))
+            if code:
+                self._tell_ended(child, self._end_of(child, code))
 
     def _end_of(self, child: Child, code: int) -> str:
         """Why ``child`` ended for good, in words, with the last lines it wrote."""
@@ -267,7 +318,7 @@ class Launcher(NewRun):
         started."""
         for role in ("worker", "server"):
             started = {c.rank for c in self.children if c.role == role}
-            for rank in ranks_to_spawn(self.logs, role):
+            for rank in self._wanted[role]:
                 if rank not in started and self._address is not None:
                     self._spawn(role, rank, self._role_args(role, rank, self._address))
 
@@ -305,7 +356,7 @@ class Launcher(NewRun):
             with contextlib.suppress(OSError), child.log.open("ab") as handle:
                 handle.write(f"{_RESTART_MARK} could not restart {child.label}: {exc}\n".encode())
             child.ended = True
-            write_exit_note(self.logs, child.role, child.rank, f"could not be restarted: {exc}")
+            self._tell_ended(child, f"could not be restarted: {exc}")
 
     def stop_all(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Let children exit on their own for ``grace_s``, then kill what is left."""
@@ -328,6 +379,10 @@ class Launcher(NewRun):
         failed = () if self._interrupted or orphaned else tuple(
             c.label for c in self.children[1:]
             if c.process.returncode not in (0, None, -signal.SIGKILL))
+        told = self._end
+        if told is not None and told.recorded:  # the coordinator recorded it: the run's record
+            return LaunchResult(self.run_id, RunStatus(told.status), told.reason, self.logs,
+                                failed, len(self.children))
         status, guess = self._unrecorded_end()
         reason: str | None = guess
         # A no-op when the coordinator recorded the end itself; it did not if it died, or if
@@ -440,6 +495,14 @@ class Launcher(NewRun):
                           f"{coordinator.log_tail()}")
 
 
+def signal_name(code: int) -> str:
+    """SIGKILL for -9: how a process killed by a signal (a negative return code) ended."""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
 def wave_size() -> int:
     """How many roles start at once: a few per core this process may run on."""
     try:
@@ -447,14 +510,3 @@ def wave_size() -> int:
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
     return max(MIN_WAVE, WAVE_PER_CPU * cpus)
-
-
-def _joined(engine: sa.Engine, run_id: str) -> int:
-    """Roles of the run the coordinator has admitted so far (a few hundred ms behind)."""
-    query = sa.select(sa.func.count()).select_from(events).where(
-        events.c.run_id == run_id, events.c.kind == "process_joined")
-    try:
-        with translate_errors("counting the roles that joined"), engine.connect() as conn:
-            return int(conn.execute(query).scalar() or 0)
-    except StoreError:  # busy, say: count nobody yet and ask again
-        return 0

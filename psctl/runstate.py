@@ -28,14 +28,3 @@ def run_and_event(db: Path, selector: str, kind: str) -> tuple[str, Any, dict[st
     finally:
         engine.dispose()
     return run_id, row, None if detail is None else json.loads(detail)
-
-
-def latest_event_id(db: Path, run_id: str) -> int:
-    engine = open_engine(db, readonly=True)
-    try:
-        with translate_errors(f"reading run {run_id}"), engine.connect() as conn:
-            latest = conn.execute(sa.select(sa.func.max(events.c.id)).where(
-                events.c.run_id == run_id)).scalar()
-    finally:
-        engine.dispose()
-    return int(latest or 0)

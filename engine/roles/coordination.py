@@ -34,8 +34,9 @@ from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
 from engine.roles.joining import join_deadline_s, join_failure, role_config
 from engine.roles.lifecycle import this_machine
 from engine.roles.liveness import open_receiver
-from engine.roles.membership import Membership
+from engine.roles.membership import Membership, write_control_credential
 from engine.roles.moves import Moves
+from engine.roles.parties import Parties
 from engine.roles.peer import Peer, Progress, RunState
 from engine.roles.placement import Placement
 from engine.roles.recording import RecorderSink, Records
@@ -43,8 +44,10 @@ from engine.roles.recovery import Recovery
 from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
 from engine.roles.sandblaster import Sandblaster
 from engine.roles.scaling import Scaling
+from engine.transport.admission import credential
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
+    Attach,
     ControlMessage,
     Done,
     EpochDone,
@@ -57,6 +60,7 @@ from engine.wire.messages import (
     Iterations,
     Message,
     Ready,
+    RunEnded,
     Serving,
     ShardInfo,
     Start,
@@ -120,14 +124,14 @@ class Coordinator:
             placement=Placement(self.ranges, config.cluster.replicas, config.cluster.servers),
             membership=Membership(config.cluster.workers),
             server_members=Membership(config.cluster.servers))
-        # started_at moves back by a resumed run's active time (its evaluations' clock);
-        # opened_at is when this coordinator began, for what happened since (exit notes).
-        self.started_at = self.opened_at = time.time()
+        # started_at moves back by a resumed run's active time (its evaluations' clock).
+        self.started_at = time.time()
         self.moves = Moves(self.state, self)
         self.recovery = Recovery(self.state, self, abandon=self.moves.abandon, kill=kill,
-                                 opened_at=self.opened_at,
                                  first_checkpoint=resume.seq if resume else 0)
-        self.scaling = Scaling(self.state, self, self.moves)
+        self.parties = Parties(self, run_id, ended_for_good=self.recovery.ended_for_good,
+                               scale=lambda role, count: self.scaling.request(role, count))
+        self.scaling = Scaling(self.state, self, self.moves, start=self.parties.start_roles)
         self._refused = 0  # connections refused for a bad hello
         self._beats: asyncio.DatagramTransport | None = None
         self._beats_port: int | None = None
@@ -182,9 +186,13 @@ class Coordinator:
                                                                    self.recovery.on_beat)
         for coro in (self._watch_registration(), self._evaluation_timer(), self._deadline(),
                      self._sample_processes(), self.recovery.inject_kills(),
-                     self.recovery.checkpoint_loop(), self.scaling.watch_requests(),
-                     self.recovery.heartbeats()):
+                     self.recovery.checkpoint_loop(), self.recovery.heartbeats()):
             self.spawn(coro)
+        if self.state.folder is not None:  # psctl scale attaches with it
+            try:
+                write_control_credential(self.state.folder, credential(self.token, "scale", 0))
+            except StoreError as exc:  # the run goes on; psctl scale says it cannot attach
+                self.event("scale_unavailable", reason=str(exc))
         return self._listener.address
 
     async def run(self) -> tuple[RunStatus, str | None]:
@@ -197,11 +205,16 @@ class Coordinator:
         if self.recovery.wants_final_checkpoint(status):
             await self.recovery.checkpoint()
         await self._dismiss_all()
+        return status, reason
+
+    async def close(self, ended: RunEnded | None = None) -> None:
+        """After the run's end is recorded: tell the launcher how it ended, stop listening."""
+        if ended is not None:
+            await self.parties.tell_end(ended)
         if self._listener is not None:
             await self._listener.close()
         if self._beats is not None:
             self._beats.close()
-        return status, reason
 
     def fail(self, reason: str) -> None:
         # Settled before it is recorded: a recorder that cannot write must not keep the run alive.
@@ -227,6 +240,9 @@ class Coordinator:
     async def _serve(self, connection: Connection) -> None:
         try:
             hello = await self._hello(connection)
+            if isinstance(hello, Attach):  # the launcher or psctl scale: no process of the run
+                await self.parties.serve(connection, hello)
+                return
             peer = self._register(hello, connection)
         except PsctlError as exc:  # one bad hello is refused; the run goes on
             await self._refuse(connection, exc)
@@ -257,19 +273,25 @@ class Coordinator:
         except PsctlError as exc:
             self.fail(f"{peer} sent an invalid message: {exc}")
 
-    async def _hello(self, connection: Connection) -> Hello:
-        """The hello a connection opens with, or a PsctlError saying why it is refused."""
+    async def _hello(self, connection: Connection) -> Hello | Attach:
+        """The hello (or a party's attach) a connection opens with, or a PsctlError saying why
+        it is refused."""
         timeout = min(self.config.cluster.connect_timeout_s, HELLO_TIMEOUT_S)
         try:
             hello = parse_control(await asyncio.wait_for(connection.recv(), timeout))
         except TimeoutError:
             raise ProtocolError(f"no hello within {timeout:g} s of connecting") from None
-        if not isinstance(hello, Hello):
+        role: str
+        if isinstance(hello, Attach):
+            role, rank = hello.client, 0
+        elif isinstance(hello, Hello):
+            role, rank = hello.role, hello.rank
+        else:
             raise ProtocolError(f"expected hello, got {hello.type}")
         admission = connection.admission
-        if admission is not None and not admission.permits(hello.role, hello.rank):
+        if admission is not None and not admission.permits(role, rank):
             raise AuthenticationError(f"admitted as {admission}, it said hello as "
-                                      f"{hello.role} {hello.rank}")
+                                      f"{role} {rank}")
         return hello
 
     async def _refuse(self, connection: Connection, why: PsctlError) -> None:
@@ -366,6 +388,7 @@ class Coordinator:
         else:
             self.event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid,
                        node=hello.node, machine=hello.machine)
+            self.parties.one_joined()
         if self.sampler is not None and peer.ours:
             self.sampler.watch(hello.role, hello.rank, hello.pid)
         return peer

@@ -24,6 +24,7 @@ from engine.roles.coordination import Coordinator, Resume
 from engine.roles.lifecycle import this_machine
 from engine.roles.sampling import PsutilSampler, oversubscription, usable_cores
 from engine.transport.base import Transport
+from engine.wire.messages import RunEnded
 from engine.wire.records import EventRecord, RunStatus
 
 EXIT_CODES = {RunStatus.FINISHED: 0, RunStatus.FAILED: 1, RunStatus.INTERRUPTED: 130}
@@ -70,6 +71,7 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     status: RunStatus = RunStatus.FAILED
     reason: str | None = "coordinator stopped before the run ended"
     watcher: asyncio.Task[None] | None = None
+    coordinator: Coordinator | None = None
     try:
         sampler = PsutilSampler()
         sampler.watch("coordinator", 0, os.getpid())
@@ -99,8 +101,11 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     finally:
         if watcher is not None:
             watcher.cancel()
-        status, reason = await asyncio.to_thread(_record_end, recorder, db, run_id, status,
-                                                 reason)
+        status, reason, recorded = await asyncio.to_thread(_record_end, recorder, db, run_id,
+                                                           status, reason)
+        if coordinator is not None:  # the launcher is told; it reads the database otherwise
+            await coordinator.close(RunEnded(status=status.value, reason=reason,
+                                             recorded=recorded))
         recorder.close()
     return status
 
@@ -127,22 +132,24 @@ async def _watch_recorder(recorder: Recorder, coordinator: Coordinator) -> None:
 
 
 def _record_end(recorder: Recorder, db: Path, run_id: str, status: RunStatus,
-                reason: str | None) -> tuple[RunStatus, str | None]:
+                reason: str | None) -> tuple[RunStatus, str | None, bool]:
     """Record the run's end; a run whose end cannot be recorded failed, and that is written
     through a fresh connection if the database still takes it (a run row that is gone does not).
-    The last line on stderr says why, for the launcher to report when the database cannot."""
+    The last line on stderr says why, for the launcher to report when the database cannot.
+    Returns the status and reason, and whether the database holds them."""
     try:
         recorder.finish(status, reason)
-        return status, reason
+        return status, reason, True
     except StoreError as exc:
         if status is not RunStatus.FAILED:
             reason = f"its end ({status.value}) could not be recorded: {exc}"
+    recorded = False
     try:
-        Recorder.mark_ended(db, run_id, RunStatus.FAILED, reason)
+        recorded = Recorder.mark_ended(db, run_id, RunStatus.FAILED, reason)
     except StoreError as exc:
         log.error("could not mark run %s failed either: %s", run_id, exc)
     print(f"psctl coordinator: run {run_id} failed: {reason}", file=sys.stderr, flush=True)
-    return RunStatus.FAILED, reason
+    return RunStatus.FAILED, reason, recorded
 
 
 def _on_signals(handler: Callable[[], None]) -> None:

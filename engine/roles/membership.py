@@ -1,26 +1,22 @@
 """Workers joining and leaving a running job (``psctl scale RUN --workers N``).
 
-``psctl scale`` writes the wanted worker count to ``scale.json`` in the run's folder. The
-coordinator reads it, decides which ranks join (new ranks, never reused) and which leave (the
-highest), and writes the ranks that should exist to ``spawn.json``, which the launcher reads to
-start the newcomers. A newcomer joins the servers at the clock its consistency model gives it and
+``psctl scale`` attaches to the run's coordinator and asks for a number of workers. The
+coordinator decides which ranks join (new ranks, never reused) and which leave (the highest),
+answers, and tells the launcher (attached too) every rank that should exist, so that it starts
+the newcomers. A newcomer joins the servers at the clock its consistency model gives it and
 trains on its share of the data for the epochs left; a leaver is told to stop, finishes its
 iteration, and leaves the servers' accounting once its last push is in.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
 
 from engine.consistency.registry import CHANGING_WORKERS, CONSISTENCY_MODELS
 from engine.errors import ConfigError, StoreError
 
-SCALE_FILE = "scale.json"
-SERVERS_FILE = "scale-servers.json"  # psctl scale --servers: its own request
-SPAWN_FILE = "spawn.json"
+CONTROL_CREDENTIAL = "control.credential"
 MAX_WORKERS = 256
 MAX_SERVERS = 64
 # The consistency models whose servers can count a changing set of workers.
@@ -54,64 +50,34 @@ def check_scalable(model: str, rule: str, push_every: int = 1) -> None:
                           "its job cannot change its workers")
 
 
-def write_json(path: Path, value: dict[str, object]) -> None:
-    """Atomically, so a reader never sees half a file."""
+def check_count(role: str, count: int) -> None:
+    """The bounds of a ``psctl scale`` request, checked where it is made and where it lands."""
+    most = MAX_WORKERS if role == "workers" else MAX_SERVERS
+    if not 1 <= count <= most:
+        raise ConfigError(f"--{role} {count}: a job has 1 to {most} {role}")
+
+
+def write_control_credential(folder: Path, credential: str) -> None:
+    """What admits ``psctl scale`` (and nothing else) to the run: a file only the run's user
+    can read, in the run's folder (``psctl scale`` finds it there)."""
+    path = folder / CONTROL_CREDENTIAL
     partial = path.with_name(path.name + ".partial")
     try:
-        partial.write_text(json.dumps(value))
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(credential)
         os.replace(partial, path)
     except OSError as exc:
         raise StoreError(f"cannot write {path}: {exc}") from None
 
 
-def request_scale(folder: Path, workers: int) -> None:
-    if not 1 <= workers <= MAX_WORKERS:
-        raise ConfigError(f"--workers {workers}: a job has 1 to {MAX_WORKERS} workers")
-    write_json(folder / SCALE_FILE, {"workers": workers, "requested_at": time.time()})
-
-
-def read_count(path: Path, key: str) -> object | None:
-    """``key`` of the JSON object in ``path``, or None if there is none (yet, or unreadable:
-    a request being replaced is read again at the next poll)."""
+def read_control_credential(folder: Path) -> str:
+    path = folder / CONTROL_CREDENTIAL
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value.get(key) if isinstance(value, dict) else None
-
-
-def wanted_workers(folder: Path) -> tuple[int, float] | None:
-    """The latest request: (workers, when it was made), if there is a valid one."""
-    return _wanted(folder / SCALE_FILE, "workers", MAX_WORKERS)
-
-
-def request_servers(folder: Path, servers: int) -> None:
-    if not 1 <= servers <= MAX_SERVERS:
-        raise ConfigError(f"--servers {servers}: a job has 1 to {MAX_SERVERS} servers")
-    write_json(folder / SERVERS_FILE, {"servers": servers, "requested_at": time.time()})
-
-
-def wanted_servers(folder: Path) -> tuple[int, float] | None:
-    """The latest ``psctl scale --servers`` request: (servers, when it was made)."""
-    return _wanted(folder / SERVERS_FILE, "servers", MAX_SERVERS)
-
-
-def _wanted(path: Path, key: str, most: int) -> tuple[int, float] | None:
-    count, at = read_count(path, key), read_count(path, "requested_at")
-    if (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= most
-            and isinstance(at, float)):
-        return count, at
-    return None
-
-
-def ranks_to_spawn(folder: Path, role: str = "worker") -> list[int]:
-    """The ranks of ``role`` the coordinator wants to exist (the launcher starts those it has
-    not started)."""
-    ranks = read_count(folder / SPAWN_FILE, "ranks" if role == "worker" else "servers")
-    if not isinstance(ranks, list):
-        return []
-    return [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)
-            and 0 <= r < 2**20]
+        return path.read_text().strip()
+    except OSError as exc:
+        raise StoreError(f"cannot read the run's credential for psctl scale ({path}): "
+                         f"{exc.strerror or exc}") from None
 
 
 class Membership:

@@ -11,15 +11,11 @@ from engine.errors import ConnectionClosed
 from engine.faults import FaultPlan
 from engine.replication.detector import Detector
 from engine.roles.checkpoints import CheckpointKeeper
-from engine.roles.exits import read_exit_note
 from engine.roles.liveness import ServerWatch
 from engine.roles.peer import Hub, Peer, RunState
 from engine.wire.beats import Beat
 from engine.wire.messages import Checkpoint, dump_control
 from engine.wire.records import EventRecord, RunStatus
-
-# How often a lost role's rejoin wait looks for the launcher's word that it will not come back.
-REJOIN_POLL_S = 0.25
 
 
 class Recovery:
@@ -30,9 +26,9 @@ class Recovery:
     (``abandon``)."""
 
     def __init__(self, state: RunState, hub: Hub, *, abandon: Callable[[int], None],
-                 kill: Callable[[int], None], opened_at: float, first_checkpoint: int = 0) -> None:
+                 kill: Callable[[int], None], first_checkpoint: int = 0) -> None:
         self.state, self.hub = state, hub
-        self._abandon, self._kill, self._opened_at = abandon, kill, opened_at
+        self._abandon, self._kill = abandon, kill
         config = state.config
         self.faults = FaultPlan.of(config.fault.inject)
         self.watch = ServerWatch(
@@ -42,6 +38,8 @@ class Recovery:
             state.folder, len(state.placement.ranges), first_seq=first_checkpoint,
             send=self._order_server, event=hub.event)
         self._linked = 0  # chains linked at the start: the servers are ready once all are
+        self._ended: dict[tuple[str, int], str] = {}  # role -> why it will not come back
+        self._awaited: dict[tuple[str, int], Peer] = {}  # lost, its restart awaited
         self._killed_at: dict[tuple[str, int], float] = {}
 
     def on_server_event(self, row: EventRecord) -> None:
@@ -148,23 +146,30 @@ class Recovery:
         count = self.state.restarts[key] = self.state.restarts.get(key, 0) + 1
         self.hub.event(f"{peer.role}_lost", rank=peer.rank, pid=peer.pid, restart=count,
                        max_restarts=self.state.config.fault.max_restarts)
+        why = self._ended.get(key)
+        if why is not None:  # the launcher said so before its connection closed here
+            self.hub.fail(f"{peer} {why}")
+            return
+        self._awaited[key] = peer
         self.hub.spawn(self._await_rejoin(peer))
 
+    def ended_for_good(self, role: str, rank: int, why: str) -> None:
+        """The launcher says ``role rank`` will not come back (it exited with an error, or
+        crashed the same way again): the run fails with that at once instead of waiting out
+        its rejoin, if it is lost (else when it is)."""
+        self._ended[(role, rank)] = why
+        awaited = self._awaited.get((role, rank))
+        if awaited is not None and self.state.peers.get((role, rank)) is awaited:
+            self.hub.fail(f"{awaited} {why}")
+
     async def _await_rejoin(self, lost: Peer) -> None:
-        """Until its restart takes its place: the run fails when the launcher says it will not
-        come back (it exited with an error), or after cluster.connect_timeout_s."""
+        """Until its restart takes its place, at most cluster.connect_timeout_s."""
         limit = self.state.config.cluster.connect_timeout_s
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            await asyncio.sleep(REJOIN_POLL_S)
-            if self.state.peers.get((lost.role, lost.rank)) is not lost:
-                return
-            note = None if self.state.folder is None else read_exit_note(
-                self.state.folder, lost.role, lost.rank, self._opened_at)
-            if note is not None:
-                self.hub.fail(f"{lost} {note}")
-                return
-        if self.state.peers.get((lost.role, lost.rank)) is lost:
+        await asyncio.sleep(limit)
+        key = (lost.role, lost.rank)
+        if self._awaited.get(key) is lost:
+            del self._awaited[key]
+        if self.state.peers.get(key) is lost:
             self.hub.fail(f"{lost} died and was not restarted within {limit:g} s "
                           "(cluster.connect_timeout_s); see its log")
 

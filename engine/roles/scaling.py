@@ -1,4 +1,4 @@
-"""The coordinator's part for ``psctl scale``: reading the request, telling the launcher whom to
+"""The coordinator's part for ``psctl scale``: answering its request, telling the launcher whom to
 start and the servers who the workers are, welcoming newcomers (``engine.roles.membership``)."""
 
 from __future__ import annotations
@@ -7,34 +7,29 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from engine.errors import ConfigError, PsctlError
 from engine.roles.joining import role_config
-from engine.roles.membership import (
-    SPAWN_FILE,
-    check_scalable,
-    check_servers_scalable,
-    wanted_servers,
-    wanted_workers,
-    write_json,
-)
+from engine.roles.membership import check_count, check_scalable, check_servers_scalable
 from engine.roles.moves import Moves
 from engine.roles.peer import Hub, Peer, RunState
 from engine.wire.messages import Members, Stop
 from engine.wire.records import EventRecord
 
-SCALE_POLL_S = 0.5  # how often the run's folder is read for a psctl scale request
-
 
 class Scaling:
-    """Owns ``psctl scale``: reads the request, changes the run's memberships, tells the
-    launcher whom to start and the servers who the workers are, and welcomes newcomers. It asks
-    the moves whether ranges may move (``refusal``, ``busy``) and hands leaving servers to them
-    (``retire``)."""
+    """Owns ``psctl scale``: answers its request (``request``), changes the run's
+    memberships, tells the launcher whom to start and the servers who the workers are, and
+    welcomes newcomers. It asks the moves whether ranges may move (``refusal``, ``busy``) and
+    hands leaving servers to them (``retire``)."""
 
-    def __init__(self, state: RunState, hub: Hub, moves: Moves) -> None:
-        self.state, self.hub, self.moves = state, hub, moves
+    def __init__(self, state: RunState, hub: Hub, moves: Moves,
+                 start: Callable[[list[int], list[int]], None]) -> None:
+        """``start(workers, servers)`` tells the launcher every worker and server rank the job
+        has (it starts those it has not)."""
+        self.state, self.hub, self.moves, self._start = state, hub, moves, start
         self._acked: set[int] = set()  # servers that applied the last set of workers
         self._acks = asyncio.Event()
         self._join_clocks: dict[int, int] = {}
@@ -58,67 +53,58 @@ class Scaling:
                 self._join_clocks[rank] = min(clock, self._join_clocks.get(rank, clock))
         self._acks.set()
 
-    async def watch_requests(self) -> None:
-        folder = self.state.folder
-        if folder is None:
-            return
-        await self.state.training.wait()
-        handled: dict[str, tuple[int, float] | None] = {"workers": None, "servers": None}
-        while True:
-            await asyncio.sleep(SCALE_POLL_S)
-            for role, read, scale in (("workers", wanted_workers, self._scale),
-                                      ("servers", wanted_servers, self._scale_servers)):
-                wanted = read(folder)
-                if wanted is None or wanted == handled[role] or self.state.stop_reason is not None:
-                    continue
-                handled[role] = wanted
-                scale(wanted[0])
-
-    def _scale(self, target: int) -> None:
+    def request(self, role: str, target: int) -> tuple[str, dict[str, Any]]:
+        """``psctl scale``'s request for ``target`` workers or servers, done or refused;
+        answered with the event that says so (it is recorded too)."""
         try:
-            check_scalable(self.state.config.sync.model, self.state.config.learning.rule,
-                           self.state.config.train.push_every)
-            if self.moves.busy():  # a handoff carries no membership change
-                raise ConfigError("servers are moving key ranges right now; ask again once "
-                                  "they are done (the run's events say when)")
+            check_count(role, target)
+            if not self.state.training.is_set():
+                raise ConfigError("the job takes psctl scale once training has started; ask "
+                                  "again then")
+            if self.state.stop_reason is not None:
+                raise ConfigError(f"the run is stopping ({self.state.stop_reason})")
+            change = self._scale if role == "workers" else self._scale_servers
+            kind, detail = change(target)
         except PsctlError as exc:
-            self.hub.event("scale_refused", workers=target, reason=str(exc))
-            return
+            kind, detail = "scale_refused", {role: target, "reason": str(exc)}
+        self.hub.event(kind, **detail)
+        return kind, detail
+
+    def _scale(self, target: int) -> tuple[str, dict[str, Any]]:
+        config = self.state.config
+        check_scalable(config.sync.model, config.learning.rule, config.train.push_every)
+        if self.moves.busy():  # a handoff carries no membership change
+            raise ConfigError("servers are moving key ranges right now; ask again once they "
+                              "are done (the run's events say when)")
         joining, leaving = self.state.membership.scale_to(target)
-        self.hub.event("membership", workers=target, joining=joining, leaving=leaving)
         if joining:  # the launcher starts them
-            self._write_spawn()
+            self._start_roles()
         for rank in leaving:
             peer = self.state.peers.get(("worker", rank))
             if peer is not None and peer.welcomed:
-                self.hub.spawn(self.hub.send(peer, Stop(reason=f"scaled down to {target} workers")))
+                stop = Stop(reason=f"scaled down to {target} workers")
+                self.hub.spawn(self.hub.send(peer, stop))
+        return "membership", {"workers": target, "joining": joining, "leaving": leaving}
 
-    def _scale_servers(self, target: int) -> None:
+    def _scale_servers(self, target: int) -> tuple[str, dict[str, Any]]:
         """Servers join (new ranks: the launcher starts them, each takes ranges from the
         busiest) or leave (the highest ranks: each hands its copies over, then exits)."""
         current = len(self.state.server_members.active)
-        try:
-            check_servers_scalable(current, target, len(self.state.placement.ranges),
-                                   self.state.config.cluster.replicas)
-            refusal = self.moves.refusal()
-            if refusal is not None:
-                raise ConfigError(refusal)
-        except PsctlError as exc:
-            self.hub.event("scale_refused", servers=target, reason=str(exc))
-            return
+        check_servers_scalable(current, target, len(self.state.placement.ranges),
+                               self.state.config.cluster.replicas)
+        refusal = self.moves.refusal()
+        if refusal is not None:
+            raise ConfigError(refusal)
         joining, leaving = self.state.server_members.scale_to(target)
-        self.hub.event("server_membership", servers=target, joining=joining, leaving=leaving)
         if joining:
-            self._write_spawn()
+            self._start_roles()
         for rank in leaving:
             self.hub.spawn(self.moves.retire(rank))
+        return "server_membership", {"servers": target, "joining": joining, "leaving": leaving}
 
-    def _write_spawn(self) -> None:
-        state = self.state
-        if state.folder is not None:
-            write_json(state.folder / SPAWN_FILE, {
-                "ranks": sorted(state.membership.started),
-                "servers": sorted(state.server_members.started)})
+    def _start_roles(self) -> None:
+        self._start(sorted(self.state.membership.started),
+                    sorted(self.state.server_members.started))
 
     async def admit_newcomer(self, peer: Peer) -> None:
         """The servers count the newcomer before it can ask them anything; it trains on its

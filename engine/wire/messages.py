@@ -332,6 +332,87 @@ class TaskPushed(Message):
     type: Literal["task_pushed"] = "task_pushed"
     task: int = Field(ge=0)
 
+# -- the launcher and psctl scale: parties that ask the coordinator and are told ------------------
+
+ClientName = Literal["launcher", "scale"]
+# The most workers and servers psctl scale may ask a job for (engine.roles.membership says so
+# in words first).
+MAX_SCALE = 4096
+
+
+class Attach(Message):
+    """Launcher or ``psctl scale`` -> coordinator, first on its connection (instead of a
+    hello): it is no process of the run, only a party that asks and is told."""
+
+    type: Literal["attach"] = "attach"
+    client: ClientName
+    pid: int = Field(ge=0)
+
+
+class Attached(Message):
+    """Coordinator -> an attached party: the run it reached, and how many of its processes
+    have joined so far."""
+
+    type: Literal["attached"] = "attached"
+    run_id: str = Field(min_length=1, max_length=64)
+    joined: int = Field(ge=0)
+
+
+class Joined(Message):
+    """Coordinator -> launcher, at each process it admits: how many have joined so far (the
+    launcher starts the next wave once a wave joined)."""
+
+    type: Literal["joined"] = "joined"
+    count: int = Field(ge=0)
+
+
+class StartRoles(Message):
+    """Coordinator -> launcher: every worker and server rank the job has now (``psctl scale``
+    added some); the launcher starts those it has not started."""
+
+    type: Literal["start_roles"] = "start_roles"
+    workers: list[int] = Field(max_length=MAX_SCALE)
+    servers: list[int] = Field(max_length=MAX_SCALE)
+
+
+class RoleEnded(Message):
+    """Launcher -> coordinator: a role ended in a way a restart will not mend (an error, a
+    crash that repeated itself, a restart that failed), in words; the coordinator ends the run
+    with it instead of waiting out the role's rejoin."""
+
+    type: Literal["role_ended"] = "role_ended"
+    role: RoleName
+    rank: int = Field(ge=0)
+    why: str = Field(min_length=1, max_length=2000)
+
+
+class RunEnded(Message):
+    """Coordinator -> launcher, last: how the run ended, and whether the database holds that
+    (when it does not, the launcher records it, or says why it cannot)."""
+
+    type: Literal["run_ended"] = "run_ended"
+    status: Literal["finished", "failed", "interrupted"]
+    reason: str | None = Field(None, max_length=8192)
+    recorded: bool
+
+
+class Scale(Message):
+    """``psctl scale`` -> coordinator: the number of workers or servers the job should have."""
+
+    type: Literal["scale"] = "scale"
+    role: Literal["workers", "servers"]
+    count: int = Field(ge=0, le=MAX_SCALE)
+
+
+class ScaleAnswer(Message):
+    """Coordinator -> ``psctl scale``: what it did, as the event it recorded (``membership``,
+    ``server_membership`` or ``scale_refused``)."""
+
+    type: Literal["scale_answer"] = "scale_answer"
+    kind: Literal["membership", "server_membership", "scale_refused"]
+    detail: dict[str, Any]
+
+
 ControlMessage = Annotated[
     Hello
     | Welcome
@@ -364,7 +445,15 @@ ControlMessage = Annotated[
     | Task
     | TaskDone
     | Verdict
-    | TaskPushed,
+    | TaskPushed
+    | Attach
+    | Attached
+    | Joined
+    | StartRoles
+    | RoleEnded
+    | RunEnded
+    | Scale
+    | ScaleAnswer,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

@@ -1,11 +1,11 @@
 """How the launcher treats a role that ended, and what it says of a coordinator that died, with
-stand-in processes (nothing is started): restarts for kills, a note for the coordinator for an
+stand-in processes (nothing is started): restarts for kills, word to the coordinator for an
 error or a crash that repeats itself."""
 
 from __future__ import annotations
 
-import json
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +14,8 @@ import pytest
 from engine.launcher import Child, Launcher
 from engine.plan import build_config
 from engine.roles.checkpoints import checkpoint_folder
-from engine.roles.exits import exit_note_path, read_exit_note
+from engine.transport.control import Lost
+from engine.wire.messages import Joined, Message, RoleEnded, RunEnded, StartRoles
 from engine.wire.records import RunStatus
 
 pytestmark = pytest.mark.timeout(30)
@@ -47,11 +48,42 @@ class Stand:
 @dataclass
 class StandHosts:
     restarted: list[tuple[str, int]] = field(default_factory=list)
+    started: list[tuple[str, int]] = field(default_factory=list)
 
     def restart(self, process: Stand, role: str, rank: int, args: list[str], env: object,
                 log: Path) -> Stand:
         self.restarted.append((role, rank))
         return Stand(log)
+
+    def start(self, role: str, rank: int, args: list[str], env: object, log: Path, *,
+              announce: bool = False) -> Stand:
+        self.started.append((role, rank))
+        return Stand(log)
+
+
+@dataclass
+class StandLink:
+    """The launcher's connection to the coordinator: what it told, and what it is told."""
+
+    sent: list[Message] = field(default_factory=list)
+    inbox: list[Message | Lost] = field(default_factory=list)
+    waited: list[float] = field(default_factory=list)
+
+    def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+    def next(self, timeout: float) -> Message | Lost | None:
+        self.waited.append(timeout)
+        return self.inbox.pop(0) if self.inbox else None
+
+    def close(self) -> None: ...
+
+    def told(self, role: str, rank: int) -> str | None:
+        """What the coordinator was told of ``role rank`` ending for good, if anything."""
+        words = [m.why for m in self.sent
+                 if isinstance(m, RoleEnded) and (m.role, m.rank) == (role, rank)]
+        assert len(words) <= 1, words
+        return words[0] if words else None
 
 
 def launcher(tmp_path: Path, **values: object) -> tuple[Launcher, StandHosts]:
@@ -61,7 +93,12 @@ def launcher(tmp_path: Path, **values: object) -> tuple[Launcher, StandHosts]:
     made.logs.mkdir(parents=True)
     made.children.append(Child("coordinator", 0, Stand(made.logs / "coordinator.log"),
                                made.logs / "coordinator.log"))
+    made._link = StandLink()  # type: ignore[assignment]
     return made, hosts
+
+
+def told(made: Launcher, role: str, rank: int) -> str | None:
+    return made._link.told(role, rank)  # type: ignore[union-attr]
 
 
 def role(made: Launcher, name: str, rank: int, code: int | None, words: str = "") -> Child:
@@ -84,8 +121,8 @@ def test_a_role_that_exits_with_an_error_is_not_restarted_and_the_coordinator_is
     role(made, "worker", 1, 1, "loading\nTraceback ...\nValueError: NaN in features\n")
     made._watch_roles()
     assert hosts.restarted == []
-    note = read_exit_note(made.logs, "worker", 1, since=0.0)
-    assert note == "exited with code 1: loading | Traceback ... | ValueError: NaN in features"
+    assert told(made, "worker", 1) == (
+        "exited with code 1: loading | Traceback ... | ValueError: NaN in features")
 
 
 def test_killed_workers_and_the_evaluator_are_restarted_and_nothing_is_noted(
@@ -97,8 +134,8 @@ def test_killed_workers_and_the_evaluator_are_restarted_and_nothing_is_noted(
     role(made, "server", 0, -signal.SIGKILL)  # without replicas a server is not restarted
     made._watch_roles()
     assert hosts.restarted == [("worker", 0), ("evaluator", 0)]
-    assert not exit_note_path(made.logs, "worker", 1).exists()
-    assert read_exit_note(made.logs, "server", 0, since=0.0) == (
+    assert told(made, "worker", 1) is None
+    assert told(made, "server", 0) == (
         f"was killed by SIGKILL and was not restarted: nothing in {made.logs}/server-0.log")
     assert "killed by SIGKILL (-9); restarting it" in (made.logs / "worker-0.log").read_text()
 
@@ -112,9 +149,9 @@ def test_a_crash_that_repeats_itself_after_a_restart_is_not_restarted_again(
     die(child, -signal.SIGSEGV, "Fatal Python error: Segmentation fault\n")
     made._watch_roles()
     assert hosts.restarted == [("worker", 1)]
-    note = read_exit_note(made.logs, "worker", 1, since=0.0)
-    assert note == ("was killed by SIGSEGV again after a restart, with the same last words, so "
-                    "it is not restarted again: Fatal Python error: Segmentation fault")
+    assert told(made, "worker", 1) == (
+        "was killed by SIGSEGV again after a restart, with the same last words, so it is not "
+        "restarted again: Fatal Python error: Segmentation fault")
 
 
 def test_a_crash_with_other_last_words_or_a_kill_again_is_restarted(tmp_path: Path) -> None:
@@ -145,8 +182,7 @@ def test_a_note_keeps_what_happened_and_the_end_of_a_long_last_line(tmp_path: Pa
     made, _ = launcher(tmp_path)
     role(made, "evaluator", 0, 2, "x" * 5000 + "y")
     made._watch_roles()
-    stored = json.loads(exit_note_path(made.logs, "evaluator", 0).read_text())
-    assert stored == {"why": "exited with code 2: " + "x" * 599 + "y"}
+    assert told(made, "evaluator", 0) == "exited with code 2: " + "x" * 599 + "y"
 
 
 def test_roles_that_lost_a_killed_coordinator_are_not_named_as_failed(tmp_path: Path) -> None:
@@ -157,3 +193,66 @@ def test_roles_that_lost_a_killed_coordinator_are_not_named_as_failed(tmp_path: 
     assert made._result().failed_children == ()
     made.children[0].process.returncode = 1  # type: ignore[misc]
     assert made._result().failed_children == ("worker 0", "server 0")
+
+
+# -- what the coordinator tells the launcher ----------------------------------------------------
+
+
+def link(made: Launcher) -> StandLink:
+    return made._link  # type: ignore[return-value]
+
+
+def test_a_wave_is_joined_once_the_coordinator_says_so_not_after_the_wait(
+        tmp_path: Path) -> None:
+    made, _ = launcher(tmp_path)
+    for rank in range(3):
+        role(made, "worker", rank, None)
+    link(made).inbox += [Joined(count=2), Joined(count=1), Joined(count=3)]
+    began = time.monotonic()
+    assert made._await_joined(3)
+    assert time.monotonic() - began < 1  # WAVE_JOIN_WAIT_S is 10 s
+    assert made._joined == 3  # a late, smaller count does not go back
+
+
+def test_a_role_that_died_before_it_joined_does_not_hold_the_wave(tmp_path: Path) -> None:
+    made, _ = launcher(tmp_path)
+    role(made, "worker", 0, None)
+    role(made, "worker", 1, 1)  # exited before it could join
+    link(made).inbox.append(Joined(count=1))
+    assert made._await_joined(2)
+    assert link(made).waited and max(link(made).waited) <= 0.1
+
+
+def test_the_ranks_psctl_scale_added_are_started_once(tmp_path: Path) -> None:
+    made, hosts = launcher(tmp_path)
+    made._address = "ws://127.0.0.1:1"
+    role(made, "worker", 0, None)
+    role(made, "server", 0, None)
+    link(made).inbox.append(StartRoles(workers=[0, 1, 2], servers=[0, 1]))
+    made._hear(0.0)
+    made._spawn_newcomers()
+    made._spawn_newcomers()
+    assert hosts.started == [("worker", 1), ("worker", 2), ("server", 1)]
+
+
+def test_the_end_the_coordinator_told_and_recorded_is_the_result(tmp_path: Path) -> None:
+    made, _ = launcher(tmp_path)
+    made.children[0].process.returncode = 1  # type: ignore[misc]
+    link(made).inbox += [RunEnded(status="failed", reason="worker 1 failed: boom",
+                                  recorded=True), Lost("closed")]
+    made._await_last_word()
+    result = made._result()  # no database exists: it was not read
+    assert (result.status, result.reason) == (RunStatus.FAILED, "worker 1 failed: boom")
+    assert made._link is None and not made.db.exists()
+
+
+def test_an_end_the_database_does_not_hold_is_recorded_by_the_launcher(
+        tmp_path: Path) -> None:
+    made, _ = launcher(tmp_path)
+    made.children[0].process.returncode = 1  # type: ignore[misc]
+    link(made).inbox += [RunEnded(status="failed", reason="its end could not be recorded",
+                                  recorded=False), Lost("closed")]
+    made._await_last_word()
+    result = made._result()  # falls back to what it can tell and the database
+    assert result.status is RunStatus.FAILED
+    assert result.reason is not None and "could not record the run's end" in result.reason

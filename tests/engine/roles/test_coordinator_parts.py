@@ -1,4 +1,4 @@
-"""The coordinator is composed of parts (moves, recovery, scaling, records) that share the
+"""The coordinator is composed of parts (moves, recovery, scaling, parties, records) that share the
 run's state and ask the coordinator only what ``Hub`` lists: none reaches another through the
 coordinator, and each part's decisions are tested on the part."""
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from engine.roles import moves, recovery, scaling
+from engine.roles import moves, parties, recovery, scaling
 from engine.roles.coordination import Coordinator
 from engine.roles.peer import Hub
 
-PARTS = (moves, recovery, scaling)
+PARTS = (moves, recovery, scaling, parties)
 
 
 def _hub_calls(module: object) -> set[str]:
@@ -38,7 +38,7 @@ def test_a_part_asks_the_coordinator_only_what_the_hub_lists() -> None:
 
 
 def test_no_part_inherits_from_another_or_from_a_base_of_stubs() -> None:
-    for cls in (moves.Moves, recovery.Recovery, scaling.Scaling, Coordinator):
+    for cls in (moves.Moves, recovery.Recovery, scaling.Scaling, parties.Parties, Coordinator):
         assert cls.__mro__ == (cls, object), cls
         source = inspect.getsource(cls)
         assert "NotImplementedError" not in source, cls

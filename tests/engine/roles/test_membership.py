@@ -1,31 +1,25 @@
 """Workers joining and leaving a running job (engine.roles.membership): which ranks join and
-leave, the scale request and spawn files the coordinator and the launcher share, and which jobs
-may change their workers at all."""
+leave, the bounds of a request and the credential psctl scale attaches with, and which jobs may
+change their workers at all."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
 
 from engine.errors import ConfigError, StoreError
 from engine.roles.membership import (
+    CONTROL_CREDENTIAL,
     MAX_SERVERS,
     MAX_WORKERS,
     SCALABLE_MODELS,
-    SCALE_FILE,
-    SPAWN_FILE,
     Membership,
+    check_count,
     check_scalable,
     check_servers_scalable,
-    ranks_to_spawn,
-    request_scale,
-    request_servers,
-    wanted_servers,
-    wanted_workers,
-    write_json,
+    read_control_credential,
+    write_control_credential,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -107,159 +101,39 @@ def test_scaled_stays_true_once_the_workers_changed() -> None:
     assert down.scaled is True
 
 
-# -- request_scale / wanted_workers ------------------------------------------------------------
+# -- check_count and the credential psctl scale attaches with --------------------------------
 
 
-def test_request_scale_writes_the_count_and_when(tmp_path: Path) -> None:
-    request_scale(tmp_path, 5)
-    body = json.loads((tmp_path / SCALE_FILE).read_text())
-    assert body["workers"] == 5
-    assert isinstance(body["requested_at"], float)
-    assert wanted_workers(tmp_path) == (5, body["requested_at"])
-    assert [p.name for p in tmp_path.iterdir()] == [SCALE_FILE]  # no partial file left
+@pytest.mark.parametrize(("role", "count"), [("workers", 1), ("workers", MAX_WORKERS),
+                                             ("servers", 1), ("servers", MAX_SERVERS)])
+def test_a_request_within_the_bounds_passes(role: str, count: int) -> None:
+    check_count(role, count)
 
 
-def test_a_later_request_replaces_the_earlier_one(tmp_path: Path) -> None:
-    request_scale(tmp_path, 3)
-    first = wanted_workers(tmp_path)
-    request_scale(tmp_path, 3)
-    second = wanted_workers(tmp_path)
-    assert first is not None and second is not None
-    assert second[0] == 3 and second[1] >= first[1]
-    request_scale(tmp_path, 7)
-    latest = wanted_workers(tmp_path)
-    assert latest is not None and latest[0] == 7
+@pytest.mark.parametrize(("role", "count", "says"), [
+    ("workers", 0, f"--workers 0: a job has 1 to {MAX_WORKERS} workers"),
+    ("workers", MAX_WORKERS + 1, f"a job has 1 to {MAX_WORKERS} workers"),
+    ("servers", 0, f"--servers 0: a job has 1 to {MAX_SERVERS} servers"),
+    ("servers", MAX_SERVERS + 1, f"a job has 1 to {MAX_SERVERS} servers"),
+])
+def test_a_request_out_of_range_is_refused_in_words(role: str, count: int, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        check_count(role, count)
 
 
-@pytest.mark.parametrize("workers", [1, MAX_WORKERS])
-def test_request_scale_takes_the_bounds(tmp_path: Path, workers: int) -> None:
-    request_scale(tmp_path, workers)
-    wanted = wanted_workers(tmp_path)
-    assert wanted is not None and wanted[0] == workers
+def test_the_credential_is_readable_by_the_runs_user_alone(tmp_path: Path) -> None:
+    write_control_credential(tmp_path, "scale.0.secret")
+    path = tmp_path / CONTROL_CREDENTIAL
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert read_control_credential(tmp_path) == "scale.0.secret"
+    assert [p.name for p in tmp_path.iterdir()] == [CONTROL_CREDENTIAL]  # no partial left
 
 
-@pytest.mark.parametrize("workers", [0, -1, MAX_WORKERS + 1])
-def test_request_scale_refuses_a_count_out_of_range(tmp_path: Path, workers: int) -> None:
-    with pytest.raises(ConfigError, match=rf"--workers {workers}: a job has 1 to {MAX_WORKERS}"):
-        request_scale(tmp_path, workers)
-    assert not (tmp_path / SCALE_FILE).exists()
-
-
-def test_write_json_replaces_the_file_atomically(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The new content is written to a partial file first and renamed over the target, so a
-    reader sees the old request or the new one, never half of one."""
-    target = tmp_path / SCALE_FILE
-    target.write_text(json.dumps({"workers": 2, "requested_at": 1.5}))
-    seen: list[tuple[str, str, object]] = []
-    real_replace = os.replace
-
-    def spy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        # At the moment of the rename the reader still gets the complete old request.
-        seen.append((Path(src).name, Path(dst).name, wanted_workers(tmp_path)))
-        assert json.loads(Path(src).read_text())["workers"] == 9
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", spy)
-    write_json(target, {"workers": 9, "requested_at": 2.5})
-    assert seen == [(SCALE_FILE + ".partial", SCALE_FILE, (2, 1.5))]
-    assert wanted_workers(tmp_path) == (9, 2.5)
-    assert not (tmp_path / (SCALE_FILE + ".partial")).exists()
-
-
-def test_write_json_into_a_missing_folder_is_a_store_error(tmp_path: Path) -> None:
+def test_a_missing_credential_is_a_store_error_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match=f"credential for psctl scale .*{CONTROL_CREDENTIAL}"):
+        read_control_credential(tmp_path)
     with pytest.raises(StoreError, match="cannot write"):
-        write_json(tmp_path / "gone" / SCALE_FILE, {"workers": 2})
-    with pytest.raises(StoreError):
-        request_scale(tmp_path / "gone", 2)
-
-
-def write_scale(folder: Path, text: str) -> None:
-    (folder / SCALE_FILE).write_text(text)
-
-
-def test_no_request_file_means_no_request(tmp_path: Path) -> None:
-    assert wanted_workers(tmp_path) is None
-
-
-@pytest.mark.parametrize("text", [
-    "",
-    "{",
-    "not json at all",
-    '{"workers": 3, "requested_at": 1.0',  # cut off mid-write
-    "[3, 1.0]",
-    "3",
-    "null",
-    '"workers"',
-])
-def test_garbage_requests_are_ignored(tmp_path: Path, text: str) -> None:
-    write_scale(tmp_path, text)
-    assert wanted_workers(tmp_path) is None
-
-
-def test_undecodable_bytes_are_ignored(tmp_path: Path) -> None:
-    (tmp_path / SCALE_FILE).write_bytes(b"\xff\xfe\x00{")
-    assert wanted_workers(tmp_path) is None
-
-
-@pytest.mark.parametrize("body", [
-    {"workers": True, "requested_at": 1.0},
-    {"workers": False, "requested_at": 1.0},
-    {"workers": 0, "requested_at": 1.0},
-    {"workers": -3, "requested_at": 1.0},
-    {"workers": MAX_WORKERS + 1, "requested_at": 1.0},
-    {"workers": 3.0, "requested_at": 1.0},
-    {"workers": "3", "requested_at": 1.0},
-    {"workers": None, "requested_at": 1.0},
-    {"workers": [3], "requested_at": 1.0},
-    {"requested_at": 1.0},
-    {"workers": 3},  # no requested_at
-    {"workers": 3, "requested_at": None},
-    {"workers": 3, "requested_at": "1.0"},
-    {"workers": 3, "requested_at": True},
-])
-def test_invalid_requests_are_ignored(tmp_path: Path, body: dict[str, object]) -> None:
-    write_scale(tmp_path, json.dumps(body))
-    assert wanted_workers(tmp_path) is None
-
-
-def test_a_valid_hand_written_request_is_read(tmp_path: Path) -> None:
-    write_scale(tmp_path, json.dumps({"workers": 4, "requested_at": 12.25, "extra": "ignored"}))
-    assert wanted_workers(tmp_path) == (4, 12.25)
-
-
-# -- ranks_to_spawn ----------------------------------------------------------------------------
-
-
-def write_spawn(folder: Path, text: str) -> None:
-    (folder / SPAWN_FILE).write_text(text)
-
-
-def test_no_spawn_file_means_nothing_to_spawn(tmp_path: Path) -> None:
-    assert ranks_to_spawn(tmp_path) == []
-
-
-def test_the_spawn_file_lists_the_ranks(tmp_path: Path) -> None:
-    write_json(tmp_path / SPAWN_FILE, {"ranks": [0, 1, 2, 5]})
-    assert ranks_to_spawn(tmp_path) == [0, 1, 2, 5]
-
-
-@pytest.mark.parametrize("text", ["", "{", "[0, 1]", '{"ranks": 3}', '{"ranks": "0,1"}',
-                                  '{"ranks": null}', '{"other": [1]}'])
-def test_a_garbage_spawn_file_spawns_nothing(tmp_path: Path, text: str) -> None:
-    write_spawn(tmp_path, text)
-    assert ranks_to_spawn(tmp_path) == []
-
-
-def test_invalid_ranks_are_dropped(tmp_path: Path) -> None:
-    write_spawn(tmp_path, json.dumps({"ranks": [0, -1, 2**20, 2**20 - 1, 3.0, "4", None, [5],
-                                                {"r": 6}, 7]}))
-    assert ranks_to_spawn(tmp_path) == [0, 2**20 - 1, 7]
-
-
-def test_boolean_ranks_are_dropped(tmp_path: Path) -> None:
-    write_spawn(tmp_path, json.dumps({"ranks": [True, False, 2]}))
-    assert ranks_to_spawn(tmp_path) == [2]
+        write_control_credential(tmp_path / "gone", "x")
 
 
 # -- check_scalable ----------------------------------------------------------------------------
@@ -309,30 +183,6 @@ def test_the_model_is_checked_before_the_rule_and_push_every() -> None:
 
 
 # -- servers (psctl scale --servers) ----------------------------------------------------------
-
-
-def test_a_servers_request_has_its_own_file_and_leaves_the_workers_alone(tmp_path: Path) -> None:
-    request_scale(tmp_path, 4)
-    request_servers(tmp_path, 3)
-    wanted = wanted_servers(tmp_path)
-    assert wanted is not None and wanted[0] == 3
-    workers = wanted_workers(tmp_path)
-    assert workers is not None and workers[0] == 4
-
-
-@pytest.mark.parametrize("servers", [0, MAX_SERVERS + 1])
-def test_a_servers_request_out_of_range_is_refused(tmp_path: Path, servers: int) -> None:
-    with pytest.raises(ConfigError, match=rf"--servers {servers}: a job has 1 to {MAX_SERVERS}"):
-        request_servers(tmp_path, servers)
-    assert wanted_servers(tmp_path) is None
-
-
-def test_the_spawn_file_names_workers_and_servers_apart(tmp_path: Path) -> None:
-    write_json(tmp_path / SPAWN_FILE, {"ranks": [0, 1, 2], "servers": [0, 1, 2, 3]})
-    assert ranks_to_spawn(tmp_path) == [0, 1, 2]
-    assert ranks_to_spawn(tmp_path, "server") == [0, 1, 2, 3]
-    write_json(tmp_path / SPAWN_FILE, {"ranks": [0]})
-    assert ranks_to_spawn(tmp_path, "server") == []
 
 
 @pytest.mark.parametrize(("target", "ranges", "replicas", "says"), [

@@ -17,17 +17,22 @@ from engine.errors import ConnectionClosed
 from engine.plan import build_config
 from engine.roles.coordination import Coordinator
 from engine.roles.coordinator import model_layout
-from engine.roles.exits import write_exit_note
 from engine.transport import MemoryTransport
 from engine.transport.admission import credential
 from engine.transport.base import Connection
 from engine.transport.control import fatal
 from engine.wire.messages import (
+    Attach,
+    Attached,
     Evaluate,
     Exit,
     Fatal,
     Hello,
+    Joined,
     Message,
+    RoleEnded,
+    Scale,
+    ScaleAnswer,
     Serving,
     ShardInfo,
     Welcome,
@@ -85,6 +90,13 @@ class Roles:
         await connection.send(dump_control(Hello(role=role, rank=rank, pid=rank + 100)))
         return connection
 
+    async def attach(self, client: str = "launcher", token: str = TOKEN) -> Connection:
+        """The launcher (or psctl scale), attached: the coordinator answers with the run."""
+        connection = await self.connect(token)
+        await connection.send(dump_control(Attach.model_validate({"client": client, "pid": 1})))
+        assert isinstance(await next_message(connection), Attached)
+        return connection
+
     async def joined(self, role: str, rank: int, token: str = TOKEN) -> Connection:
         """A role that said hello and read its welcome."""
         connection = await self.hello(role, rank, token)
@@ -129,6 +141,7 @@ def run_scenario(run: RunConfig, scenario: Scenario, *, folder: Path | None = No
         outcome = coordinator.outcome.result() if coordinator.outcome.done() else None
         coordinator.interrupt()
         await asyncio.wait_for(ending, 10)
+        await coordinator.close()
         return outcome
 
     return sink, asyncio.run(main())
@@ -245,36 +258,84 @@ def test_an_evaluator_lost_more_often_than_it_may_be_restarted_ends_the_run() ->
 # -- roles that will not come back ----------------------------------------------------------------
 
 
-def test_a_worker_the_launcher_says_exited_with_an_error_ends_the_run_at_once(
-        tmp_path: Path) -> None:
+def test_a_worker_the_launcher_says_exited_with_an_error_ends_the_run_at_once() -> None:
     async def scenario(coordinator: Coordinator, roles: Roles, sink: Events) -> None:
+        launcher = await roles.attach()
         await serving(coordinator, roles)
         worker = await roles.joined("worker", 1)
         await worker.close()
         await until(lambda: coordinator.peers[("worker", 1)].lost, "the worker's loss")
         assert not coordinator.outcome.done()  # it may be restarted: it is waited for
-        write_exit_note(tmp_path, "worker", 1, "exited with code 1: ValueError: NaN in x")
+        await launcher.send(dump_control(RoleEnded(
+            role="worker", rank=1, why="exited with code 1: ValueError: NaN in x")))
         await until(lambda: coordinator.outcome.done(), "the run to end", timeout=3)
 
-    _, outcome = run_scenario(config(), scenario, folder=tmp_path)
+    _, outcome = run_scenario(config(), scenario)
     assert outcome == (RunStatus.FAILED, "worker 1 exited with code 1: ValueError: NaN in x")
 
 
-def test_a_note_from_an_earlier_start_of_the_run_is_not_read(tmp_path: Path) -> None:
-    import os
-
-    write_exit_note(tmp_path, "worker", 1, "exited with code 1: long ago")
-    note = tmp_path / "exits" / "worker-1.json"
-    os.utime(note, (1.0, 1.0))
-
+def test_the_launchers_word_before_the_loss_ends_the_run_at_the_loss() -> None:
     async def scenario(coordinator: Coordinator, roles: Roles, sink: Events) -> None:
+        launcher = await roles.attach()
         await serving(coordinator, roles)
-        await (await roles.joined("worker", 1)).close()
-        await until(lambda: coordinator.peers[("worker", 1)].lost, "the worker's loss")
-        await asyncio.sleep(0.6)  # two looks for a note
+        worker = await roles.joined("worker", 1)
+        await launcher.send(dump_control(RoleEnded(role="worker", rank=1,
+                                                   why="exited with code 2: bad file")))
+        await asyncio.sleep(0.1)
+        assert not coordinator.outcome.done()  # it still runs, as far as the run knows
+        await worker.close()
+        await until(lambda: coordinator.outcome.done(), "the run to end", timeout=3)
 
-    _, outcome = run_scenario(config(), scenario, folder=tmp_path)
+    _, outcome = run_scenario(config(), scenario)
+    assert outcome == (RunStatus.FAILED, "worker 1 exited with code 2: bad file")
+
+
+def test_the_launcher_is_told_each_join() -> None:
+    async def scenario(coordinator: Coordinator, roles: Roles, sink: Events) -> None:
+        launcher = await roles.attach()
+        await serving(coordinator, roles)
+        await roles.joined("worker", 0)
+        counts = [await next_message(launcher) for _ in range(2)]
+        assert counts == [Joined(count=1), Joined(count=2)]
+
+    run_scenario(config(), scenario)
+
+
+@pytest.mark.parametrize(("client", "says"), [
+    ("launcher", "a launcher is attached to this run already"),
+    ("scale", "the scale may not send role_ended"),
+])
+def test_a_party_is_refused_what_it_may_not_do(client: str, says: str) -> None:
+    async def scenario(coordinator: Coordinator, roles: Roles, sink: Events) -> None:
+        await roles.attach()
+        if client == "launcher":
+            second = await roles.connect()
+            await second.send(dump_control(Attach(client="launcher", pid=2)))
+        else:
+            second = await roles.attach("scale")
+            await second.send(dump_control(RoleEnded(role="worker", rank=0, why="no")))
+        assert says in await refused(second)
+
+    _, outcome = run_scenario(config(), scenario)
+    assert outcome is None  # the run goes on
+
+
+def test_only_the_runs_secret_or_the_scale_credential_attaches() -> None:
+    async def scenario(coordinator: Coordinator, roles: Roles, sink: Events) -> None:
+        worker = await roles.connect(credential(TOKEN, "worker", 0))
+        await worker.send(dump_control(Attach(client="launcher", pid=3)))
+        assert "admitted as worker 0, it said hello as launcher 0" in await refused(worker)
+        scale = await roles.attach("scale", credential(TOKEN, "scale", 0))
+        await scale.send(dump_control(Scale(role="workers", count=3)))
+        answer = await next_message(scale)
+        # before training, and bsp cannot change its workers anyway: refused, in words
+        assert isinstance(answer, ScaleAnswer) and answer.kind == "scale_refused"
+        assert "once training has started" in str(answer.detail["reason"])
+
+    sink, outcome = run_scenario(config(), scenario)
     assert outcome is None
+    assert [e["reason"] for e in sink.of("scale_refused")] == [
+        "the job takes psctl scale once training has started; ask again then"]
 
 
 def test_a_crash_in_user_code_fails_the_run_with_its_message() -> None:
