@@ -31,6 +31,7 @@ from engine.errors import (
 )
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
+from engine.roles.evaluations import Evaluations
 from engine.roles.joining import join_deadline_s, join_failure, role_config
 from engine.roles.lifecycle import this_machine
 from engine.roles.liveness import open_receiver
@@ -51,7 +52,6 @@ from engine.wire.messages import (
     ControlMessage,
     Done,
     EpochDone,
-    Evaluate,
     Evaluation,
     Event,
     Exit,
@@ -75,10 +75,7 @@ from engine.wire.messages import (
     parse_control,
 )
 from engine.wire.records import (
-    EvaluationRecord,
-    IterationRecord,
     RunStatus,
-    divergence,
 )
 
 log = logging.getLogger(__name__)
@@ -129,6 +126,7 @@ class Coordinator:
         self.moves = Moves(self.state, self)
         self.recovery = Recovery(self.state, self, abandon=self.moves.abandon, kill=kill,
                                  first_checkpoint=resume.seq if resume else 0)
+        self.evaluations = Evaluations(self.state, self, self.records)
         self.parties = Parties(self, run_id, ended_for_good=self.recovery.ended_for_good,
                                scale=lambda role, count: self.scaling.request(role, count))
         self.scaling = Scaling(self.state, self, self.moves, start=self.parties.start_roles)
@@ -140,10 +138,6 @@ class Coordinator:
             asyncio.get_running_loop().create_future()
         self.join_deadline_s = join_deadline_s(config)
         self._role_config = role_config(config)
-        self.best_accuracy = 0.0
-        self._eval_pending = False
-        self._final: asyncio.Future[EvaluationRecord] | None = None
-        self._final_asked = 0  # times the final evaluation was asked for
         self._all_done = asyncio.Event()
         self._listener: Listener | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # each leaves the set when it ends
@@ -151,6 +145,7 @@ class Coordinator:
         self.sandblaster: Sandblaster | None = None
         self._sandblaster_task: asyncio.Task[None] | None = None
         self._train_samples = 0
+        self._handlers = self._message_handlers()
 
     # The run's state, as the coordinator's own code reads it.
     @property
@@ -184,7 +179,7 @@ class Coordinator:
         if self.config.cluster.replicas:
             self._beats, _, self._beats_port = await open_receiver(host, self.token,
                                                                    self.recovery.on_beat)
-        for coro in (self._watch_registration(), self._evaluation_timer(), self._deadline(),
+        for coro in (self._watch_registration(), self.evaluations.timer(), self._deadline(),
                      self._sample_processes(), self.recovery.inject_kills(),
                      self.recovery.checkpoint_loop(), self.recovery.heartbeats()):
             self.spawn(coro)
@@ -337,7 +332,7 @@ class Coordinator:
         elif peer.role == "worker" and peer.rank in self.membership.leaving:
             await self.send(peer, Stop(reason="scaled down before it joined"))
         elif peer.role == "evaluator":
-            self._evaluator_back()
+            self.evaluations.evaluator_back()
 
     async def _await_servers(self) -> None:
         """Until the shard servers listen; a ProtocolError if the run ends first (a role that
@@ -401,122 +396,106 @@ class Coordinator:
     # -- messages -------------------------------------------------------------------------------
 
     def _on_message(self, peer: Peer, message: ControlMessage) -> None:
-        if isinstance(message, Iterations):
-            self._on_iterations(peer, message.rows)
-            if message.layers:
-                if any(row.worker != peer.rank for row in message.layers):
-                    raise ProtocolError(f"{peer} reported layers of another worker")
-                self.records.layers(message.layers)
-        elif isinstance(message, Evaluation):
-            self._on_evaluation(message)
-        elif isinstance(message, Event):
-            self.records.event_row(message.row)
-            if peer.role == "server":  # each part takes the kinds it waits for
-                for part in (self.moves, self.recovery, self.scaling):
-                    part.on_server_event(message.row)
-        elif isinstance(message, Syncs):
-            for row in message.rows:
-                self.records.sync(row)
-        elif isinstance(message, Serving):
-            copies = {c.index: c.address for c in message.copies}
-            self.placement.serving(peer.rank, copies)
-            served = self.placement.primaries(peer.rank)
-            self.event("server_listening", rank=peer.rank, copies=copies,
-                       address=copies.get(served[0]) if served else None)
-            if peer.rejoined and peer.rank < self.config.cluster.servers:
-                self.spawn(self.moves.rereplicate(peer.rank))
-            elif peer.rejoined or peer.newcomer:
-                self.spawn(self.moves.take_ranges(peer.rank))
-            elif self.placement.all_serving():
-                if self.config.cluster.replicas:  # the chains are linked before any push
-                    for order in self.placement.links():
-                        self.spawn(self.order(order.server, order.message))
-                else:
-                    self.servers_ready.set()
-        elif isinstance(message, Ready):
-            self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
-            if message.first_iteration:
-                self.progress.iterations[peer.rank] = message.first_iteration
-            # Each worker is ready once its data is loaded; the displays count these to say
-            # what start-up is waiting for, and take the run's total from training_started.
-            self.event("worker_ready", rank=peer.rank,
-                       iterations_per_epoch=message.iterations_per_epoch,
-                       first_iteration=message.first_iteration)
-            self._train_samples = message.train_samples
-            if self.training.is_set():  # a restarted worker: the others are training already
-                self.spawn(self.send(peer, Start()))
-                if self.sandblaster is not None:
-                    self.sandblaster.joined(peer.rank)
-            elif len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
-                planned = self.config.train.epochs * sum(
-                    self.progress.iterations_per_epoch.values())
-                self.training.set()
-                self.state.training_at = time.monotonic()
-                if self.resume is None:
-                    self.event("training_started", total_iterations=planned)
-                else:
-                    self.event("training_resumed", total_iterations=planned,
-                               checkpoint=self.resume.seq,
-                               first_iterations=dict(sorted(self.progress.iterations.items())))
-                self.spawn(self._start_training(
-                    min(self.progress.iterations_per_epoch.values())))
-        elif isinstance(message, EpochDone):
-            self._on_epoch_done(peer.rank, message.epoch)
-        elif isinstance(message, Done):
-            self._on_done(peer, message)
-        elif isinstance(message, VectorResults | TaskDone | TaskPushed):
-            if self.sandblaster is None or (peer.role == "server") != isinstance(
-                    message, VectorResults):
-                raise ProtocolError(f"{peer} may not send {message.type}")
-            try:
-                self.sandblaster.on_message(peer, message)
-            except RunFailed as exc:
-                self.fail(str(exc))
-        elif isinstance(message, Fatal) and message.diverged:
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise ProtocolError(f"{peer} may not send {message.type}")
+        handler(peer, message)
+
+    def _message_handlers(self) -> dict[type[Message], Callable[[Peer, Any], None]]:
+        sandblaster = self._on_sandblaster
+        return {Iterations: self._on_iterations, Event: self._on_event, Syncs: self._on_syncs,
+                Serving: self._on_serving, Ready: self._on_ready, Done: self._on_done,
+                Evaluation: lambda _, m: self.evaluations.on_evaluation(m),
+                EpochDone: lambda p, m: self.evaluations.on_epoch_done(p.rank, m.epoch),
+                VectorResults: sandblaster, TaskDone: sandblaster, TaskPushed: sandblaster,
+                Fatal: self._on_fatal}
+
+    def _on_iterations(self, peer: Peer, message: Iterations) -> None:
+        if any(row.worker != peer.rank for row in message.rows):
+            raise ProtocolError(f"{peer} reported iterations of another worker")
+        self.records.iterations(message.rows)
+        if message.rows:
+            self.progress.iterations[peer.rank] = message.rows[-1].iteration + 1
+        if message.layers:
+            if any(row.worker != peer.rank for row in message.layers):
+                raise ProtocolError(f"{peer} reported layers of another worker")
+            self.records.layers(message.layers)
+
+    def _on_event(self, peer: Peer, message: Event) -> None:
+        self.records.event_row(message.row)
+        if peer.role == "server":  # each part takes the kinds it waits for
+            for part in (self.moves, self.recovery, self.scaling):
+                part.on_server_event(message.row)
+
+    def _on_syncs(self, peer: Peer, message: Syncs) -> None:
+        for row in message.rows:
+            self.records.sync(row)
+
+    def _on_serving(self, peer: Peer, message: Serving) -> None:
+        copies = {c.index: c.address for c in message.copies}
+        self.placement.serving(peer.rank, copies)
+        served = self.placement.primaries(peer.rank)
+        self.event("server_listening", rank=peer.rank, copies=copies,
+                   address=copies.get(served[0]) if served else None)
+        if peer.rejoined and peer.rank < self.config.cluster.servers:
+            self.spawn(self.moves.rereplicate(peer.rank))
+        elif peer.rejoined or peer.newcomer:
+            self.spawn(self.moves.take_ranges(peer.rank))
+        elif self.placement.all_serving():
+            if self.config.cluster.replicas:  # the chains are linked before any push
+                for order in self.placement.links():
+                    self.spawn(self.order(order.server, order.message))
+            else:
+                self.servers_ready.set()
+
+    def _on_ready(self, peer: Peer, message: Ready) -> None:
+        self.progress.iterations_per_epoch[peer.rank] = message.iterations_per_epoch
+        if message.first_iteration:
+            self.progress.iterations[peer.rank] = message.first_iteration
+        # Each worker is ready once its data is loaded; the displays count these to say
+        # what start-up is waiting for, and take the run's total from training_started.
+        self.event("worker_ready", rank=peer.rank,
+                   iterations_per_epoch=message.iterations_per_epoch,
+                   first_iteration=message.first_iteration)
+        self._train_samples = message.train_samples
+        if self.training.is_set():  # a restarted worker: the others are training already
+            self.spawn(self.send(peer, Start()))
+            if self.sandblaster is not None:
+                self.sandblaster.joined(peer.rank)
+        elif len(self.progress.iterations_per_epoch) == self.config.cluster.workers:
+            self._training_begins()
+
+    def _training_begins(self) -> None:
+        planned = self.config.train.epochs * sum(self.progress.iterations_per_epoch.values())
+        self.training.set()
+        self.state.training_at = time.monotonic()
+        if self.resume is None:
+            self.event("training_started", total_iterations=planned)
+        else:
+            self.event("training_resumed", total_iterations=planned,
+                       checkpoint=self.resume.seq,
+                       first_iterations=dict(sorted(self.progress.iterations.items())))
+        self.spawn(self._start_training(min(self.progress.iterations_per_epoch.values())))
+
+    def _on_sandblaster(self, peer: Peer,
+                        message: VectorResults | TaskDone | TaskPushed) -> None:
+        if self.sandblaster is None or (peer.role == "server") != isinstance(
+                message, VectorResults):
+            raise ProtocolError(f"{peer} may not send {message.type}")
+        try:
+            self.sandblaster.on_message(peer, message)
+        except RunFailed as exc:
+            self.fail(str(exc))
+
+    def _on_fatal(self, peer: Peer, message: Fatal) -> None:
+        if message.diverged:
             self.event("diverged", role=peer.role, rank=peer.rank, message=message.message)
             self.fail(message.message)
-        elif isinstance(message, Fatal):
-            self.event("process_error", role=peer.role, rank=peer.rank,
-                       message=message.message, traceback=message.traceback[-4000:])
-            if not self.outcome.done():  # a role failing as the run ends does not change how
-                self.fail(f"{peer} failed: {message.message}")
-        else:
-            raise ProtocolError(f"{peer} may not send {message.type}")
-
-    def _on_iterations(self, peer: Peer, rows: list[IterationRecord]) -> None:
-        if any(row.worker != peer.rank for row in rows):
-            raise ProtocolError(f"{peer} reported iterations of another worker")
-        self.records.iterations(rows)
-        if rows:
-            self.progress.iterations[peer.rank] = rows[-1].iteration + 1
-
-    def _on_evaluation(self, message: Evaluation) -> None:
-        diverged = divergence(message.row)
-        if diverged is not None:  # a NaN loss cannot be stored, and training on is pointless
-            self.event("diverged", accuracy=message.row.accuracy, step=message.row.step)
-            self.fail(diverged)
             return
-        self.records.evaluation(message.row)
-        self._eval_pending = False
-        self.best_accuracy = max(self.best_accuracy, message.row.accuracy)
-        target = self.config.stop.target_accuracy
-        if target is not None and message.row.accuracy >= target:
-            self._begin_stop(f"target accuracy {target:.4f} reached")
-        if message.final and self._final is not None and not self._final.done():
-            self._final.set_result(message.row)
-
-    def _on_epoch_done(self, rank: int, epoch: int) -> None:
-        # The run's epochs are its first workers' (still there): newcomers count their own.
-        workers = [w for w in range(self.config.cluster.workers) if w in self.membership.active]
-        if rank not in workers:
-            return
-        before = min((self.progress.epochs_done.get(w, -1) for w in workers), default=-1)
-        self.progress.epochs_done[rank] = epoch
-        after = min((self.progress.epochs_done.get(w, -1) for w in workers), default=-1)
-        if after > before:
-            self.event("epoch_done", epoch=after)
-            if after + 1 < self.config.train.epochs:
-                self._request_evaluation(float(after + 1), final=False)
+        self.event("process_error", role=peer.role, rank=peer.rank,
+                   message=message.message, traceback=message.traceback[-4000:])
+        if not self.outcome.done():  # a role failing as the run ends does not change how
+            self.fail(f"{peer} failed: {message.message}")
 
     def _on_done(self, peer: Peer, message: Done) -> None:
         peer.leaving = True  # a worker that is done closes its connection; that is no failure
@@ -531,7 +510,7 @@ class Coordinator:
 
     # -- ending ---------------------------------------------------------------------------------
 
-    def _begin_stop(self, reason: str) -> None:
+    def stop(self, reason: str) -> None:
         if self.state.stop_reason is not None:
             return
         self.state.stop_reason = reason
@@ -543,32 +522,16 @@ class Coordinator:
     async def _finish_when_done(self) -> None:
         await self._all_done.wait()
         if self.state.stop_reason is None:  # every epoch ran: freeze the model for the final test
-            self._begin_stop("all epochs done")
+            self.stop("all epochs done")
         if not any(self.progress.iterations.values()):
             self.fail(f"no worker completed an iteration before the run stopped "
                       f"({self.state.stop_reason})")
             return
         await self._settle_sandblaster()
-        self._final = asyncio.get_running_loop().create_future()
-        self._request_evaluation(self.progress.epoch(self.config.cluster.workers), final=True)
-        if not await self._final_delivered(self._final):
+        if not await self.evaluations.final():
             self.fail("the evaluator did not deliver the final evaluation in time")
             return
         self._settle(RunStatus.FINISHED, self.state.stop_reason)
-
-    async def _final_delivered(self, final: asyncio.Future[EvaluationRecord]) -> bool:
-        """Whether the final evaluation arrives within cluster.request_timeout_s of its last
-        asking: an evaluator restarted meanwhile is asked again when it rejoins (its rejoin has
-        a bound of its own), at most once for each restart it may have."""
-        limit = self.config.cluster.request_timeout_s
-        for _ in range(self.config.fault.max_restarts + 1):
-            asked = self._final_asked
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(final), limit)
-                return True
-            if self._final_asked == asked:
-                return False
-        return False
 
     async def _dismiss_all(self) -> None:
         for peer in self.peers.values():
@@ -591,14 +554,6 @@ class Coordinator:
         if missing:
             self.fail(join_failure(missing, self.config))
 
-    async def _evaluation_timer(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.eval.interval_s)
-            stopping = self.state.stop_reason is not None
-            if self.training.is_set() and self.progress.iterations and not stopping:
-                self._request_evaluation(self.progress.epoch(self.config.cluster.workers),
-                                         final=False)
-
     async def _sample_processes(self) -> None:
         if self.sampler is None:
             return
@@ -612,27 +567,7 @@ class Coordinator:
         if self.config.stop.max_seconds is None:
             return
         await asyncio.sleep(self.config.stop.max_seconds)
-        self._begin_stop(f"time limit of {self.config.stop.max_seconds:g} s reached")
-
-    def _request_evaluation(self, epoch: float, *, final: bool) -> None:
-        evaluator = self.peers.get(("evaluator", 0))
-        if evaluator is None or evaluator.lost or (self._eval_pending and not final):
-            return  # a lost evaluator is asked again when its restart rejoins
-        self._eval_pending = True
-        if final:
-            self._final_asked += 1
-        # A resumed run repeats the epochs after its checkpoint: its evaluations' epochs wait
-        # at the highest one recorded before, rather than going back.
-        epoch = max(epoch, self.progress.epoch_floor)
-        self.spawn(self.send(evaluator, Evaluate(epoch=epoch, final=final)))
-
-    def _evaluator_back(self) -> None:
-        """The evaluator joined (again, after a restart): what its lost predecessor was asked
-        and never answered is forgotten, except the final evaluation, which is asked again."""
-        self._eval_pending = False
-        if self._final is not None and not self._final.done():
-            self._request_evaluation(self.progress.epoch(self.config.cluster.workers),
-                                     final=True)
+        self.stop(f"time limit of {self.config.stop.max_seconds:g} s reached")
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -666,7 +601,7 @@ class Coordinator:
             log.exception("the L-BFGS driver failed")
             self.fail(f"the L-BFGS driver failed: {exc!r}")
             return
-        self._begin_stop(reason)
+        self.stop(reason)
 
     async def _settle_sandblaster(self) -> None:
         """Before the final test: a line search cut off by the stop leaves a trial point in

@@ -1,6 +1,6 @@
 """What the coordinator knows of each process of a run and of the run's progress (``RunState``),
-shared with its parts (``recovery``, ``moves``, ``scaling``), and what a part may ask of the
-coordinator (``Hub``)."""
+shared with its parts (``recovery``, ``moves``, ``scaling``, ``evaluations``, ``parties``), and
+what a part may ask of the coordinator (``Hub``)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,10 @@ class Hub(Protocol):
 
     def fail(self, reason: str) -> None:
         """End the run as failed, saying why."""
+
+    def stop(self, reason: str) -> None:
+        """Stop training (the workers and servers are told), saying why; the run then ends
+        with its final evaluation."""
 
     def event(self, kind: str, **detail: Any) -> None:
         """Record an event of the run."""

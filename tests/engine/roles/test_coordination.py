@@ -202,7 +202,7 @@ def test_a_diverged_model_fails_the_run_and_records_no_nan() -> None:
                                   layout=model_layout(run), recorder=Keeping())
         row = EvaluationRecord(at=1.0, elapsed_s=1.0, step=40, accuracy=0.1135,
                                loss=float("nan"), epoch=1.5)
-        coordinator._on_evaluation(Evaluation(row=row, final=False))
+        coordinator.evaluations.on_evaluation(Evaluation(row=row, final=False))
         return await asyncio.wait_for(coordinator.outcome, 1)
 
     status, reason = asyncio.run(scenario())

@@ -1,6 +1,6 @@
-"""The coordinator is composed of parts (moves, recovery, scaling, parties, records) that share the
-run's state and ask the coordinator only what ``Hub`` lists: none reaches another through the
-coordinator, and each part's decisions are tested on the part."""
+"""The coordinator is composed of parts (moves, recovery, scaling, parties, evaluations, records)
+that share the run's state and ask the coordinator only what ``Hub`` lists: none reaches
+another through the coordinator, and each part's decisions are tested on the part."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from engine.roles import moves, parties, recovery, scaling
+from engine.roles import evaluations, moves, parties, recovery, scaling
 from engine.roles.coordination import Coordinator
 from engine.roles.peer import Hub
 
-PARTS = (moves, recovery, scaling, parties)
+PARTS = (moves, recovery, scaling, parties, evaluations)
 
 
 def _hub_calls(module: object) -> set[str]:
@@ -30,7 +30,7 @@ def _hub_calls(module: object) -> set[str]:
 def test_a_part_asks_the_coordinator_only_what_the_hub_lists() -> None:
     listed = {name for name, value in vars(Hub).items()
               if inspect.isfunction(value) and not name.startswith("_")}
-    assert listed == {"fail", "event", "send", "order", "spawn"}
+    assert listed == {"fail", "stop", "event", "send", "order", "spawn"}
     for module in PARTS:
         assert _hub_calls(module) <= listed, module.__name__
     for name in listed:  # the coordinator is a Hub
@@ -38,7 +38,8 @@ def test_a_part_asks_the_coordinator_only_what_the_hub_lists() -> None:
 
 
 def test_no_part_inherits_from_another_or_from_a_base_of_stubs() -> None:
-    for cls in (moves.Moves, recovery.Recovery, scaling.Scaling, parties.Parties, Coordinator):
+    for cls in (moves.Moves, recovery.Recovery, scaling.Scaling, parties.Parties,
+                evaluations.Evaluations, Coordinator):
         assert cls.__mro__ == (cls, object), cls
         source = inspect.getsource(cls)
         assert "NotImplementedError" not in source, cls

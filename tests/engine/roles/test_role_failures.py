@@ -220,19 +220,20 @@ def test_a_lost_evaluator_is_waited_for_and_asked_again_when_it_rejoins() -> Non
     async def scenario(coordinator: Coordinator, roles: Roles, sink: Events) -> None:
         await serving(coordinator, roles)
         evaluator = await roles.joined("evaluator", 0)
-        coordinator._request_evaluation(0.5, final=False)
+        coordinator.evaluations.request(0.5, final=False)
         assert isinstance(await next_message(evaluator), Evaluate)
         await evaluator.close()  # killed before it answered
         await until(lambda: coordinator.peers[("evaluator", 0)].lost, "the evaluator's loss")
         # the final evaluation is asked for while there is no evaluator: it is not lost
-        coordinator._final = asyncio.get_running_loop().create_future()
-        coordinator._request_evaluation(1.0, final=True)
+        waiting = asyncio.ensure_future(coordinator.evaluations.final())
+        await asyncio.sleep(0)
         again = await roles.joined("evaluator", 0)
         asked = await next_message(again)
         assert isinstance(asked, Evaluate) and asked.final
         assert not coordinator.outcome.done()
         # answered or not, the timer's evaluations go on with the new evaluator
-        assert coordinator._final_asked == 1
+        assert coordinator.evaluations.final_asked == 1
+        waiting.cancel()
 
     sink, outcome = run_scenario(config(), scenario)
     assert outcome is None
