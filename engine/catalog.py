@@ -14,6 +14,7 @@ from engine.policies.learning import SCHEDULES, STALENESS_RULES
 from engine.policies.loops import WORKER_LOOPS
 from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
+from engine.transport.kinds import TRANSPORTS
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -23,7 +24,7 @@ NAMED: dict[str, Registry[Any]] = {
     "cluster.backend": BACKENDS, "sync.model": CONSISTENCY_MODELS,
     "sync.push_scale": AGGREGATION_RULES, "optimizer.name": SERVER_OPTIMIZERS,
     "learning.schedule": SCHEDULES, "learning.rule": STALENESS_RULES,
-    "train.loop": WORKER_LOOPS}
+    "train.loop": WORKER_LOOPS, "cluster.transport": TRANSPORTS}
 # Policies from outside psctl register themselves now, before anything lists or checks one.
 plugins.load()
 # Names a setting takes that are no policy: ``train.loop auto`` picks the loop the run needs.

@@ -72,10 +72,10 @@ class ClusterConfig(_NamesPolicies):
     request_timeout_s: float = Field(300.0, gt=0, le=_LONGEST_S,
                                      description="longest wait for one push or pull")
     max_frame_bytes: int = Field(64 * 2**20, ge=2**16, description="largest accepted frame")
-    transport: Literal["tcp", "websocket"] = Field(
+    transport: str = Field(
         "tcp", json_schema_extra=flag("--transport"), description=(
-            "how workers reach the shard servers: tcp (psctl's own framing, one copy per hop) or "
-            "websocket [tcp]"))
+            "how workers reach the shard servers (tcp: psctl's own framing, one copy per hop): "
+            "{choices}"))
     max_queued_bytes: int = Field(32 * 2**20, ge=2**16, description=(
         "unread reply bytes one connection may have queued at a server before it is "
         "disconnected as too slow a reader (one reply always goes through)"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -75,6 +76,20 @@ class Registry(Generic[T]):
             raise ConfigError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = Entry(name, value, summary, frozenset(capabilities),
                                     tuple(requires), dict(implies or {}), settings)
+
+    @contextmanager
+    def registered(self, name: str, value: T | Lazy, summary: str,
+                   **options: Any) -> Iterator[None]:
+        """``name`` registered (in place of what it was) for the duration of a ``with``: a
+        test's or a study's stand-in, which leaves the registry as it found it."""
+        before = self._entries.pop(name, None)
+        self.register(name, value, summary, **options)
+        try:
+            yield
+        finally:
+            del self._entries[name]
+            if before is not None:
+                self._entries[name] = before
 
     def settings_of(self, name: str, section: BaseModel, model: type[M]) -> M:
         """Policy ``name``'s own settings (registered as ``model``), read from its table in

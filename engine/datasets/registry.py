@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import ConfigError
+from engine.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -120,22 +121,25 @@ DIGITS = DatasetSpec(
     input_shape=(1, 8, 8),
 )
 
-# Module-level so that tests can register a tiny synthetic data set with monkeypatch.setitem.
-REGISTRY: dict[str, DatasetSpec] = {spec.name: spec for spec in (MNIST, FASHION_MNIST, DIGITS)}
+# The data sets psctl knows by name (a plugin registers more; ``DATASETS.registered`` stands one
+# in for a test). A data set's files, if any, are checked against its sums wherever they come from.
+DATASETS: Registry[DatasetSpec] = Registry("data set")
+for _spec in (MNIST, FASHION_MNIST, DIGITS):
+    DATASETS.register(_spec.name, _spec, _spec.description)
 
 
 def dataset_names() -> list[str]:
     """Names accepted by :func:`get_spec`, sorted."""
-    return sorted(REGISTRY)
+    return sorted(DATASETS.names())
 
 
 def get_spec(name: str) -> DatasetSpec:
     """The spec registered under ``name`` (case-insensitive); ConfigError if there is none."""
-    spec = REGISTRY.get(name.strip().lower()) if isinstance(name, str) else None
-    if spec is None:
+    key = name.strip().lower() if isinstance(name, str) else ""
+    if key not in DATASETS:
         known = ", ".join(dataset_names())
         raise ConfigError(f"unknown data set {name!r}; known data sets: {known}")
-    return spec
+    return DATASETS.get(key)
 
 
 def owner_of(size: int, md5: str) -> str | None:
@@ -144,7 +148,8 @@ def owner_of(size: int, md5: str) -> str | None:
     Used only to explain a checksum mismatch: MNIST and Fashion-MNIST share file names, so a
     directory of the wrong one is an easy mistake to make.
     """
-    for spec in REGISTRY.values():
+    for name in DATASETS.names():
+        spec = DATASETS.get(name)
         for file in spec.files.all() if spec.files else ():
             if file.size == size and file.md5 == md5:
                 return f"{spec.name}/{file.name}"

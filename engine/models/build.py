@@ -17,7 +17,7 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.keys import KeyLayout, KeyRange, Segment
-from engine.models.spec import CNNSpec, MLPSpec, model_file
+from engine.models.spec import MODELS, CNNSpec, MLPSpec, model_file
 from engine.userfiles import FileRef, call_user_function
 
 
@@ -60,15 +60,25 @@ def build_module(model: str, hidden: tuple[int, ...], input_shape: tuple[int, ..
     """The model a run trains, its initial values drawn from ``seed`` (so every process that
     builds it holds the same values)."""
     torch.manual_seed(seed)
-    if model == "mlp":
-        return MLP(MLPSpec(math.prod(input_shape), hidden, num_classes))
-    if model == "logreg":
-        return MLP(MLPSpec(math.prod(input_shape), (), num_classes))
-    if model == "cnn":
-        return CNN(CNNSpec(input_shape, num_classes))
+    if model in MODELS:
+        built: nn.Module = MODELS.get(model).module.load()(hidden, input_shape, num_classes)
+        return built
     ref = model_file(model)
     assert ref is not None
     return _from_file(ref, input_shape, num_classes)
+
+
+# What MODELS registers as each built-in model's module (engine.models.spec).
+def mlp(hidden: tuple[int, ...], input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return MLP(MLPSpec(math.prod(input_shape), hidden, num_classes))
+
+
+def logreg(hidden: tuple[int, ...], input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return MLP(MLPSpec(math.prod(input_shape), (), num_classes))
+
+
+def cnn(hidden: tuple[int, ...], input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return CNN(CNNSpec(input_shape, num_classes))
 
 
 def layout_of(module: nn.Module) -> KeyLayout:

@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ConfigError
 from engine.keys import KeyLayout, KeyRange, Segment
+from engine.registry import Lazy, Registry
 from engine.userfiles import FileRef, parse_file_ref
-
-BUILTIN_MODELS = ("mlp", "cnn", "logreg")
 
 
 def check_model(text: str) -> str:
-    """A ``--model`` value made canonical: a built-in name, or ``/abs/path.py:function``."""
+    """A ``--model`` value made canonical: a registered name, or ``/abs/path.py:function``."""
     name = text.strip()
-    if name.lower() in BUILTIN_MODELS:
+    if name.lower() in MODELS:
         return name.lower()
     ref = parse_file_ref(name, what="model", default_function="build")
     if ref is None:
-        raise ConfigError(f"unknown model {text!r}: use {', '.join(BUILTIN_MODELS)} or "
+        raise ConfigError(f"unknown model {text!r}: use {', '.join(MODELS.names())} or "
                           "path/to/file.py:build (a function build(input_shape, num_classes) "
                           "returning a torch.nn.Module)")
     return str(ref)
@@ -36,7 +36,7 @@ def check_model(text: str) -> str:
 
 def model_file(model: str) -> FileRef | None:
     """The user file a canonical model name refers to, if any."""
-    if model in BUILTIN_MODELS:
+    if model in MODELS:
         return None
     path, _, function = model.rpartition(":")
     return FileRef(Path(path), function)
@@ -131,18 +131,48 @@ class CNNSpec:
 
 def builtin_layout(model: str, hidden: tuple[int, ...], input_shape: tuple[int, ...],
                    num_classes: int, *, sparse: bool = False) -> KeyLayout | None:
-    """The layout of a built-in model; None for a model from a user's file. On sparse samples
-    the model is binary logistic regression: one weight per feature, the keys a worker's
-    mini-batch touches being its working set (``engine.worker.sparse``)."""
+    """The layout of a registered model; None for a model from a user's file. On sparse
+    samples the model is binary logistic regression: one weight per feature, the keys a
+    worker's mini-batch touches being its working set (``engine.worker.sparse``)."""
     input_dim = math.prod(input_shape)
     if sparse:
-        if model != "logreg" or num_classes != 2:
-            raise ConfigError(f"sparse data sets train --model logreg (binary), not {model}")
+        if not trains_sparse_rows(model) or num_classes != 2:
+            raise ConfigError(f"sparse data sets train --model "
+                              f"{' or '.join(MODELS.able(SPARSE_ROWS))} (binary), not {model}")
         return KeyLayout((Segment("weight", (input_dim,), KeyRange(0, input_dim)),))
-    if model == "mlp":
-        return MLPSpec(input_dim, hidden, num_classes).layout()
-    if model == "logreg":
-        return MLPSpec(input_dim, (), num_classes).layout()
-    if model == "cnn":
-        return CNNSpec(input_shape, num_classes).layout()
-    return None
+    if model not in MODELS:
+        return None
+    return MODELS.get(model).layout(hidden, input_shape, num_classes)
+
+
+def trains_sparse_rows(model: str) -> bool:
+    """Whether ``model`` (a name, or a user's file) trains on sparse samples."""
+    return model in MODELS and MODELS.can(model, SPARSE_ROWS)
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model psctl builds by name: its key layout by arithmetic (no torch), and the function
+    that builds its torch module, ``(hidden, input_shape, num_classes) -> nn.Module``, imported
+    only where a model is trained."""
+
+    layout: Callable[[tuple[int, ...], tuple[int, ...], int], KeyLayout]
+    module: Lazy
+
+
+# A model that trains on sparse samples, one weight per feature (binary logistic regression).
+SPARSE_ROWS = "sparse_rows"
+MODELS: Registry[BuiltinModel] = Registry("model")
+MODELS.register("mlp", BuiltinModel(
+    lambda hidden, shape, classes: MLPSpec(math.prod(shape), hidden, classes).layout(),
+    Lazy("engine.models.build:mlp")),
+    "a fully connected ReLU network with --hidden layers")
+MODELS.register("cnn", BuiltinModel(
+    lambda hidden, shape, classes: CNNSpec(shape, classes).layout(),
+    Lazy("engine.models.build:cnn")),
+    "LeNet (two convolutions, 500 hidden units, dropout); images only")
+MODELS.register("logreg", BuiltinModel(
+    lambda hidden, shape, classes: MLPSpec(math.prod(shape), (), classes).layout(),
+    Lazy("engine.models.build:logreg")),
+    "(multinomial) logistic regression; binary on sparse data sets",
+    capabilities=frozenset({SPARSE_ROWS}))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.consistency.registry import asynchronous, asynchronous_names
+from engine.models.spec import MODELS, SPARSE_ROWS, trains_sparse_rows
 from engine.registry import Lazy, Registry
 
 if TYPE_CHECKING:
@@ -85,8 +86,9 @@ def sparse_fits(run: RunConfig) -> None:
         if loop == "sparse":
             raise ValueError("train.loop sparse trains sparse data sets (sparse-synthetic:...)")
         return
-    if run.model.name != "logreg":
-        raise ValueError(f"sparse data sets train model logreg, not {run.model.name}")
+    if not trains_sparse_rows(run.model.name):
+        raise ValueError(f"sparse data sets train model {' or '.join(MODELS.able(SPARSE_ROWS))}, "
+                         f"not {run.model.name}")
     comm, train = run.comm, run.train
     unsupported = [name for name, used in (
         ("train.loop " + loop, loop not in ("auto", "sparse")),

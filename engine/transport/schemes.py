@@ -1,4 +1,5 @@
-"""One transport per address scheme: ``ws://`` (websockets) and ``tcp://`` (engine.transport.tcp).
+"""One transport per address scheme, as ``engine.transport.kinds`` registers them: ``ws://``
+(websockets) and ``tcp://`` (engine.transport.tcp).
 
 A role connects to whatever address it is given, so a run can keep its control plane on
 websockets while its shard servers serve the data plane on TCP (``cluster.transport``).
@@ -8,13 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.errors import ConfigError, ConnectFailed
+from engine.errors import ConnectFailed
 from engine.transport.base import Connection, Handler, Listener, Transport
-from engine.transport.tcp import TcpTransport
-from engine.transport.websocket import WebSocketTransport
-
-# cluster.transport's names and the schemes of their addresses
-SCHEMES = {"websocket": "ws", "tcp": "tcp"}
+from engine.transport.kinds import TRANSPORTS, TransportKind, by_scheme
 
 
 @dataclass(frozen=True)
@@ -26,28 +23,29 @@ class SchemeTransport:
     listens: str = "websocket"
 
     def __post_init__(self) -> None:
-        if self.listens not in SCHEMES:
-            raise ConfigError(f"unknown transport {self.listens!r}; one of {sorted(SCHEMES)}")
+        TRANSPORTS.entry(self.listens)  # a ConfigError naming the known ones
 
     def listening(self, name: str) -> SchemeTransport:
         """This transport, listening with ``name`` instead."""
         return replace(self, listens=name)
 
-    def _by_scheme(self, scheme: str) -> Transport:
-        if scheme == "tcp":
-            return TcpTransport(self.max_frame_bytes, self.source)
-        return WebSocketTransport(max_frame_bytes=self.max_frame_bytes, source=self.source)
+    def _made(self, kind: TransportKind) -> Transport:
+        made: Transport = kind.make.load()(max_frame_bytes=self.max_frame_bytes,
+                                           source=self.source)
+        return made
 
     async def listen(self, host: str, port: int, handler: Handler, *, token: str,
                      max_message_bytes: int | None = None) -> Listener:
-        return await self._by_scheme(SCHEMES[self.listens]).listen(
+        return await self._made(TRANSPORTS.get(self.listens)).listen(
             host, port, handler, token=token, max_message_bytes=max_message_bytes)
 
     async def connect(self, address: str, *, token: str, timeout: float) -> Connection:
         scheme = address.partition("://")[0]
-        if scheme not in ("ws", "tcp"):
-            raise ConnectFailed(f"{address!r}: no transport for scheme {scheme!r} (ws or tcp)")
-        return await self._by_scheme(scheme).connect(address, token=token, timeout=timeout)
+        kind = by_scheme(scheme)
+        if kind is None:
+            known = " or ".join(TRANSPORTS.get(name).scheme for name in TRANSPORTS.names())
+            raise ConnectFailed(f"{address!r}: no transport for scheme {scheme!r} ({known})")
+        return await self._made(kind).connect(address, token=token, timeout=timeout)
 
 
 def listening(transport: Transport, name: str) -> Transport:

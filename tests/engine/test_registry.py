@@ -60,3 +60,14 @@ def test_a_lazy_name_that_does_not_resolve_fails_when_built() -> None:
     assert kinds.names() == ("ghost",)  # listing it loads nothing
     with pytest.raises(AttributeError, match="NoSuchThing"):
         kinds.get("ghost")
+
+
+def test_a_stand_in_is_registered_for_a_while_and_what_it_replaced_comes_back() -> None:
+    shapes: Registry[int] = Registry("shape")
+    shapes.register("square", 4, "four sides")
+    with shapes.registered("square", 5, "a stand-in"), shapes.registered("circle", 0, "new"):
+        assert shapes.get("square") == 5 and shapes.names() == ("square", "circle")
+    assert shapes.get("square") == 4 and shapes.names() == ("square",)
+    with pytest.raises(RuntimeError), shapes.registered("circle", 0, "gone again"):
+        raise RuntimeError("the test failed")
+    assert "circle" not in shapes

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from datasets_support import Tiny, make_tiny
+from datasets_support import StandIn, Tiny, make_tiny
 
 from engine.datasets import registry, resolve
 
@@ -28,7 +29,15 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.fixture
-def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tiny:
+def stand_in() -> Iterator[StandIn]:
+    """Register a data set for the test (in place of one of that name); all undone after."""
+    with contextlib.ExitStack() as stack:
+        yield lambda spec: stack.enter_context(
+            registry.DATASETS.registered(spec.name, spec, spec.description))
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, stand_in: StandIn) -> Tiny:
     data = make_tiny(tmp_path / "src", "tiny", seed=1)
-    monkeypatch.setitem(registry.REGISTRY, "tiny", data.spec)
+    stand_in(data.spec)
     return data

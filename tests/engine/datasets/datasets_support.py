@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from engine.datasets.registry import DatasetSpec, FileSpec, IdxFiles
 from engine.datasets.resolve import ENV_VAR
 
 REPO = Path(__file__).resolve().parents[3]
+# conftest's stand_in: registers a data set for the test, in place of one of that name.
+StandIn = Callable[[DatasetSpec], None]
 # Read at import, before any fixture clears the variable, so a CI that sets it is honoured.
 _ENV_DATA = os.environ.get(ENV_VAR)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datasets_support import REPO, Tiny, shared_data_dir
+from datasets_support import REPO, StandIn, Tiny, shared_data_dir
 
 from engine.datasets import (
     Dataset,
@@ -102,12 +102,10 @@ def test_train_limit_must_be_positive(tiny: Tiny, bad: object) -> None:
         load_dataset("tiny", tiny.dir, train_limit=bad)  # type: ignore[arg-type]
 
 
-def _replace(tiny: Tiny, name: str, array: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+def _replace(tiny: Tiny, name: str, array: np.ndarray, stand_in: StandIn) -> None:
     """Swap one file for ``array`` and re-register the spec with its new checksum."""
     import dataclasses
     import hashlib
-
-    from engine.datasets import registry
 
     write_idx(tiny.dir / name, array)
     blob = (tiny.dir / name).read_bytes()
@@ -118,7 +116,7 @@ def _replace(tiny: Tiny, name: str, array: np.ndarray, monkeypatch: pytest.Monke
         getattr(tiny.spec.files, key), size=len(blob), md5=hashlib.md5(blob).hexdigest()
     )
     files = dataclasses.replace(tiny.spec.files, **{key: new_file})
-    monkeypatch.setitem(registry.REGISTRY, "tiny", dataclasses.replace(tiny.spec, files=files))
+    stand_in(dataclasses.replace(tiny.spec, files=files))
 
 
 @pytest.mark.parametrize(
@@ -132,9 +130,9 @@ def _replace(tiny: Tiny, name: str, array: np.ndarray, monkeypatch: pytest.Monke
     ],
 )
 def test_inconsistent_files_are_format_errors(
-    tiny: Tiny, monkeypatch: pytest.MonkeyPatch, name: str, array: np.ndarray, complaint: str
+    tiny: Tiny, stand_in: StandIn, name: str, array: np.ndarray, complaint: str
 ) -> None:
-    _replace(tiny, name, array, monkeypatch)
+    _replace(tiny, name, array, stand_in)
     with pytest.raises(DatasetFormatError, match=complaint):
         load_dataset("tiny", tiny.dir)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from datasets_support import Tiny, make_tiny
+from datasets_support import StandIn, Tiny, make_tiny
 
-from engine.datasets import locate, registry, resolve
+from engine.datasets import locate, resolve
 from engine.datasets.resolve import ENV_VAR
 from engine.datasets.resolve import fetch_url as real_fetch_url
 from engine.errors import ChecksumMismatch, DataError, DatasetNotFound
@@ -129,11 +129,11 @@ def test_wrong_size_is_a_checksum_mismatch(tiny: Tiny) -> None:
 
 
 def test_mismatch_names_the_data_set_the_file_belongs_to(
-    tiny: Tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny: Tiny, tmp_path: Path, stand_in: StandIn
 ) -> None:
     # Like pointing --dataset mnist at a Fashion-MNIST folder: same file names, other contents.
     other = make_tiny(tmp_path / "other", "tiny2", seed=2)
-    monkeypatch.setitem(registry.REGISTRY, "tiny2", other.spec)
+    stand_in(other.spec)
     with pytest.raises(ChecksumMismatch, match=r"This file is tiny2/train-images\.gz"):
         locate("tiny", other.dir)
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from engine.errors import ConfigError
 from engine.keys import KeyRange
 from engine.models.flat import MLP, FlatModel, evaluate, train_step
 from engine.models.spec import MLPSpec, Segment
@@ -160,3 +161,32 @@ def test_evaluate_counts_accuracy_and_mean_loss_over_batches() -> None:
     log_z = float(np.log(2 + np.exp(5.0)))
     expected = (6 * (log_z - 5.0) + 4 * log_z) / 10
     assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_registered_model_is_named_laid_out_and_asked_for_its_capabilities() -> None:
+    from engine.keys import KeyLayout, KeyRange, Segment
+    from engine.models.spec import (
+        MODELS,
+        SPARSE_ROWS,
+        BuiltinModel,
+        builtin_layout,
+        check_model,
+        model_file,
+        trains_sparse_rows,
+    )
+    from engine.registry import Lazy
+
+    def one_weight(hidden: tuple[int, ...], shape: tuple[int, ...], classes: int) -> KeyLayout:
+        return KeyLayout((Segment("w", (classes,), KeyRange(0, classes)),))
+
+    assert MODELS.able(SPARSE_ROWS) == ("logreg",)
+    assert not trains_sparse_rows("/abs/model.py:build")  # a user's file: no capabilities
+    with MODELS.registered("tiny", BuiltinModel(one_weight, Lazy("x:y")), "one weight",
+                           capabilities=frozenset({SPARSE_ROWS})):
+        assert check_model(" Tiny ") == "tiny" and model_file("tiny") is None
+        assert builtin_layout("tiny", (), (4,), 3).num_keys == 3
+        assert trains_sparse_rows("tiny")
+        with pytest.raises(ConfigError, match="train --model logreg or tiny"):
+            builtin_layout("mlp", (), (4,), 2, sparse=True)
+    with pytest.raises(ConfigError, match="use mlp, cnn, logreg or path/to/file.py:build"):
+        check_model("tiny")
