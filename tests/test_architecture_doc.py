@@ -16,6 +16,8 @@ import pytest
 
 from engine.backends import BACKENDS
 from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.datasets.registry import DATASETS
+from engine.models.kinds import MODELS
 from engine.policies.aggregation import AGGREGATION_RULES
 from engine.policies.learning import SCHEDULES, STALENESS_RULES
 from engine.policies.loops import WORKER_LOOPS
@@ -23,6 +25,7 @@ from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
 from engine.server.pull_filter import PULL_FILTERS
 from engine.sim.worker import SIM_LOOPS
+from engine.transport.kinds import TRANSPORTS
 from engine.wire.codecs import CODECS
 from engine.worker.filters import PRUNE_RULES
 from engine.worker.scheduled import REQUEST_SCHEDULES
@@ -49,6 +52,9 @@ def table_after(heading: str) -> list[str]:
     ("### Request schedules", REQUEST_SCHEDULES),
     ("### Backends", BACKENDS),
     ("### Simulated worker loops", SIM_LOOPS),
+    ("### Models", MODELS),
+    ("### Data sets", DATASETS),
+    ("### Transports", TRANSPORTS),
 ])
 def test_policy_table_matches_its_registry(heading: str, registry: Registry[Any]) -> None:
     assert table_after(heading) == list(registry.names())

@@ -15,7 +15,8 @@ import pytest
 
 from engine.config import ModelConfig, TrainConfig
 from engine.datasets import get_spec
-from engine.models.spec import BUILTIN_MODELS, builtin_layout
+from engine.models.kinds import MODELS
+from engine.models.spec import builtin_layout
 from tests.conftest import REPO
 
 DOC = (REPO / "docs" / "models.md").read_text()
@@ -32,7 +33,7 @@ def _row(first_cell: str) -> list[str]:
 def test_the_model_table_states_the_key_counts() -> None:
     mnist = get_spec("mnist")
     assert ModelConfig().name == "mlp" and TrainConfig().device == "auto"
-    for model in BUILTIN_MODELS:
+    for model in MODELS.names():
         layout = builtin_layout(model, ModelConfig().hidden, mnist.sample_shape, 10)
         assert layout is not None
         cell = _row(f"`{model}` (default)" if model == "mlp" else f"`{model}`")[-1]

@@ -17,7 +17,8 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.keys import KeyLayout, KeyRange, Segment
-from engine.models.spec import MODELS, CNNSpec, MLPSpec, model_file
+from engine.models.kinds import MODELS
+from engine.models.spec import CNNSpec, MLPSpec, model_file
 from engine.userfiles import FileRef, call_user_function
 
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ConfigError
 from engine.keys import KeyLayout, KeyRange, Segment
-from engine.registry import Lazy, Registry
+from engine.models.kinds import MODELS, SPARSE_ROWS, trains_sparse_rows
 from engine.userfiles import FileRef, parse_file_ref
 
 
@@ -142,37 +141,18 @@ def builtin_layout(model: str, hidden: tuple[int, ...], input_shape: tuple[int, 
         return KeyLayout((Segment("weight", (input_dim,), KeyRange(0, input_dim)),))
     if model not in MODELS:
         return None
-    return MODELS.get(model).layout(hidden, input_shape, num_classes)
+    layout: KeyLayout = MODELS.get(model).layout.load()(hidden, input_shape, num_classes)
+    return layout
 
 
-def trains_sparse_rows(model: str) -> bool:
-    """Whether ``model`` (a name, or a user's file) trains on sparse samples."""
-    return model in MODELS and MODELS.can(model, SPARSE_ROWS)
+# What MODELS registers as each built-in model's layout (engine.models.kinds).
+def mlp_layout(hidden: tuple[int, ...], shape: tuple[int, ...], classes: int) -> KeyLayout:
+    return MLPSpec(math.prod(shape), hidden, classes).layout()
 
 
-@dataclass(frozen=True)
-class BuiltinModel:
-    """A model psctl builds by name: its key layout by arithmetic (no torch), and the function
-    that builds its torch module, ``(hidden, input_shape, num_classes) -> nn.Module``, imported
-    only where a model is trained."""
-
-    layout: Callable[[tuple[int, ...], tuple[int, ...], int], KeyLayout]
-    module: Lazy
+def cnn_layout(hidden: tuple[int, ...], shape: tuple[int, ...], classes: int) -> KeyLayout:
+    return CNNSpec(shape, classes).layout()
 
 
-# A model that trains on sparse samples, one weight per feature (binary logistic regression).
-SPARSE_ROWS = "sparse_rows"
-MODELS: Registry[BuiltinModel] = Registry("model")
-MODELS.register("mlp", BuiltinModel(
-    lambda hidden, shape, classes: MLPSpec(math.prod(shape), hidden, classes).layout(),
-    Lazy("engine.models.build:mlp")),
-    "a fully connected ReLU network with --hidden layers")
-MODELS.register("cnn", BuiltinModel(
-    lambda hidden, shape, classes: CNNSpec(shape, classes).layout(),
-    Lazy("engine.models.build:cnn")),
-    "LeNet (two convolutions, 500 hidden units, dropout); images only")
-MODELS.register("logreg", BuiltinModel(
-    lambda hidden, shape, classes: MLPSpec(math.prod(shape), (), classes).layout(),
-    Lazy("engine.models.build:logreg")),
-    "(multinomial) logistic regression; binary on sparse data sets",
-    capabilities=frozenset({SPARSE_ROWS}))
+def logreg_layout(hidden: tuple[int, ...], shape: tuple[int, ...], classes: int) -> KeyLayout:
+    return MLPSpec(math.prod(shape), (), classes).layout()

@@ -13,8 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.consistency.registry import asynchronous, asynchronous_names
-from engine.models.spec import MODELS, SPARSE_ROWS, trains_sparse_rows
+from engine.consistency.registry import (
+    CONSISTENCY_MODELS,
+    OWN_DELAY,
+    asynchronous,
+    asynchronous_names,
+)
+from engine.models.kinds import MODELS, SPARSE_ROWS, trains_sparse_rows
+from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
 from engine.registry import Lazy, Registry
 
 if TYPE_CHECKING:
@@ -73,10 +79,10 @@ def wait_free_fits(run: RunConfig) -> None:
 
 def delayed_fits(run: RunConfig) -> None:
     """The delayed loop is bounded delay's (its servers apply pushes as asp's do)."""
-    if run.sync.model != "bounded-delay":
+    if not CONSISTENCY_MODELS.can(run.sync.model, OWN_DELAY):
+        owners = " or ".join(CONSISTENCY_MODELS.able(OWN_DELAY))
         raise ValueError(f"train.loop {run.train.loop} does not fit sync.model "
-                         f"{run.sync.model}: bounded-delay runs the delayed loop, and only it "
-                         "does")
+                         f"{run.sync.model}: {owners} runs the delayed loop, and only it does")
 
 
 def sparse_fits(run: RunConfig) -> None:
@@ -150,7 +156,7 @@ def loop_name(config: RunConfig) -> str:
         return config.train.loop
     if _sparse(config):
         return "sparse"
-    if config.optimizer.name == "lbfgs":
+    if SERVER_OPTIMIZERS.can(config.optimizer.name, DRIVES_TRAINING):
         return "sandblaster"
     if config.train.overlap:
         return "overlapped"
@@ -158,7 +164,7 @@ def loop_name(config: RunConfig) -> str:
         return "downpour"
     if config.comm.schedule != "none":
         return "scheduled"
-    return "delayed" if config.sync.model == "bounded-delay" else "plain"
+    return "delayed" if CONSISTENCY_MODELS.can(config.sync.model, OWN_DELAY) else "plain"
 
 
 def loops_in_use(config: RunConfig) -> tuple[str, ...]:

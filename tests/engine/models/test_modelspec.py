@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from engine.errors import ConfigError
-from engine.keys import KeyRange
+from engine.keys import KeyLayout, KeyRange
 from engine.models.flat import MLP, FlatModel, evaluate, train_step
 from engine.models.spec import MLPSpec, Segment
 
@@ -164,23 +164,13 @@ def test_evaluate_counts_accuracy_and_mean_loss_over_batches() -> None:
 
 
 def test_a_registered_model_is_named_laid_out_and_asked_for_its_capabilities() -> None:
-    from engine.keys import KeyLayout, KeyRange, Segment
-    from engine.models.spec import (
-        MODELS,
-        SPARSE_ROWS,
-        BuiltinModel,
-        builtin_layout,
-        check_model,
-        model_file,
-        trains_sparse_rows,
-    )
+    from engine.models.kinds import MODELS, SPARSE_ROWS, BuiltinModel, trains_sparse_rows
+    from engine.models.spec import builtin_layout, check_model, model_file
     from engine.registry import Lazy
-
-    def one_weight(hidden: tuple[int, ...], shape: tuple[int, ...], classes: int) -> KeyLayout:
-        return KeyLayout((Segment("w", (classes,), KeyRange(0, classes)),))
 
     assert MODELS.able(SPARSE_ROWS) == ("logreg",)
     assert not trains_sparse_rows("/abs/model.py:build")  # a user's file: no capabilities
+    one_weight = Lazy(f"{__name__}:one_weight")
     with MODELS.registered("tiny", BuiltinModel(one_weight, Lazy("x:y")), "one weight",
                            capabilities=frozenset({SPARSE_ROWS})):
         assert check_model(" Tiny ") == "tiny" and model_file("tiny") is None
@@ -190,3 +180,8 @@ def test_a_registered_model_is_named_laid_out_and_asked_for_its_capabilities() -
             builtin_layout("mlp", (), (4,), 2, sparse=True)
     with pytest.raises(ConfigError, match="use mlp, cnn, logreg or path/to/file.py:build"):
         check_model("tiny")
+
+
+def one_weight(hidden: tuple[int, ...], shape: tuple[int, ...], classes: int) -> KeyLayout:
+    """A stand-in model's layout: one weight per class."""
+    return KeyLayout((Segment("w", (classes,), KeyRange(0, classes)),))
