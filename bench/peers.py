@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -72,8 +71,12 @@ def ddp_child(args: argparse.Namespace) -> None:
     from engine.worker.loops import shard_for
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                            world_size=args.world, timeout=timedelta(seconds=120))
+    # The rendezvous store listens in the parent (ddp_run) from before any rank starts: a port
+    # picked free and bound later by rank 0 could be taken meanwhile by a process beside it.
+    store = dist.TCPStore("127.0.0.1", args.port, args.world, is_master=False,
+                          timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world,
+                            timeout=timedelta(seconds=120))
     try:
         data = load_dataset(args.dataset, Path(args.data_dir) if args.data_dir else None,
                             allow_download=False)
@@ -138,9 +141,11 @@ def _ddp_train(args: argparse.Namespace, model: Any, module: Any, optimizer: Any
 
 def ddp_run(workers: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """A DDP run of ``workers`` processes; its outcome, with samples/s."""
+    import torch.distributed as dist
+
     out = scratch / f"ddp-{time.monotonic_ns()}.json"
-    port = _free_port()
-    common = ["--port", str(port), "--world", str(workers), "--out", str(out), "--dataset",
+    store = dist.TCPStore("127.0.0.1", 0, workers, is_master=True, wait_for_workers=False)
+    common = ["--port", str(store.port), "--world", str(workers), "--out", str(out), "--dataset",
               args.dataset, "--data-dir", args.data_dir or "", "--target", str(args.target),
               "--max-seconds", str(args.max_seconds), "--eval-interval",
               str(args.eval_interval)]
@@ -162,12 +167,6 @@ def ddp_run(workers: int, args: argparse.Namespace, scratch: Path) -> dict[str, 
     outcome["wall_s"] = time.perf_counter() - started
     outcome["samples_per_s"] = outcome["samples"] / outcome["training_s"]
     return outcome
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # -- psctl -------------------------------------------------------------------------------------
