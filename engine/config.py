@@ -340,7 +340,8 @@ class CommConfig(_Frozen):
         "it last got them: none or significant:DELTA [none]"))
     refresh_every: int = Field(
         100, ge=1, le=10**6, json_schema_extra=flag("--refresh-every"), description=(
-            "with --pull-filter: every Nth pull of a worker is answered whole [100]"))
+            "with --pull-filter: every Nth pull of a key range (a layer) by a worker is answered "
+            "whole [100]"))
     schedule: Literal["none", "fifo", "filo", "stalest-first"] = Field(
         "none", json_schema_extra=flag("--schedule"), description=(
             "pull and push layer by layer through a request pool in this order: fifo, filo or "

@@ -2,11 +2,13 @@
 
 Seed 003's *significantly-modified filter*: a worker keeps its copy of the parameters, and a pull
 returns only the values that moved by more than DELTA since the values this shard last sent to
-that worker; every ``refresh_every``-th pull of a worker (and its first) is answered whole, which
-bounds how far the worker's copy can drift from the shard. The shard remembers, per worker, the
-values it sent (one float32 copy of the shard per worker), so the drift of a key that keeps
-moving by less than DELTA is measured from what the worker really holds, never accumulated
-unseen.
+that worker; every ``refresh_every``-th pull of a key range by a worker (and its first) is
+answered whole, which bounds how far the worker's copy can drift from the shard (counted per
+key, so a worker that pulls layer by layer has every layer refreshed). The shard remembers, per
+worker, the values it sent (one float32 copy of the shard per worker), so the drift of a key that
+keeps moving by less than DELTA is measured from what the worker really holds, never
+accumulated unseen. The whole answers are psctl's bound, not the source's: OSDI'14's filter
+sends the entries changed by more than a threshold since they were last synchronised.
 
 Only range pulls by workers are filtered: the evaluator and key-list pulls get every value they
 ask for.
@@ -43,18 +45,21 @@ class SignificantlyModified:
     def __init__(self, delta: float, refresh_every: int, workers: int, size: int) -> None:
         self.delta, self.refresh_every = delta, refresh_every
         self._sent = np.zeros((workers, size), dtype=np.float32)
-        self._pulls = np.zeros(workers, dtype=np.int64)
-        self._seen = np.zeros((workers, size), dtype=bool)  # keys this worker has been sent
+        # Per worker and key: filtered answers since the key was last sent whole. Counted per
+        # key, not per worker: a worker that pulls layer by layer has each layer refreshed every
+        # N of its own pulls (a count per worker refreshed whichever layer came N-th, and with
+        # 8 layers 6 were never refreshed). A key never sent starts due.
+        self._since = np.full((workers, size), refresh_every - 1, dtype=np.int32)
 
     def select(self, worker: int, span: slice, values: np.ndarray) -> np.ndarray | None:
-        if not 0 <= worker < len(self._pulls):
+        if not 0 <= worker < len(self._sent):
             return None  # not one of the run's workers (a tool): it holds no copy
-        sent, seen = self._sent[worker, span], self._seen[worker, span]
-        self._pulls[worker] += 1
-        if (self._pulls[worker] - 1) % self.refresh_every == 0 or not seen.all():
+        sent, since = self._sent[worker, span], self._since[worker, span]
+        if (since >= self.refresh_every - 1).any():
             sent[:] = values
-            seen[:] = True
+            since[:] = 0
             return None
+        since += 1
         changed = np.flatnonzero(np.abs(values - sent) > self.delta)
         sent[changed] = values[changed]
         return changed + (span.start or 0)

@@ -71,3 +71,27 @@ def test_the_registry_builds_each_filter() -> None:
     assert isinstance(make_pull_filter("none", 10, 2, 4), SendAll)
     built = make_pull_filter("significant:0.25", 10, 2, 4)
     assert isinstance(built, SignificantlyModified) and built.delta == 0.25
+
+
+def test_a_worker_pulling_layer_by_layer_has_every_layer_refreshed_every_n_of_its_pulls() -> None:
+    # 8 layers of 2 keys pulled in turn, N = 4: each layer is answered whole on its 1st, 5th,
+    # 9th ... pull. Counted per worker (as before), the whole answers fell on whichever layer
+    # came 4th, 8th, ...: layers 0 and 4 only, after their first pulls.
+    layers = [slice(2 * i, 2 * i + 2) for i in range(8)]
+    rule = SignificantlyModified(delta=1.0, refresh_every=4, workers=1, size=16)
+    values = np.zeros(16, dtype=np.float32)
+    whole: dict[int, list[int]] = {i: [] for i in range(8)}
+    for turn in range(12):
+        for index, span in enumerate(layers):
+            if rule.select(0, span, values[span]) is None:
+                whole[index].append(turn)
+    assert whole == {i: [0, 4, 8] for i in range(8)}
+
+
+def test_a_whole_model_pull_after_layer_pulls_is_whole_when_any_key_is_due() -> None:
+    rule = SignificantlyModified(delta=1.0, refresh_every=3, workers=1, size=4)
+    values = np.zeros(4, dtype=np.float32)
+    assert rule.select(0, slice(0, 2), values[:2]) is None  # keys 0-1 sent; 2-3 never
+    assert rule.select(0, slice(0, 2), values[:2]) is not None
+    assert rule.select(0, slice(0, 4), values) is None  # keys 2-3 are due
+    assert rule.select(0, slice(0, 4), values) is not None
