@@ -55,7 +55,7 @@ class _NamesPolicies(_Frozen):
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
-# A server's ranges start at its own positions on the replica ring (one per virtual node).
+# A server's ranges start at its own positions on the replica ring (engine.replication.ring).
 MAX_RANGES_PER_SERVER = 64
 
 

@@ -60,9 +60,11 @@ def _events(launcher: Launcher, kind: str) -> list[dict[str, object]]:
 def test_a_run_whose_launcher_was_killed_is_resumed_from_its_checkpoint(tmp_path: Path) -> None:
     db = tmp_path / "experiments.db"
     env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    # 40 epochs: training must outlast two checkpoints a second apart (a quiet machine trained
+    # 15 epochs in under 2 s, and the kill found the run done).
     launch = subprocess.Popen(
         [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
-         "--servers", "2", "--epochs", "15", "--sync", "asp", "--checkpoint-every", "1",
+         "--servers", "2", "--epochs", "40", "--sync", "asp", "--checkpoint-every", "1",
          "--no-live"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: db.exists() and query(

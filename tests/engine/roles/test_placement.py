@@ -77,6 +77,36 @@ def test_backups_are_spread_about_evenly_for_8_servers_and_2_replicas() -> None:
         assert server not in result[server][1:]
 
 
+@pytest.mark.parametrize(("servers", "replicas"), [(2, 1), (8, 2), (16, 3), (32, 1), (32, 2),
+                                                  (64, 2)])
+def test_with_one_range_each_every_server_holds_exactly_k_backups(servers: int,
+                                                                   replicas: int) -> None:
+    """OSDI'14's placement: each position's successors on the ring; one position per server,
+    so the successor relation is a cycle through all of them (64 positions each, as before
+    issue 40, gave 0 to 4 backups per server at 32 servers and K = 1)."""
+    held = Counter(s for chain in chains(servers, replicas) for s in chain[1:])
+    assert sorted(held[s] for s in range(servers)) == [replicas] * servers
+
+
+@pytest.mark.parametrize(("servers", "replicas", "each"), [(4, 1, 2), (5, 1, 3), (8, 1, 4),
+                                                           (32, 1, 4), (8, 2, 3), (8, 3, 2)])
+def test_with_more_ranges_each_server_holds_about_k_backups_per_range_it_serves(
+        servers: int, replicas: int, each: int) -> None:
+    """Within K of K per range served (measured: within 1 for K = 1; 64 positions each, as
+    before issue 40, gave 2 to 6 at 8 servers, 4 ranges each, K = 1)."""
+    result = chains(servers, replicas, ranges=servers * each)
+    held = Counter(s for chain in result for s in chain[1:])
+    for server in range(servers):
+        assert abs(held[server] - replicas * each) <= replicas, dict(held)
+    for index, chain in enumerate(result):
+        assert chain[0] == index % servers and len(set(chain)) == replicas + 1
+
+
+def test_too_few_positions_for_the_ranges_a_server_serves_is_refused() -> None:
+    with pytest.raises(ConfigError, match="2 positions per server cannot place 3 ranges each"):
+        chains(4, 1, vnodes=2, ranges=12)
+
+
 def test_the_backups_of_one_servers_ranges_are_not_all_on_one_neighbour() -> None:
     """The ring spreads: over 8 servers the first backups are not all one server's successor
     in rank order (as a plain ring of ranks would place them)."""
