@@ -30,7 +30,7 @@ from psctl.display import (
     starting_view,
     status_text,
 )
-from psctl.learnopts import downpour_momentum_note
+from psctl.learnopts import downpour_momentum_note, momentum_twice_note
 
 
 def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
@@ -91,9 +91,9 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
                if BACKENDS.can(config.cluster.backend, THIS_MACHINE) else None)
     if crowded is not None:
         console.print(f"[yellow]warning:[/] {crowded}", highlight=False)
-    risky = downpour_momentum_note(config)
-    if risky is not None:
-        console.print(f"[yellow]warning:[/] {risky}", highlight=False)
+    for risky in (downpour_momentum_note(config), momentum_twice_note(config)):
+        if risky is not None:
+            console.print(f"[yellow]warning:[/] {risky}", highlight=False)
     launcher.start()
     if tags:
         _tag(db, launcher.run_id, tags, console)

@@ -1,6 +1,6 @@
 """Parsing of ``psctl launch --lr-schedule``: ``constant``, ``step:EVERY[:GAMMA]`` or
 ``cosine:TOTAL[:FLOOR]`` become the plain ``[learning]`` values the stored config keeps; and the
-launch's warning about settings measured to diverge."""
+launch's warnings about settings measured to diverge or known to count a momentum twice."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.config import RunConfig
 from engine.errors import ConfigError
+from engine.policies.optimizers import SERVER_MOMENTUM, SERVER_OPTIMIZERS
 
 SCHEDULE_FORMS = "constant, step:EVERY[:GAMMA] or cosine:TOTAL[:FLOOR]"
 
@@ -40,8 +41,24 @@ def downpour_momentum_note(config: RunConfig) -> str | None:
     diverge here (docs/learning.md), where Adagrad or plain SGD trained."""
     train, optimizer = config.train, config.optimizer
     batching = train.fetch_every > 1 or train.push_every > 1
-    if not batching or optimizer.name != "sgd" or optimizer.momentum == 0:
+    if not batching or not _server_momentum(config):
         return None
     return (f"server momentum {optimizer.momentum:g} with Downpour's summed, stale pushes "
             "diverged on MNIST and digits here (docs/learning.md); DistBelief ran Downpour with "
             "Adagrad: add --optimizer adagrad, or --momentum 0")
+
+
+def momentum_twice_note(config: RunConfig) -> str | None:
+    """A warning for Deep Gradient Compression's momentum correction on servers that apply a
+    momentum too: Lin et al. keep the momentum on the workers alone."""
+    correction = config.comm.momentum_correction
+    if not correction or not _server_momentum(config):
+        return None
+    return (f"--momentum-correction {correction:g} keeps a momentum on the workers (Deep Gradient "
+            f"Compression); server momentum {config.optimizer.momentum:g} applies one again to "
+            "what they push: add --momentum 0")
+
+
+def _server_momentum(config: RunConfig) -> bool:
+    optimizer = config.optimizer
+    return optimizer.momentum > 0 and SERVER_OPTIMIZERS.can(optimizer.name, SERVER_MOMENTUM)

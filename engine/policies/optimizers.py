@@ -42,6 +42,9 @@ LR = "optimizer.lr"
 # The coordinator moves the parameters itself and hands the workers their tasks (Sandblaster
 # L-BFGS): the run is named after the optimizer, and the coordinator runs its method.
 DRIVES_TRAINING = "drives-training"
+# It applies optimizer.momentum to what the workers push (a worker that keeps a momentum of its
+# own, Deep Gradient Compression's momentum correction, has it counted twice).
+SERVER_MOMENTUM = "server-momentum"
 
 
 def _l1_fits(run: RunConfig) -> None:
@@ -93,7 +96,7 @@ SERVER_OPTIMIZERS: Registry[OptimizerBuild] = Registry("server optimizer")
 SERVER_OPTIMIZERS.register(
     "sgd", Lazy("engine.server.optimizers:build_sgd"),
     "SGD with optional (Nesterov) momentum and weight decay, as torch.optim.SGD",
-    requires=(_l1_fits,), implies={LR: 0.1})
+    requires=(_l1_fits,), implies={LR: 0.1}, capabilities=frozenset({SERVER_MOMENTUM}))
 SERVER_OPTIMIZERS.register(
     "adagrad", Lazy("engine.server.optimizers:build_adagrad"),
     "Adagrad, per-key sums of squared gradients, as torch.optim.Adagrad (Downpour's choice)",
