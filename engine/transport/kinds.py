@@ -28,8 +28,5 @@ TRANSPORTS.register("websocket", TransportKind(
 
 def by_scheme(scheme: str) -> TransportKind | None:
     """The transport whose addresses have ``scheme``, if any."""
-    for entry in TRANSPORTS:
-        kind = TRANSPORTS.get(entry.name)
-        if kind.scheme == scheme:
-            return kind
-    return None
+    kinds = (TRANSPORTS.get(name) for name in TRANSPORTS.names())
+    return next((kind for kind in kinds if kind.scheme == scheme), None)
