@@ -150,8 +150,12 @@ class SyncConfig(_NamesPolicies):
         "ssp, dssp: clocks the fastest worker may lead the slowest [3]"))
     range: int = Field(4, ge=0, le=10_000, json_schema_extra=flag("--range"), description=(
         "dssp: extra clocks the servers may allow at run time [4]"))
+    cache: bool = Field(True, json_schema_extra=flag("--cache"), description=(
+        "ssp, dssp: serve a read from the worker's cached copy while it is fresh enough for "
+        "the bound, fetch only when it is not (Ho et al., NIPS 2013) [on]"))
     delay: int = Field(2, ge=0, le=10_000, json_schema_extra=flag("--delay"), description=(
-        "bounded-delay: own iterations a worker may run ahead of its finished ones [2]"))
+        "bounded-delay: T, no worker computes iteration c before every worker's pushes "
+        "before c - T are in (OSDI'14) [2]"))
     lookahead: int = Field(
         15, ge=1, le=10_000, json_schema_extra=flag("--lookahead"), description=(
             "elastic: R, future iterations predicted per worker [15]"))

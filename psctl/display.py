@@ -190,10 +190,12 @@ def _workers_table(detail: RunDetail) -> Table:
     scaled = any(w.lr_scale_mean is not None for w in detail.workers)
     # Push bytes before and after the push filter (runs before schema 5 have neither).
     pushed = any(w.push_reduction is not None for w in detail.workers)
+    cached = any(w.pull_bytes_saved for w in detail.workers)  # SSP's cache answered reads
     for column in ("worker", "iterations", "compute", "push", "pull", "wait (idle)",
                    "idle %", "staleness mean", "staleness max", "samples/s",
                    *(("lr scale mean", "lr scale min-max") if scaled else ()),
-                   *(("push KB/it", "push reduction") if pushed else ())):
+                   *(("push KB/it", "push reduction") if pushed else ()),
+                   *(("cache saved KB/it",) if cached else ())):
         table.add_column(column, justify="right")
     if scaled:
         table.caption = (f"{table.caption}\nlr scale: the factor the servers applied each "
@@ -203,10 +205,15 @@ def _workers_table(detail: RunDetail) -> Table:
                       f"{w.push_s_mean * 1e3:.1f} ms", f"{w.pull_s_mean * 1e3:.1f} ms",
                       f"{w.wait_s_mean * 1e3:.1f} ms", fmt_pct(w.idle_fraction),
                       f"{w.staleness_mean:.2f}", str(w.staleness_max), _rate(w.samples_per_s),
-                      *(_lr_cells(w) if scaled else ()), *(_push_cells(w) if pushed else ()))
+                      *(_lr_cells(w) if scaled else ()), *(_push_cells(w) if pushed else ()),
+                      *((f"{(w.pull_bytes_saved or 0) / w.iterations / 1e3:,.1f}",)
+                        if cached else ()))
     if pushed:
         table.caption = (f"{table.caption}\npush reduction: dense float32 push bytes / push "
                          "bytes sent (the push filter's saving; 1.0x without one)")
+    if cached:
+        table.caption = (f"{table.caption}\ncache saved: the pull bytes of the reads the "
+                         "worker's cache answered within the staleness bound (--no-cache: none)")
     return table
 
 

@@ -271,6 +271,4 @@ def build_bsp(sync: SyncConfig, workers: int, ranges: int) -> BSP:
 
 
 def build_asp(sync: SyncConfig, workers: int, ranges: int) -> ASP:
-    """asp's, and bounded delay's: the worker's own loop bounds its delay (OSDI'14: a task
-    waits for its tasks older than the delay), so its servers apply pushes as asp does."""
     return ASP(workers)

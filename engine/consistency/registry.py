@@ -26,13 +26,18 @@ HANDOFF = "handoff"
 # Its servers answer every pull at once: a worker may prefetch or compute on an old copy
 # (train.overlap, Downpour's settings) without a clock ever waiting for it.
 ASYNCHRONOUS = "asynchronous"
-# Each worker bounds its own delay (sync.delay iterations in flight); the servers do not wait.
+# Its workers keep sync.delay iterations of communication in flight behind computation (the
+# delayed loop), their pulls stamped with the iteration they gate.
 OWN_DELAY = "own-delay"
+# A pull for clock c is ready once every worker has pushed the clocks before c - sync.staleness
+# (SSP's bound, DSSP's lower one): a worker may answer a read from a copy it fetched while that
+# copy's slowest clock is still within the bound (sync.cache; engine.worker.cache).
+CACHED_READS = "cached-reads"
 
 
 def _runs_delayed_loop(run: RunConfig) -> None:
-    """Bounded delay is enforced by the worker's own loop (OSDI'14: a task waits for its tasks
-    older than the delay); another loop would run it as plain asp."""
+    """Bounded delay's pulls are stamped by the delayed loop (or the sparse loop, which keeps
+    the same dependency); another loop would run it as ssp."""
     if run.train.loop not in ("auto", "sparse", "delayed"):
         raise ValueError(f"train.loop {run.train.loop} does not fit sync.model "
                          f"{run.sync.model}: bounded-delay runs the delayed loop, and only it "
@@ -50,18 +55,17 @@ CONSISTENCY_MODELS.register(
 CONSISTENCY_MODELS.register(
     "ssp", Lazy("engine.consistency.ssp:build_ssp"),
     "stale synchronous: the fastest leads the slowest by at most --staleness clocks",
-    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
-# Bounded delay is enforced by each worker on its own iterations (OSDI'14: a task waits for its
-# tasks older than the delay), so its servers apply pushes as ASP does.
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF, CACHED_READS}))
 CONSISTENCY_MODELS.register(
-    "bounded-delay", Lazy("engine.consistency.base:build_asp"),
-    "a worker keeps at most --delay of its own iterations in flight",
+    "bounded-delay", Lazy("engine.consistency.ssp:build_bounded_delay"),
+    "OSDI'14: no worker computes iteration c before every worker's pushes before c - --delay "
+    "are in; up to --delay iterations of communication in flight",
     capabilities=frozenset({CHANGING_WORKERS, HANDOFF, OWN_DELAY}),
     requires=(_runs_delayed_loop,))
 CONSISTENCY_MODELS.register(
     "dssp", Lazy("engine.consistency.ssp:build_dssp"),
     "dynamic SSP: the bound stretches within [S, S+R] when waiting would be idle time",
-    capabilities=frozenset({CHANGING_WORKERS, HANDOFF}))
+    capabilities=frozenset({CHANGING_WORKERS, HANDOFF, CACHED_READS}))
 CONSISTENCY_MODELS.register(
     "elastic", Lazy("engine.consistency.elastic:build_elastic"),
     "ElasticBSP: barriers placed by ZipLine where predicted waiting is least")
@@ -72,6 +76,14 @@ CONSISTENCY_MODELS.register(
 def asynchronous(run: RunConfig) -> bool:
     """Whether the run's consistency model answers every pull at once."""
     return CONSISTENCY_MODELS.can(run.sync.model, ASYNCHRONOUS)
+
+
+def read_bound(run: RunConfig) -> int | None:
+    """How many clocks behind a worker's cached copy may be and still answer its reads (the
+    copy holds every push of the clocks below its slowest clock); None: every read fetches."""
+    if run.sync.cache and CONSISTENCY_MODELS.can(run.sync.model, CACHED_READS):
+        return run.sync.staleness
+    return None
 
 
 def asynchronous_names() -> str:

@@ -99,6 +99,18 @@ class SSP(ImmediateController):
             window.leave(next_clock)
 
 
+class BoundedDelay(SSP):
+    """OSDI'14's bounded delay (seed 003: "a new task is blocked until all previous tasks T
+    times ago have been finished"), on the servers: the global dependency is SSP's window of
+    width T + 1, read with the worker's pulls stamped by the iteration they gate. The pull a
+    worker sends behind its push of task c is stamped c + T + 1 (``engine.worker.delayed``):
+    it is answered once every worker has pushed c, so nobody computes c + T + 1 before every
+    task up to c is in. What differs from SSP is the worker: it does not wait for its last T
+    tasks' communication, and computes on the newest values that have arrived."""
+
+    name = "bounded-delay"
+
+
 LEFT = 2**62  # a departed worker's finished clocks in DSSP's comparison
 
 
@@ -157,6 +169,10 @@ class DSSP(SSP):
 
 def build_ssp(sync: SyncConfig, workers: int, ranges: int) -> SSP:
     return SSP(workers, sync.staleness, ranges)
+
+
+def build_bounded_delay(sync: SyncConfig, workers: int, ranges: int) -> BoundedDelay:
+    return BoundedDelay(workers, sync.delay, ranges)
 
 
 def build_dssp(sync: SyncConfig, workers: int, ranges: int) -> DSSP:

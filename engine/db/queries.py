@@ -123,6 +123,8 @@ class WorkerStats(Dictable):
     # Push frames' bytes as sent and as dense float32 frames (None: recorded before schema 5).
     push_bytes: int | None = None
     push_bytes_dense: int | None = None
+    # The bytes reads answered from the worker's cache did not move (None: before schema 6).
+    pull_bytes_saved: int | None = None
 
     @property
     def push_reduction(self) -> float | None:
@@ -622,6 +624,7 @@ def _worker_stats_select(run_id: str) -> Select[Any]:
             func.max(it.lr_scale).label("lr_scale_max"),
             func.sum(it.push_bytes).label("push_bytes"),
             func.sum(it.push_bytes_dense).label("push_bytes_dense"),
+            func.sum(it.pull_bytes_saved).label("pull_bytes_saved"),
         )
         .where(it.run_id == run_id)
         .group_by(it.worker)

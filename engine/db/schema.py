@@ -37,7 +37,7 @@ from sqlalchemy.pool import QueuePool
 
 from engine.errors import StoreError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_S = 5.0
 DB_ENV_VAR = "PSCTL_DB"
 
@@ -108,6 +108,8 @@ iterations = Table(
     # what the worker's push filter saved (equal without one).
     Column("push_bytes", Integer),
     Column("push_bytes_dense", Integer),
+    # The bytes a read answered from the worker's own cache (SSP, DSSP) did not move.
+    Column("pull_bytes_saved", Integer),
     # The live progress display counts the iterations of the last few seconds.
     Index("ix_iterations_run_ended", "run_id", "ended_at"),
     sqlite_with_rowid=False,
@@ -160,6 +162,7 @@ iteration_rollups = Table(
     Column("lr_max", REAL),
     Column("push_bytes", Integer),
     Column("push_bytes_dense", Integer),
+    Column("pull_bytes_saved", Integer),
     sqlite_with_rowid=False,
 )
 
@@ -329,6 +332,8 @@ def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
             version = _migrate_from_3(conn)
         if version == 4 and not readonly:
             version = _migrate_from_4(conn)
+        if version == 5 and not readonly:
+            version = _migrate_from_5(conn)
     _check_version(version, path)
 
 
@@ -368,6 +373,17 @@ def _migrate_from_4(conn: Connection) -> int:
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="5"))
     return 5
+
+
+def _migrate_from_5(conn: Connection) -> int:
+    """Version 6 added the bytes reads from a worker's cache saved to iterations and their
+    rollups."""
+    for table in ("iterations", "iteration_rollups"):
+        columns = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table})")}
+        if "pull_bytes_saved" not in columns:
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN pull_bytes_saved INTEGER")
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="6"))
+    return 6
 
 
 def _stored_version(conn: Connection, path: Path) -> int | None:

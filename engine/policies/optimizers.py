@@ -45,6 +45,9 @@ DRIVES_TRAINING = "drives-training"
 # It applies optimizer.momentum to what the workers push (a worker that keeps a momentum of its
 # own, Deep Gradient Compression's momentum correction, has it counted twice).
 SERVER_MOMENTUM = "server-momentum"
+# Its step for a gradient g is -lr x scale x g (plus momentum, where it has one): a worker can
+# apply its own update to its cached copy as the shard does (SSP's read-my-writes).
+PLAIN_STEP = "plain-step"
 
 
 def _l1_fits(run: RunConfig) -> None:
@@ -96,7 +99,8 @@ SERVER_OPTIMIZERS: Registry[OptimizerBuild] = Registry("server optimizer")
 SERVER_OPTIMIZERS.register(
     "sgd", Lazy("engine.server.optimizers:build_sgd"),
     "SGD with optional (Nesterov) momentum and weight decay, as torch.optim.SGD",
-    requires=(_l1_fits,), implies={LR: 0.1}, capabilities=frozenset({SERVER_MOMENTUM}))
+    requires=(_l1_fits,), implies={LR: 0.1},
+    capabilities=frozenset({SERVER_MOMENTUM, PLAIN_STEP}))
 SERVER_OPTIMIZERS.register(
     "adagrad", Lazy("engine.server.optimizers:build_adagrad"),
     "Adagrad, per-key sums of squared gradients, as torch.optim.Adagrad (Downpour's choice)",

@@ -64,7 +64,7 @@ REBUILD_ROLLUPS_SQL = f"""
            count(*), max(ended_at), max(iteration), sum(samples), sum(compute_s), sum(push_s),
            sum(pull_s), sum(wait_s), min(staleness), max(staleness), min(loss), max(loss),
            sum(bytes_sent), sum(bytes_received), min(lr_scale), max(lr_scale),
-           sum(push_bytes), sum(push_bytes_dense)
+           sum(push_bytes), sum(push_bytes_dense), sum(pull_bytes_saved)
     FROM iterations
     WHERE run_id = :run AND ended_at >= :origin + (:lo - 1) * {ROLLUP_WIDTH_S}
       AND ended_at < :origin + (:hi + 2) * {ROLLUP_WIDTH_S}

@@ -24,6 +24,7 @@ from engine.registry import Registry
 from engine.sim.client import SimClient
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
+from engine.worker.cache import read_cache
 from engine.worker.client import PullResult, PushResult
 from engine.worker.filters import GradientFilter
 from engine.worker.heterogeneity import Slowdown
@@ -80,6 +81,7 @@ class SimWorker:
                                  seed=self.config.train.seed, clock=self.loop.time)
         self.last_clock = -1
         self._ahead: tuple[int, asyncio.Future[PullResult]] | None = None
+        self.cache = read_cache(self.config)  # SSP's: reads within the bound from the copy
 
     async def run(self) -> int:
         """Train until the epochs are done or the run stops; returns iterations done."""
@@ -144,7 +146,7 @@ class SimWorker:
         """As the real plain loop: with ``train.pipeline`` the pull of clock + 1 leaves right
         behind this clock's push, before its ack."""
         started, t0 = self.client.now(), self.loop.time()
-        pulled = await self._clock_pull(clock)
+        pulled, saved = await self._read(clock)
         t1 = self.loop.time()
         loss, grads = await self.compute(batch)
         t2 = self.loop.time()
@@ -153,15 +155,31 @@ class SimWorker:
         pushes = self.start_send(grads, clock=clock, base_versions=pulled.versions,
                                  pushed_at=pushed_at, waited_s=wait_s,
                                  final=clock == self.last_clock)
-        if self.config.train.pipeline and clock < self.last_clock:
+        cached = self.cache is not None and self.cache.serves(clock + 1)
+        if self.config.train.pipeline and clock < self.last_clock and not cached:
             self._ahead = (clock + 1, asyncio.ensure_future(
                 self.client.pull(self.keys, self.params, clock + 1)))
         pushed = merge_pushes(list(await asyncio.gather(*pushes)))
+        if self.cache is not None and self._ahead is None:  # no fetch will overwrite it
+            self.cache.write(self.params, grads, pushed)
         t3 = self.loop.time()
         row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
                             t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
         self.ctx.record(row.model_copy(update={"pushed_at": pushed_at,
-                                               "acked_at": pushed.answered_at}))
+                                               "acked_at": pushed.answered_at,
+                                               "pull_bytes_saved": saved}))
+
+    async def _read(self, clock: int) -> tuple[PullResult, int]:
+        """As the real plain loop: from the cache while it serves the clock, else fetched."""
+        cache = self.cache
+        if cache is not None and self._ahead is None and cache.serves(clock):
+            read = cache.read()
+            return PullResult(read.versions, 0.0, 0, 0, self.client.now(),
+                              read.slowest_clock), cache.saved_per_read
+        pulled = await self._clock_pull(clock)
+        if cache is not None:
+            cache.fetched(pulled)
+        return pulled, 0
 
     async def _clock_pull(self, clock: int) -> PullResult:
         """This clock's pull: the one sent behind the last push, or a new one."""
@@ -295,14 +313,16 @@ class DownpourWorker(SimWorker):
 class _Task:
     clock: int
     push: asyncio.Future[PushResult]
-    pull: asyncio.Future[PullResult]
+    pull: asyncio.Future[PullResult] | None  # None: no later iteration needs it
     values: np.ndarray
     row: IterationRecord
 
 
 class DelayedWorker(SimWorker):
-    """Bounded delay: iteration c computes once every own iteration older than c - T is done;
-    each iteration's push and the pull behind it stay in flight meanwhile."""
+    """Bounded delay (seed 003), as the real delayed loop: iteration c computes once this
+    worker's tasks before c - T are done; each task's push leaves first and the pull behind it,
+    stamped with the iteration it gates, so the servers answer it once every worker has pushed
+    the task's clock. Only the servers' hold of a pull counts as waiting."""
 
     async def begin(self) -> None:
         self._tasks: deque[_Task] = deque()
@@ -312,37 +332,56 @@ class DelayedWorker(SimWorker):
     async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
         delay = self.config.sync.delay
         started, t0 = self.client.now(), self.loop.time()
+        held = 0.0
         while self._tasks and (self._tasks[0].clock < clock - delay or self._done(self._tasks[0])):
-            await self._finish(self._tasks.popleft())
+            held += await self._finish(self._tasks.popleft())
         t1 = self.loop.time()
         loss, grads = await self.compute(batch)
         t2 = self.loop.time()
+        wait_s = min(held, t1 - t0)
         pushed_at = self.client.now()
-        push = asyncio.ensure_future(self.send(
-            grads, clock=clock, base_versions=self._newest.versions, pushed_at=pushed_at,
-            waited_s=t1 - t0, final=clock == self.last_clock))
-        values = self._free.pop()
-        pull = asyncio.ensure_future(self.client.pull(self.keys, values, ANY_CLOCK))
+        # The push's frames take the link before the pull's (as on one real connection).
+        pushes = self.start_send(grads, clock=clock, base_versions=self._newest.versions,
+                                 pushed_at=pushed_at, waited_s=wait_s,
+                                 final=clock == self.last_clock)
+        push = asyncio.ensure_future(_merged(pushes))
+        values, pull = self._free.pop(), None
+        if clock + delay + 1 <= self.last_clock:
+            pull = asyncio.ensure_future(self.client.pull(self.keys, values, clock + delay + 1))
         t3 = self.loop.time()
-        row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, 0.0,
-                            t1 - t0, None, self._newest, loss, len(batch))
+        row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                            t1 - t0 - wait_s, wait_s, None, self._newest, loss, len(batch))
         self._tasks.append(_Task(clock, push, pull, values,
                                  row.model_copy(update={"pushed_at": pushed_at})))
 
     @staticmethod
     def _done(task: _Task) -> bool:
-        return task.push.done() and task.pull.done()
+        return task.push.done() and (task.pull is None or task.pull.done())
 
-    async def _finish(self, task: _Task) -> None:
-        pushed, pulled = await task.push, await task.pull
-        np.copyto(self.params, task.values)
+    async def _finish(self, task: _Task) -> float:
+        pushed = await task.push
+        pulled = PullResult({}, 0.0, 0, 0)
+        if task.pull is not None:
+            pulled = await task.pull
+            np.copyto(self.params, task.values)
+            self._newest = pulled
         self._free.append(task.values)
-        self._newest = pulled
         self.ctx.record(settled_row(task.row, pushed, pulled))
+        return pulled.wait_s
 
     async def end(self) -> None:
+        """Settle every task; a pull no iteration will use (the run stopped early) is dropped
+        unless answered."""
         while self._tasks:
-            await self._finish(self._tasks.popleft())
+            task = self._tasks.popleft()
+            if task.pull is not None and not task.pull.done():
+                task.pull.cancel()
+                task.pull = None
+            await self._finish(task)
+
+
+async def _merged(pushes: list[asyncio.Future[PushResult]]) -> PushResult:
+    return merge_pushes(list(await asyncio.gather(*pushes)))
 
 
 # The simulated counterpart of each worker loop in engine.policies.loops, by the same name.
@@ -352,4 +391,5 @@ SIM_LOOPS.register("plain", SimWorker, "pull, compute, push; the next pull leave
 SIM_LOOPS.register("layered", LayeredWorker, "one push per layer, last layer first")
 SIM_LOOPS.register("overlapped", OverlappedWorker, "asp: the next pull in flight while computing")
 SIM_LOOPS.register("downpour", DownpourWorker, "asp: fetch every N, push the sum every M")
-SIM_LOOPS.register("delayed", DelayedWorker, "bounded delay: up to T iterations in flight")
+SIM_LOOPS.register("delayed", DelayedWorker, "bounded delay: up to T iterations of "
+                   "communication in flight, the global dependency kept by the servers")

@@ -57,6 +57,8 @@ class IterationRecord(_Record):
     # float32 frames: their ratio is what the push filter saved.
     push_bytes: int = Field(0, ge=0)
     push_bytes_dense: int = Field(0, ge=0)
+    # The bytes a read answered from the worker's cache (SSP) did not move: the fetch's.
+    pull_bytes_saved: int = Field(0, ge=0)
 
     @field_validator("loss")
     @classmethod

@@ -41,6 +41,7 @@ from engine.wire.messages import (
     layout_of,
 )
 from engine.wire.records import IterationRecord, LayerRecord
+from engine.worker.cache import ReadCache, read_cache
 from engine.worker.client import (
     ParameterClient,
     PullHandle,
@@ -230,6 +231,8 @@ class PlainLoop:
                                   worker.keys.end)
         self.pipelined = worker.config.train.pipeline
         self._next_pull: tuple[int, list[PullHandle]] | None = None  # (clock, requests) in flight
+        # SSP's cache: reads within the bound are answered from the copy in the parameters.
+        self.cache: ReadCache | None = read_cache(worker.config)
 
     def prepare(self, clock: int, pulled: PullResult, waited_s: float) -> None:
         """Before computing clock ``clock`` (loops that push from inside backward get ready)."""
@@ -333,20 +336,35 @@ class PlainLoop:
                    clock: int) -> IterationRecord:
         started = time.time()
         t0 = time.perf_counter()
-        pulled = merge_pulls([self.client.wait(request) for request in self._clock_pull(clock)])
+        pulled, saved = self._read(clock)
         t1 = time.perf_counter()
         wait_s = min(pulled.wait_s, t1 - t0)
         self.prepare(clock, pulled, wait_s)
         loss = self.compute(shard, batch)
         t2 = time.perf_counter()
         requests, pushed_at = self.push(clock, pulled, wait_s)
-        if self.pipelined and clock < self.last_clock:
+        cached = self.cache is not None and self.cache.serves(clock + 1)
+        if self.pipelined and clock < self.last_clock and not cached:
             self._next_pull = (clock + 1, self.pull_ahead(clock + 1))
         pushed = self.settle(requests)
+        if self.cache is not None and self._next_pull is None:  # no fetch will overwrite it
+            self.cache.write(self.model.params_np, self.model.grads_np, pushed)
         t3 = time.perf_counter()
         row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, t1 -
                             t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
-        return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
+        return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at,
+                                      "pull_bytes_saved": saved})
+
+    def _read(self, clock: int) -> tuple[PullResult, int]:
+        """This clock's values: from the cache while it serves the clock, else fetched; (the
+        read, the bytes a read from the cache saved)."""
+        cache = self.cache
+        if cache is not None and self._next_pull is None and cache.serves(clock):
+            return cache.read(), cache.saved_per_read
+        pulled = merge_pulls([self.client.wait(request) for request in self._clock_pull(clock)])
+        if cache is not None:
+            cache.fetched(pulled)
+        return pulled, 0
 
 
     def pull_ahead(self, clock: int) -> list[PullHandle]:

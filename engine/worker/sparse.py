@@ -10,8 +10,10 @@ SGD and Adagrad steps from 0).
 
 The loop is bounded delay's (``engine.worker.delayed``): a task is compute, push, then pull the
 next batch's working set right behind the push; task c computes once the pushes of tasks older
-than c - T are acknowledged. Under the clocked models (bsp, ssp, dssp) T is 0 and each pull asks
-for its clock; under bounded delay and asp pulls take the newest values.
+than c - T are acknowledged. Each pull asks for the clock of the batch it feeds, which the
+servers hold back as the model says: under bounded delay (seed 003's global dependency) until
+every worker's pushes before c - T are in; under bsp, ssp and dssp (T is 0 here) as for any
+loop; under asp pulls take the newest values.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.consistency.registry import CONSISTENCY_MODELS, OWN_DELAY
+from engine.consistency.registry import CONSISTENCY_MODELS, OWN_DELAY, asynchronous
 from engine.datasets.sparse import SparseSplit
 from engine.errors import ShuttingDown
 from engine.models.logreg import SparseLogReg, kkt_mask, working_set
@@ -60,7 +62,7 @@ class SparseLoop(PlainLoop):
         config = worker.config
         self.l1 = config.optimizer.l1
         self.kkt = config.comm.kkt_filter and self.l1 > 0
-        self.newest = config.sync.model in ("bounded-delay", "asp")  # else pulls wait a clock
+        self.newest = asynchronous(config)  # else each pull waits for the clock it feeds
         self.delay = (config.sync.delay if CONSISTENCY_MODELS.can(config.sync.model, OWN_DELAY)
                       else 0)
 

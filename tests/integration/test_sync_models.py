@@ -116,11 +116,21 @@ def test_the_lead_check_finds_violations_in_an_asp_run(runs: tuple[Path, dict[st
     assert max(row["staleness"] for row in table.values()) > 0
 
 
-def test_bounded_delay_holds_and_really_overlaps(runs: tuple[Path, dict[str, str]]) -> None:
+def test_bounded_delay_holds_globally_and_really_overlaps(
+        runs: tuple[Path, dict[str, str]]) -> None:
+    """OSDI'14 (seed 003): nobody computes c before every worker's pushes before c - T are in."""
     db, ids = runs
     table = rows(db, ids["bounded-delay"])
+    assert lead_violations(table, 1) == 0
     assert delay_violations(table, 1) == 0
     assert delay_violations(table, 0) > 0  # some iterations ran with the previous one in flight
+
+
+def test_ssps_cache_answered_reads_within_the_bound(runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    [(saved,)] = query(db, "SELECT sum(pull_bytes_saved) FROM iterations WHERE run_id = ?",
+                       ids["ssp"])
+    assert saved > 0  # and test_ssp_never_lets_the_fastest_lead_by_more_than_s holds
 
 
 @pytest.mark.parametrize("model", ["elastic", "elastic-offloaded"])

@@ -58,9 +58,9 @@ def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "fi
             d = 0.5
             rows.append((run_id, w, i, i // 50, t, t + d, .3, .05, .05, .1, i % 3,
                          2.0 / (1 + i), 16, 1000, 1000, t + .4, t + .45, 0.25 / (1 + i % 4),
-                         900, 18_000))
+                         900, 18_000, 0))
             t += d
-    conn.executemany(f"INSERT INTO iterations VALUES ({','.join('?' * 20)})", rows)
+    conn.executemany(f"INSERT INTO iterations VALUES ({','.join('?' * 21)})", rows)
     conn.execute(REBUILD_ROLLUPS_SQL, {"run": run_id, "origin": t0, "lo": 0, "hi": 10**9})
     conn.executemany(
         "INSERT INTO process_samples (run_id, at, role, rank, pid, cpu_percent, rss_bytes) "

@@ -91,9 +91,8 @@ def test_range_clocks_add_of_an_existing_row_resets_only_that_row() -> None:
 # -- the immediate models -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["asp", "bounded-delay"])
-def test_immediate_models_start_a_joiner_at_zero_and_ignore_a_leaver(model: str) -> None:
-    controller = make_controller(model, workers=2)
+def test_immediate_models_start_a_joiner_at_zero_and_ignore_a_leaver() -> None:
+    controller = make_controller("asp", workers=2)
     assert controller.join(2) is None
     assert controller.join(7) is None
     controller.leave(0, [5])
@@ -295,8 +294,11 @@ def test_ssp_leaver_that_pushed_every_open_clock_is_subtracted_from_each() -> No
     assert window.low == 2
 
 
-def test_ssp_join_and_leave_through_the_controller() -> None:
-    controller = SSP(2, staleness=1, ranges=3)
+@pytest.mark.parametrize("model", ["ssp", "bounded-delay"])
+def test_ssp_join_and_leave_through_the_controller(model: str) -> None:
+    controller = make_controller(SyncConfig(model=model, staleness=1, delay=1), workers=2,
+                                 ranges=3)
+    assert isinstance(controller, SSP)
     controller.on_commit(0, 0, range(0, 3))
     controller.on_commit(1, 0, range(0, 1))
     assert controller.join(2) == [1, 0, 0]

@@ -171,4 +171,6 @@ def test_make_controller_builds_each_model_from_its_config() -> None:
     dssp = make_controller(SyncConfig(model="dssp", staleness=2, range=3), workers=3)
     assert isinstance(dssp, DSSP) and [w.width for w in dssp.windows] == [6]
     assert (dssp.staleness, dssp.extra) == (2, 3)
-    assert make_controller("bounded-delay", workers=2).name == "asp"
+    delay = make_controller(SyncConfig(model="bounded-delay", delay=2), workers=3)
+    assert isinstance(delay, SSP) and delay.name == "bounded-delay"
+    assert [w.width for w in delay.windows] == [3]  # T + 1 clocks open

@@ -215,6 +215,28 @@ def test_a_version_4_database_gains_the_applied_lr_scale(tmp_path: Path) -> None
             row = conn.execute(text("SELECT iteration, staleness, lr_scale FROM iterations")).one()
             assert tuple(row) == (7, 2, None)
             version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-            assert version.scalar() == "5"
+            assert version.scalar() == str(SCHEMA_VERSION)
+    finally:
+        engine.dispose()
+
+
+def test_a_version_5_database_gains_the_bytes_a_cache_saved(tmp_path: Path) -> None:
+    path = tmp_path / "v5.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '5')")
+        conn.execute("CREATE TABLE iterations (run_id TEXT, worker INTEGER, iteration INTEGER)")
+        conn.execute("INSERT INTO iterations VALUES ('r1', 0, 7)")
+        conn.execute("CREATE TABLE iteration_rollups (run_id TEXT, worker INTEGER, slot INTEGER)")
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        for table in ("iterations", "iteration_rollups"):
+            assert "pull_bytes_saved" in {c["name"] for c in inspect(engine).get_columns(table)}
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT iteration, pull_bytes_saved FROM iterations")).one()
+            assert tuple(row) == (7, None)
+            version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            assert version.scalar() == "6"
     finally:
         engine.dispose()

@@ -227,3 +227,89 @@ def test_a_pipelined_pull_saves_the_ack_round_trip_and_changes_no_result(loop: s
     iterations = len(pipelined.of(0))
     # every iteration but the last sends its next pull ahead
     assert waiting_s - pipelined_s == pytest.approx((iterations - 1) * 0.040, rel=0.1)
+
+
+# -- bounded delay (seed 003: OSDI'14's global dependency) and SSP's cache (Ho et al.) ----------
+
+
+def dependency_violations(rows: list[IterationRecord], delay: int) -> int:
+    """Times a worker started computing iteration c before some worker had sent its push of
+    c - delay - 1 (OSDI'14's bounded delay forbids it): the start is the push time less the
+    compute time, as the acceptance check reads it from the database."""
+    pushed = {(r.worker, r.iteration): r.pushed_at for r in rows}
+    workers = {r.worker for r in rows}
+    return sum(1 for r in rows for w in workers
+               if (at := pushed.get((w, r.iteration - delay - 1))) is not None
+               and r.pushed_at is not None and at > r.pushed_at - r.compute_s + 1e-9)
+
+
+STRAGGLER_4X = {"heterogeneity.stragglers": [{"rank": 0, "factor": 4.0}], "cluster.servers": 1,
+                "train.epochs": 3}
+
+
+def test_bounded_delay_keeps_the_global_dependency_and_overlaps() -> None:
+    status, _, sink = simulate(config(**STRAGGLER_4X, **{"sync.model": "bounded-delay",
+                                                         "sync.delay": 1}))
+    assert status is RunStatus.FINISHED
+    assert dependency_violations(sink.rows, 1) == 0
+    # T = 1 lets an iteration start with the previous one's push in flight somewhere
+    assert dependency_violations(sink.rows, 0) > 0
+
+
+def test_the_dependency_check_finds_violations_under_asp() -> None:
+    _, _, sink = simulate(config(**STRAGGLER_4X, **{"sync.model": "asp"}))
+    assert dependency_violations(sink.rows, 1) > 0
+
+
+def test_bounded_delay_zero_is_sequential_and_its_communication_is_not_idle_time() -> None:
+    status, virtual_s, sink = simulate(config(**STRAGGLER_4X, **{"sync.model": "bounded-delay",
+                                                                 "sync.delay": 0}))
+    assert status is RunStatus.FINISHED
+    assert dependency_violations(sink.rows, 0) == 0
+    # the straggler waits for nobody: its own pushes and pulls are communication, not waiting
+    assert sum(r.wait_s for r in sink.of(0)) == 0
+    assert sum(r.pull_s for r in sink.of(0)) > 0
+    # as sequential as BSP: the straggler sets the pace
+    _, bsp_s, _ = simulate(config(**STRAGGLER_4X))
+    assert virtual_s == pytest.approx(bsp_s, rel=0.1)
+
+
+def received_per_iteration(sink: Sink) -> float:
+    return statistics.mean(r.bytes_received for r in sink.rows)
+
+
+def test_ssps_cache_answers_reads_within_the_bound_and_fetches_less() -> None:
+    """Ho et al.: a read is answered from the worker's cache while the copy holds every push
+    below c - s. With s = 3 and workers in step, about one read in four fetches."""
+    _, _, bsp = simulate(config(**{"train.epochs": 3, "cluster.servers": 1}))
+    _, _, ssp = simulate(config(**{"train.epochs": 3, "cluster.servers": 1,
+                                   "sync.model": "ssp", "sync.staleness": 3}))
+    _, _, fetching = simulate(config(**{"train.epochs": 3, "cluster.servers": 1,
+                                        "sync.model": "ssp", "sync.staleness": 3,
+                                        "sync.cache": False}))
+    assert received_per_iteration(ssp) <= 0.6 * received_per_iteration(bsp)
+    assert received_per_iteration(fetching) == received_per_iteration(bsp)
+    assert sum(r.pull_bytes_saved for r in ssp.rows) > 0
+    assert all(r.pull_bytes_saved == 0 for r in fetching.rows)
+    # a read from the cache saved what a fetch moves: the model, beside which acks are small
+    model_bytes = max(r.bytes_received for r in fetching.rows)
+    assert {r.pull_bytes_saved for r in ssp.rows if r.pull_bytes_saved} <= set(
+        range(int(0.95 * model_bytes), int(1.05 * model_bytes)))
+
+
+def test_ssps_cache_keeps_the_bound_with_a_straggler() -> None:
+    _, _, sink = simulate(config(**STRAGGLER_4X, **{"sync.model": "ssp", "sync.staleness": 1}))
+    assert sum(r.pull_bytes_saved for r in sink.rows) > 0
+    assert dependency_violations(sink.rows, 1) == 0
+
+
+def test_read_my_writes_steps_the_cached_copy_as_the_server_does() -> None:
+    """One worker, plain SGD: every read answered from the cache must be the model the server
+    holds, so the losses are those of a run that fetches every read."""
+    one = {"cluster.workers": 1, "cluster.servers": 1, "train.epochs": 2, "sync.model": "ssp",
+           "sync.staleness": 3, "optimizer.momentum": 0.0}
+    _, _, cached = simulate(config(**one))
+    _, _, fetching = simulate(config(**one, **{"sync.cache": False}))
+    assert sum(1 for r in cached.rows if r.pull_bytes_saved) >= len(cached.rows) // 2
+    assert [r.loss for r in cached.rows] == pytest.approx([r.loss for r in fetching.rows],
+                                                          rel=1e-5)
