@@ -273,7 +273,8 @@ class LearningConfig(_NamesPolicies):
         "staleness-aware rule for pushes applied on arrival: {choices}"))
     global_lr: float | None = Field(
         None, gt=0, le=1, json_schema_extra=flag("--global-lr"), description=(
-            "every --lr-rule but none: the global rate each push is multiplied by [1/workers]"))
+            "every --lr-rule but none: the global rate λ each push is multiplied by, the "
+            "sources' λ (1: plain asynchronous SGD at its full rate) [1/workers]"))
     window: int | None = Field(None, ge=1, le=100_000, description=(
         "dynssgc: pushes over which the maximum staleness is taken [2 × workers]"))
 
