@@ -58,8 +58,8 @@ def config_of(flags: str) -> RunConfig:
 
 def source_rates(rule: str, flags: str) -> list[float]:
     """The multiplier of η g for each push, as the source defines the rule."""
-    lam = float(re.search(r"--global-lr (\S+)", flags).group(1)) if "--global-lr" in flags \
-        else 1.0
+    given = re.search(r"--global-lr (\S+)", flags)
+    lam = float(given.group(1)) if given else 1.0
     window: deque[int] = deque(maxlen=2 * WORKERS)
     rates = []
     for _, tau in PUSHES:
