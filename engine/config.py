@@ -313,6 +313,13 @@ class TrainConfig(_NamesPolicies):
     warm_start: int = Field(
         0, ge=0, le=10**9, json_schema_extra=flag("--warm-start"), description=(
             "asp (Downpour): worker 0 trains alone for its first N iterations [0]"))
+    local_lr: float = Field(
+        0.01, ge=0, le=10.0, json_schema_extra=flag("--local-lr"), description=(
+            "Downpour: α of the replica's own step between fetches, p ← p − α·g (DistBelief's "
+            "Algorithm 1.1); 0 computes every gradient on the copy fetched last [0.01]"))
+    local_momentum: float = Field(
+        0.0, ge=0, lt=1, json_schema_extra=flag("--local-momentum"), description=(
+            "Downpour: momentum of the replica's own SGD step (0: the paper's plain step) [0]"))
 
     @property
     def downpour(self) -> bool:

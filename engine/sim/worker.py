@@ -28,6 +28,7 @@ from engine.worker.cache import read_cache
 from engine.worker.client import PullResult, PushResult
 from engine.worker.filters import GradientFilter
 from engine.worker.heterogeneity import Slowdown
+from engine.worker.local_step import LocalStep
 from engine.worker.loops import Shard, iteration_row, merge_pushes, push_bytes
 
 if TYPE_CHECKING:
@@ -250,16 +251,23 @@ class OverlappedWorker(SimWorker):
 
 
 class DownpourWorker(SimWorker):
-    """Downpour SGD: fetch every ``fetch_every``, push the sum every ``push_every``."""
+    """Downpour SGD as the real loop (DistBelief's Algorithm 1.1): a fetch every
+    ``fetch_every`` left in flight and taken when it has arrived, the replica's own step after
+    every gradient, the sum pushed every ``push_every`` without waiting (one push in flight)."""
 
     async def begin(self) -> None:
         train = self.config.train
+        self._fetch: asyncio.Future[PullResult] | None = None
+        self._in_flight: tuple[asyncio.Future[PushResult], IterationRecord] | None = None
+        self.local = LocalStep(train.local_lr, train.local_momentum, self.params.size)
         self._sum = np.zeros_like(self.params)
         self._held, self._pushes = 0, 0
-        self._fetched: PullResult | None = None
-        self._base: PullResult | None = None
         if train.warm_start and self.rank != 0:
             await self._wait_for_warm_start(math.ceil(train.warm_start / train.push_every))
+        self._staging = np.empty_like(self.params)
+        self._copy = await self.client.pull(self.keys, self.params, ANY_CLOCK)
+        self._landed: PullResult | None = self._copy
+        self._base = self._copy
 
     async def _wait_for_warm_start(self, pushes: int) -> None:
         probe = np.empty_like(self.params)
@@ -272,41 +280,58 @@ class DownpourWorker(SimWorker):
     async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
         train = self.config.train
         started, t0 = self.client.now(), self.loop.time()
-        pulled = await self._fetch(clock, train.fetch_every)
+        if clock % train.fetch_every == 0 and clock > 0 and self._fetch is None:
+            self._fetch = asyncio.ensure_future(self.client.pull(self.keys, self._staging,
+                                                                 ANY_CLOCK))
+        if self._fetch is not None and self._fetch.done():
+            self._copy = self._landed = self._fetch.result()
+            self._fetch = None
+            np.copyto(self.params, self._staging)
+        landed, self._landed = self._landed, None
+        if self._held == 0:
+            self._base = self._copy
         t1 = self.loop.time()
         loss, grads = await self.compute(batch)
         self._sum += grads
         self._held += 1
+        self.local.apply(self.params, grads)
         t2 = self.loop.time()
-        wait_s = min(pulled.wait_s, t1 - t0)
-        pushed: PushResult | None = None
-        pushed_at: float | None = None
-        if self._held == train.push_every or clock == self.last_clock:
-            base = self._base or self._fetched
-            assert base is not None  # a fetch precedes every gradient
-            pushed_at = self.client.now()
-            pushed = await self.send(self._sum, clock=self._pushes, base_versions=base.versions,
-                                     pushed_at=pushed_at, waited_s=wait_s,
-                                     final=clock == self.last_clock)
-            self._pushes += 1
-            self._sum.fill(0.0)
-            self._held, self._base = 0, None
+        pushing = self._held == train.push_every or clock == self.last_clock
+        if pushing:
+            await self._settle_push()
         t3 = self.loop.time()
         row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
-                            t1 - t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
-        if pushed is not None:
-            row = row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at})
-        self.ctx.record(row)
+                            t1 - t0, 0.0, None, landed or PullResult({}, 0.0, 0, 0), loss,
+                            len(batch))
+        if not pushing:
+            self.ctx.record(row)
+            return
+        pushed_at = self.client.now()
+        push = asyncio.ensure_future(self.send(
+            self._sum.copy(), clock=self._pushes, base_versions=self._base.versions,
+            pushed_at=pushed_at, waited_s=0.0, final=clock == self.last_clock))
+        self._pushes += 1
+        self._sum.fill(0.0)
+        self._held = 0
+        self._in_flight = (push, row.model_copy(update={"pushed_at": pushed_at}))
 
-    async def _fetch(self, clock: int, fetch_every: int) -> PullResult:
-        if self._fetched is None or clock % fetch_every == 0:
-            self._fetched = await self.client.pull(self.keys, self.params, ANY_CLOCK)
-            if self._held == 0:
-                self._base = self._fetched
-            return self._fetched
-        if self._base is None:
-            self._base = self._fetched
-        return PullResult(self._fetched.versions, 0.0, 0, 0, self._fetched.answered_at)
+    async def _settle_push(self) -> None:
+        if self._in_flight is None:
+            return
+        push, row = self._in_flight
+        self._in_flight = None
+        pushed = await push
+        self.ctx.record(row.model_copy(update={
+            "staleness": pushed.staleness, "lr_scale": pushed.lr_scale, **push_bytes(pushed),
+            "bytes_sent": row.bytes_sent + pushed.bytes_sent,
+            "bytes_received": row.bytes_received + pushed.bytes_received,
+            "acked_at": pushed.answered_at}))
+
+    async def end(self) -> None:
+        await self._settle_push()
+        if self._fetch is not None and not self._fetch.done():
+            self._fetch.cancel()
+        self._fetch = None
 
 
 @dataclass
@@ -390,6 +415,7 @@ SIM_LOOPS.register("plain", SimWorker, "pull, compute, push; the next pull leave
                    "push (--no-pipeline: after its ack)")
 SIM_LOOPS.register("layered", LayeredWorker, "one push per layer, last layer first")
 SIM_LOOPS.register("overlapped", OverlappedWorker, "asp: the next pull in flight while computing")
-SIM_LOOPS.register("downpour", DownpourWorker, "asp: fetch every N, push the sum every M")
+SIM_LOOPS.register("downpour", DownpourWorker, "asp: fetch every N, push the sum every M, "
+                   "the replica's own step between fetches")
 SIM_LOOPS.register("delayed", DelayedWorker, "bounded delay: up to T iterations of "
                    "communication in flight, the global dependency kept by the servers")
