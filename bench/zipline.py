@@ -241,7 +241,7 @@ async def _one_decision(workers: int, width: int, offload: bool, seed: int) -> d
     from engine.server.shard import ShardState
 
     keys, empty = KeyRange(0, 1), np.zeros(0, dtype=np.float32)
-    controller = ElasticBSP(workers, SyncConfig(model="elastic", lookahead=width))
+    controller = ElasticBSP(workers, SyncConfig(model="elastic", lookahead=width, max_ahead=width))
     state = ShardState(keys, controller, SGD(1, lr=0.1), workers=workers)
     state.init(keys, np.zeros(1, dtype=np.float32))
     encoded: list[int] = []

@@ -159,9 +159,14 @@ class SyncConfig(_NamesPolicies):
     lookahead: int = Field(
         15, ge=1, le=10_000, json_schema_extra=flag("--lookahead"), description=(
             "elastic: R, future iterations predicted per worker [15]"))
+    max_ahead: int = Field(
+        32, ge=1, le=10_000, json_schema_extra=flag("--max-ahead"), description=(
+            "elastic: the farthest a worker's next barrier may be placed, in its iterations "
+            "after the last one (ZipLine searches min(R, this) candidates per worker) [32]"))
     predictor: Literal["last", "ewma"] = Field(
-        "ewma", json_schema_extra=flag("--predictor"), description=(
-            "elastic: last (the paper's) or ewma (robust recent average) [ewma]"))
+        "last", json_schema_extra=flag("--predictor"), description=(
+            "elastic: last (the paper's: the last busy interval, linearly extrapolated) or "
+            "ewma (robust recent average) [last]"))
     history: HistorySeed | None = Field(
         None, description="elastic: timings of a previous run that replace the monitoring phase")
     push_scale: str = Field("mean", json_schema_extra=flag("--aggregation"), description=(

@@ -154,7 +154,9 @@ def detail_view(detail: RunDetail) -> Group:
         lines.append(Text(
             f"ElasticBSP: {detail.syncs.barriers} barriers, mean predicted wait "
             f"{_ms(detail.syncs.predicted_wait_mean_s)}, mean actual wait "
-            f"{_ms(detail.syncs.actual_wait_mean_s)} (psctl zipline replay {run.id[:8]})"))
+            f"{_ms(detail.syncs.actual_wait_mean_s)}, barrier distance mean "
+            f"{_iterations(detail.syncs.distance_mean)}, max {detail.syncs.distance_max} "
+            f"(psctl zipline replay {run.id[:8]})"))
     if detail.layers:
         lines.append(_layers_table(detail))
     if detail.evaluations:
@@ -175,6 +177,10 @@ def _layers_table(detail: RunDetail) -> Table:
                       _ms(layer.suspend_s_max), f"{layer.staleness_mean:.2f}",
                       str(layer.staleness_max), f"{layer.pull_order_mean:.2f}")
     return table
+
+
+def _iterations(count: float | None) -> str:
+    return "-" if count is None else f"{count:.1f} iterations"
 
 
 def _ms(seconds: float | None) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from sqlalchemy import Engine, select
 
 from engine.config import HistorySeed
+from engine.consistency.elastic import candidates
 from engine.consistency.timings import TimingHistory, predict_end_times
 from engine.consistency.zipline import search
 from engine.db.schema import iterations, runs, syncs, translate_errors
@@ -89,6 +90,8 @@ def replay_run(engine: Engine, run_id: str, *, lookahead: int | None = None,
                                 .order_by(syncs.c.sync_index)).all()
     sync_config = json.loads(run.config_json).get("sync", {})
     lookahead = lookahead or int(sync_config.get("lookahead", 15))
+    # A run recorded before sync.max_ahead had no bound; one with it searched min(R, bound).
+    searched = candidates(lookahead, int(sync_config.get("max_ahead", lookahead)))
     predictor = predictor or str(sync_config.get("predictor", "ewma"))
     pushes = _Pushes([tuple(r) for r in rows], run.workers)
     seeds = _seeds(sync_config.get("history"), run.workers)
@@ -96,7 +99,7 @@ def replay_run(engine: Engine, run_id: str, *, lookahead: int | None = None,
     points = ([(r.sync_index, json.loads(r.base_clocks), r) for r in decided] if decided
               else [(i, [c] * run.workers, None) for i, c in
                     enumerate(range(1, _common_last(pushes, run.workers), lookahead))])
-    replayed = [_replay_point(pushes, seeds, index, base, lookahead, predictor, row)
+    replayed = [_replay_point(pushes, seeds, index, base, searched, predictor, row)
                 for index, base, row in points]
     source = "recorded barriers" if decided else "every R clocks"
     return Replay(run_id, lookahead, predictor, source, [r for r in replayed if r is not None])

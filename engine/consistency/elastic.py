@@ -55,11 +55,18 @@ class Decision:
     predicted: list[list[float]]
 
 
+def candidates(lookahead: int, max_ahead: int) -> int:
+    """The future iterations ZipLine chooses among per worker: R, but none further than the
+    bound on a barrier's distance (``sync.max_ahead``), so that a longer R cannot buy a small
+    predicted wait by placing the barrier far out (fewer barriers, more staleness)."""
+    return min(lookahead, max_ahead)
+
+
 def decide(start: float, histories: list[list[float]], predictor: str,
            lookahead: int) -> Decision:
     """Estimate each worker's iteration time from its recent busy intervals (none: 0), predict
-    its next ``lookahead`` end times from ``start`` and let ZipLine choose. Pure: it may run
-    on another thread."""
+    its next ``lookahead`` end times from ``start`` (the caller bounds it with ``candidates``)
+    and let ZipLine choose. Pure: it may run on another thread."""
     intervals = np.array([estimate_interval(h, predictor) if h else 0.0 for h in histories])
     times = predict_end_times(np.full(len(intervals), start), intervals, lookahead)
     chosen, spread = search(times)
@@ -78,6 +85,7 @@ class ElasticBSP(ImmediateController):
     def __init__(self, workers: int, sync: SyncConfig) -> None:
         self.workers = workers
         self.lookahead, self.predictor = sync.lookahead, sync.predictor
+        self.searched = candidates(sync.lookahead, sync.max_ahead)
         self.timings = TimingHistory(workers)
         self._finished = [False] * workers
         self._arrivals: list[float | None] = [None] * workers
@@ -165,10 +173,10 @@ class ElasticBSP(ImmediateController):
         worker then waits at its barrier until ``_conclude``)."""
         active = list(self._participants)
         histories = [self.timings.intervals(w) for w in active]
-        work = functools.partial(decide, start, histories, self.predictor, self.lookahead)
+        work = functools.partial(decide, start, histories, self.predictor, self.searched)
         finish = functools.partial(self._conclude, index, start, active)
         self._awaited = index
-        if self._offload_from is not None and len(active) * self.lookahead >= self._offload_from:
+        if self._offload_from is not None and len(active) * self.searched >= self._offload_from:
             self._deferred = Deferred(work, finish)
         else:
             finish(work())

@@ -8,6 +8,8 @@ without a word cannot write that itself.
 
 from __future__ import annotations
 
+import json
+
 import dataclasses
 import re
 import time
@@ -172,6 +174,9 @@ class SyncSummary(Dictable):
     barriers: int
     predicted_wait_mean_s: float | None
     actual_wait_mean_s: float | None
+    # How far ahead each barrier was placed: the farthest worker's iterations after its last.
+    distance_mean: float | None = None
+    distance_max: int | None = None
 
 
 @dataclass(frozen=True)
@@ -583,11 +588,23 @@ def simulation_note(conn: Connection, run_id: str) -> str | None:
 
 
 def _sync_summary(conn: Connection, run_id: str) -> SyncSummary | None:
-    count, predicted, actual = conn.execute(
-        select(func.count(), func.avg(syncs.c.predicted_wait), func.avg(syncs.c.actual_wait))
+    rows = conn.execute(
+        select(syncs.c.predicted_wait, syncs.c.actual_wait, syncs.c.chosen)
         .where(syncs.c.run_id == run_id, syncs.c.predictor != "monitoring",
-               syncs.c.released_at.is_not(None))).one()
-    return SyncSummary(count, predicted, actual) if count else None
+               syncs.c.released_at.is_not(None))).all()
+    if not rows:
+        return None
+    distances = [barrier_distance(json.loads(row.chosen)) for row in rows]
+    actual = [row.actual_wait for row in rows if row.actual_wait is not None]
+    return SyncSummary(len(rows), sum(row.predicted_wait for row in rows) / len(rows),
+                       sum(actual) / len(actual) if actual else None,
+                       sum(distances) / len(distances), max(distances))
+
+
+def barrier_distance(chosen: list[int]) -> int:
+    """How far ahead a barrier was placed: the most iterations any taking part worker runs
+    to it (r_i + 1; r_i is -1 for a worker that had finished)."""
+    return max((r + 1 for r in chosen if r >= 0), default=0)
 
 
 def fetch_run(conn: Connection, run_id: str) -> Row[Any]:

@@ -34,7 +34,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "elastic": {"sync__lookahead": 6, "sync__predictor": "last"},
     # n x R = 4,200 >= OFFLOAD_FROM: every decision runs on a thread beside the servers' loops
     "elastic-offloaded": {"sync__model": "elastic", "sync__lookahead": 1400,
-                          "sync__predictor": "last"},
+                          "sync__max_ahead": 1400, "sync__predictor": "last"},
     # every layer pushed as its own frame, last layer first, each committing its own clock
     "bsp-layered": {"sync__model": "bsp", "train__loop": "layered"},
     "ssp-layered": {"sync__model": "ssp", "sync__staleness": 1, "train__loop": "layered"},

@@ -372,11 +372,15 @@
     const syncs = [...S.syncs.values()].filter((s) => s.predicted && s.predicted.length && s.actual_wait !== null)
       .sort((a, b) => a.sync_index - b.sync_index);
     const x = syncs.map((s) => s.sync_index);
+    // How far ahead each barrier was placed: the farthest worker's iterations to it (r_i + 1).
+    const distance = (s) => Math.max(0, ...(s.chosen || []).filter((r) => r >= 0).map((r) => r + 1));
     const traces = [{ type: "scatter", mode: "lines+markers", name: "predicted wait", x, y: syncs.map((s) => s.predicted_wait) },
-      { type: "scatter", mode: "lines+markers", name: "actual wait", x, y: syncs.map((s) => s.actual_wait) }];
+      { type: "scatter", mode: "lines+markers", name: "actual wait", x, y: syncs.map((s) => s.actual_wait) },
+      { type: "bar", name: "barrier distance (iterations)", x, y: syncs.map(distance), yaxis: "y2", opacity: 0.25 }];
     const note = syncs.length ? [] : [{ text: "no ElasticBSP barriers in this run", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5 }];
-    PS.draw(cards.elastic.div, traces, PS.layout("ElasticBSP: predicted vs actual wait per barrier", "barrier", "wait (s)",
-      { xaxis: { title: { text: "barrier (sync index)" } }, annotations: note }));
+    PS.draw(cards.elastic.div, traces, PS.layout("ElasticBSP: predicted vs actual wait and barrier distance", "barrier", "wait (s)",
+      { xaxis: { title: { text: "barrier (sync index)" } }, annotations: note,
+        yaxis2: { title: { text: "distance (iterations)" }, overlaying: "y", side: "right", rangemode: "tozero" } }));
     PS.setCount(cards.elastic, syncs.length, syncs.length);
   }
 

@@ -196,3 +196,23 @@ def test_a_decision_records_predicted_times_up_to_the_chosen_iteration() -> None
         assert kept == times[worker, :chosen + 1].tolist()[-RECORDED_AHEAD:]
         assert kept[-1] == times[worker, chosen]
     assert len(decision.predicted[1]) == RECORDED_AHEAD
+
+
+def test_a_barrier_is_never_placed_past_the_bound_on_its_distance() -> None:
+    """Speeds 1 : 2.9: unbounded, ZipLine with R = 60 finds the near-coincidence 29 : 10 far
+    out; with max_ahead 6 it must choose among each worker's next six iterations."""
+    far = Elastic(2, lookahead=60, max_ahead=60, predictor="last")
+    far.monitor([1.0, 2.9])
+    near = Elastic(2, lookahead=60, max_ahead=6, predictor="last")
+    near.monitor([1.0, 2.9])
+    far_decision, near_decision = far.ctl.take_syncs()[-1], near.ctl.take_syncs()[-1]
+    assert max(far_decision.chosen) + 1 > 6
+    assert max(near_decision.chosen) + 1 <= 6
+    expected = predict_end_times(np.full(2, near_decision.decided_at), np.array([1.0, 2.9]), 6)
+    r, spread = search(expected)
+    assert near_decision.chosen == r.tolist() and near_decision.predicted_wait == spread
+    assert near_decision.lookahead == 60  # R as set; the bound cut the candidates
+
+
+def test_the_default_predictor_is_the_papers() -> None:
+    assert SyncConfig().predictor == "last" and SyncConfig().max_ahead == 32

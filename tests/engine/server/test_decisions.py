@@ -26,7 +26,8 @@ KEYS = KeyRange(0, 1)
 
 
 def server_at_the_first_barrier() -> tuple[ShardServer, ElasticBSP, list[SyncRecord]]:
-    controller = ElasticBSP(WORKERS, SyncConfig(model="elastic", lookahead=LOOKAHEAD))
+    controller = ElasticBSP(WORKERS, SyncConfig(model="elastic", lookahead=LOOKAHEAD,
+                                                max_ahead=LOOKAHEAD))
     state = ShardState(KEYS, controller, SGD(1, lr=0.1), workers=WORKERS)
     state.init(KEYS, np.zeros(1, dtype=np.float32))
     reported: list[SyncRecord] = []
