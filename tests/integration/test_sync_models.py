@@ -222,3 +222,19 @@ def test_layered_ssp_lead_never_exceeds_the_bound(runs: tuple[Path, dict[str, st
     assert lead_violations(table, 1) == 0
     for shard in server_stats(db, ids[f"ssp-{loop}"]):
         assert len(shard["range_versions"]) > 1 and shard["duplicates"] == 0
+
+
+def test_runs_show_reports_how_far_ahead_the_barriers_were(
+        runs: tuple[Path, dict[str, str]]) -> None:
+    db, ids = runs
+    chosen = [json.loads(c) for (c,) in query(
+        db, "SELECT chosen FROM syncs WHERE run_id = ? AND predictor != 'monitoring' "
+            "AND released_at IS NOT NULL", ids["elastic"])]
+    distances = [max(r + 1 for r in row if r >= 0) for row in chosen]
+    detail = json.loads(psctl("runs", "show", ids["elastic"], "--json", db=db).stdout)
+    syncs = detail["syncs"]
+    assert syncs["barriers"] == len(distances)
+    assert syncs["distance_max"] == max(distances) <= 6  # R = 6
+    assert syncs["distance_mean"] == pytest.approx(sum(distances) / len(distances))
+    shown = psctl("runs", "show", ids["elastic"], db=db).stdout
+    assert f"max {max(distances)}" in shown and "barrier distance" in shown
