@@ -348,6 +348,14 @@ class CommConfig(_Frozen):
         0.0, ge=0, lt=1, json_schema_extra=flag("--momentum-correction"), description=(
             "with --prune: Deep Gradient Compression's momentum correction on the worker, with "
             "this momentum (use --momentum 0 on the servers) [0: off]"))
+    local_clip: float | None = Field(
+        None, gt=0, le=1e9, json_schema_extra=flag("--local-clip"), description=(
+            "with --prune: Deep Gradient Compression's local gradient clipping, each gradient "
+            "scaled to L2 norm at most THIS / sqrt(workers) before it is accumulated [off]"))
+    warmup_epochs: int = Field(
+        0, ge=0, le=100, json_schema_extra=flag("--prune-warmup"), description=(
+            "with --prune topk: Deep Gradient Compression's warm-up, the share sent falling "
+            "exponentially (25 %, 6.25 %, ...) to --prune's over this many epochs [0]"))
     wire_dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", json_schema_extra=flag("--wire-dtype"), description=(
             "workers' values on the wire: float32, float16 or bfloat16 (servers keep and "

@@ -40,7 +40,7 @@ from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
 from engine.server.pull_filter import parse_pull_filter
 from engine.sim.network import parse_network
-from engine.worker.filters import parse_prune
+from engine.worker.filters import parse_prune, warmup_fits
 
 # What a sparse data set implies (seed 003's workload), unless the run says otherwise.
 SPARSE_IMPLIES = {"sync.model": "bounded-delay", "model.name": "logreg"}
@@ -184,6 +184,10 @@ def _canonical(config: RunConfig) -> RunConfig:
     return validate(values)
 
 
+def _warmup_fits(config: RunConfig) -> None:
+    warmup_fits(config.comm)
+
+
 def _broken_rules(config: RunConfig) -> list[str]:
     checks: list[tuple[Registry[Any], str]] = [
         (BACKENDS, config.cluster.backend), (CONSISTENCY_MODELS, config.sync.model),
@@ -193,7 +197,7 @@ def _broken_rules(config: RunConfig) -> list[str]:
     problems: list[str] = []
     rules: list[Callable[[RunConfig], None]] = [
         partial(registry.check, name) for registry, name in checks]
-    for rule in [*rules, check_kills]:
+    for rule in [*rules, check_kills, _warmup_fits]:
         try:
             rule(config)
         except ValueError as exc:

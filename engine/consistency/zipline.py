@@ -34,11 +34,19 @@ Variants (all exact; ``DEFAULT_VARIANT`` is the fastest):
   time ``>= L``, which is the largest successor of any time ``< L`` (a worker's first iteration
   has no predecessor and always counts). One sort of the candidates and a running maximum of
   their successors give every right end at once: O(nR log(nR)) in numpy.
-* ``"optbs"``: ZipLineOptBS, the n x R matrix plus binary search: for every candidate L, a binary
-  search in every worker's row finds its first time ``>= L``; the right end is their maximum.
-  Vectorised over the candidates (one ``np.searchsorted`` per worker); the slowest workers go
-  first, and after ``PRUNE_AFTER_WORKERS`` of them the candidates whose partial spread already
-  exceeds a known window's are dropped. O(n C log R) for C candidates, before pruning.
+* ``"optbs"``: ZipLineOptBS as seed 001 describes it: ZipLineOpt's sweep, whose 'add' finds
+  the new time's worker in the scanning set by binary search. The n x R matrix of predicted
+  times says where that worker's element is: it holds the worker's previous time,
+  ``times[i, j - 1]``, and the set is in time order, so ``bisect`` on the set's times finds it
+  in O(log n) instead of ZipLine's linear search by worker. O(Rn log n) searches over the
+  nR times (plus the sort that merges them); removing the element from a Python list is a
+  memmove of the set's tail (C speed, bench/zipline.py measures the scaling in n).
+* ``"rowbs"``: psctl's earlier reading of ZipLineOptBS, binary search in each worker's row, not
+  in the scanning set: for every candidate L, a binary search in every worker's row finds its
+  first time ``>= L``; the right end is their maximum. Vectorised over the candidates (one
+  ``np.searchsorted`` per worker); the slowest workers go first, and after
+  ``PRUNE_AFTER_WORKERS`` of them the candidates whose partial spread already exceeds a known
+  window's are dropped. O(n C log R) for C candidates, before pruning.
 * ``"zipline"``: the published sweep over all nR times merged in time order, keeping a scanning
   set of each worker's latest time in time order; each new time replaces its worker's older one
   (found by a linear search), and once every worker is present the window from the set's leftmost
@@ -51,6 +59,7 @@ Variants (all exact; ``DEFAULT_VARIANT`` is the fastest):
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 import numpy as np
@@ -210,13 +219,13 @@ def _sweep(lefts: Times, follow: Times, floor: Times) -> Window:
     return _tightest(lefts[run_starts], np.maximum(earlier, floor[run_starts]))
 
 
-# -- ZipLineOptBS -----------------------------------------------------------------------------
+# -- binary search in each worker's row (psctl's earlier "optbs") -----------------------------
 
 
 PRUNE_AFTER_WORKERS = 32
 
 
-def _optbs_window(times: Times) -> Window:
+def _rowbs_window(times: Times) -> Window:
     lefts = np.unique(times[times <= times[:, -1].min()])  # sorted candidate left ends
     rights = np.full(lefts.shape, -np.inf)
     # the slowest workers first: their sparse times push the right ends furthest, so after a
@@ -273,6 +282,54 @@ def _zipline_window(times: Times) -> Window:
                 best = key
     assert best is not None  # the last time completes the set
     return -best[2], best[1]
+
+
+def _merged_with_iterations(times: Times) -> tuple[list[float], list[int], list[int]]:
+    """As ``_merged``, with each time's iteration (its column in the matrix)."""
+    order = np.argsort(times, axis=None, kind="stable")
+    width = times.shape[1]
+    return (times.ravel()[order].tolist(), (order // width).tolist(),
+            (order % width).tolist())
+
+
+def _optbs_window(times: Times) -> Window:
+    """ZipLineOptBS (seed 001): ZipLineOpt's sweep, the older element of the new time's worker
+    found in the scanning set by binary search on its time, read from the n x R matrix."""
+    missing = times.shape[0]
+    matrix = times.tolist()  # the matrix of seed 001: each worker's predicted times by row
+    scan_workers: list[int] = []  # the scanning set scan_*[head:], in time order
+    scan_times: list[float] = []
+    head = 0
+    best: tuple[float, float, float] | None = None
+    for time, worker, iteration in zip(*_merged_with_iterations(times), strict=True):
+        if iteration == 0:  # the worker's first time: it has no element in the set yet
+            missing -= 1
+            leftmost_changed = missing == 0
+        elif scan_workers[head] == worker:  # ZipLineOpt: the leftmost is the older one
+            head += 1
+            leftmost_changed = True
+        else:
+            older = _find(scan_times, scan_workers, head, matrix[worker][iteration - 1], worker)
+            del scan_workers[older], scan_times[older]
+            leftmost_changed = False
+        scan_workers.append(worker)
+        scan_times.append(time)
+        if leftmost_changed and missing == 0:
+            key = (time - scan_times[head], time, -scan_times[head])
+            if _better(key, best):
+                best = key
+    assert best is not None
+    return -best[2], best[1]
+
+
+def _find(scan_times: list[float], scan_workers: list[int], head: int, time: float,
+          worker: int) -> int:
+    """The position of ``worker``'s element, of time ``time``, in the set: binary search, then
+    a step over any earlier elements of the same time (other workers' ties)."""
+    position = bisect.bisect_left(scan_times, time, head)
+    while scan_workers[position] != worker:
+        position += 1
+    return position
 
 
 def _opt_window(times: Times) -> Window:
@@ -340,6 +397,7 @@ _WINDOW_FINDERS: dict[str, Callable[[Times], Window]] = {
     "bucketed": _bucketed_window,
     "vectorized": _vectorized_window,
     "optbs": _optbs_window,
+    "rowbs": _rowbs_window,
     "opt": _opt_window,
     "zipline": _zipline_window,
 }

@@ -8,9 +8,8 @@ without a word cannot write that itself.
 
 from __future__ import annotations
 
-import json
-
 import dataclasses
+import json
 import re
 import time
 from collections.abc import Iterator, Sequence

@@ -180,9 +180,9 @@ class SplitGradients:
         t * |sum_c alpha_c g_c/|g_c|| = |sum_c g_c|
 
     over the latest gradients of all workers on this shard, and applies the pushed gradient
-    with distance t * alpha_c: the sum of the latest gradients keeps its length, while each
-    worker's share of it is set by alpha_c. Our reading: alpha_c = 1/(τ_c + 1), τ_c the
-    staleness of worker c's latest push (the DynSGD weight: a stale direction counts less); a
+    with distance t * alpha_c: the sum of the latest gradients keeps its length. The slide does
+    not define alpha_c: psctl takes alpha_c = 1 for every worker (equal distances, the only
+    reading that adds nothing to the slide; issue 40 dropped an earlier staleness weight); a
     worker that has not pushed yet has no g_c and is left out. A worker's latest gradient is
     per key: a push replaces the keys it carries (a layer-by-layer push, its layer's keys).
     """
@@ -194,7 +194,7 @@ class SplitGradients:
     def __init__(self, relative: float, workers: int, size: int) -> None:
         self.relative = relative
         self.latest = np.zeros((workers, size), dtype=np.float32)
-        self.weights = np.zeros(workers, dtype=np.float64)  # alpha_c; 0 until the worker pushes
+        self.weights = np.zeros(workers, dtype=np.float64)  # alpha_c: 1 once the worker pushed
         # Kept up to date push by push, so that a push costs O(shard), not O(workers * shard):
         self._squares = np.zeros(workers, dtype=np.float64)  # |g_c|^2
         self._sum = np.zeros(size, dtype=np.float64)  # sum_c g_c
@@ -210,7 +210,7 @@ class SplitGradients:
         row[keys] = update.values
         self._squares[worker] = max(0.0, self._squares[worker] + float(new @ new - old @ old))
         self._sum[keys] += new - old
-        self.weights[worker] = 1.0 / (staleness + 1)
+        self.weights[worker] = 1.0  # alpha_c: equal distances
         self._directions += self._coefficient(worker) * row  # and its new one in
         self._pushes += 1
         if self._pushes % self.REFRESH_EVERY == 0:

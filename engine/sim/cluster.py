@@ -149,7 +149,8 @@ class SimCluster:
                             self._record, self._epoch_done)
         client = SimClient(rank, self.servers, Link(parse_network(cfg.sim.network)),
                            dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)), epoch=self.epoch)
-        grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments], layout.num_keys)
+        grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments], layout.num_keys,
+                                  cfg.cluster.workers)
         params = np.empty(layout.num_keys, dtype=np.float32)
         return SIM_LOOPS.get(loop_name(cfg))(rank, ctx, client, shard, params, grad_filter)
 

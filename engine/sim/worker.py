@@ -97,6 +97,8 @@ class SimWorker:
 
     async def _epochs(self, epochs: int, clock: int) -> int:
         for epoch in range(epochs):
+            if self.filter is not None:
+                self.filter.start_epoch(epoch)
             rng = np.random.default_rng([self.config.train.seed, self.rank, epoch])
             for batch in self.shard.batches(rng):
                 if self.ctx.should_stop():

@@ -265,6 +265,9 @@ def parse_prune(spec: str) -> PruneRule:
 # -- the per-worker filter ----------------------------------------------------------------------
 
 
+WARMUP_BASE = 0.25  # DGC's warm-up: the share sent falls by 4x an epoch (Lin et al., ICLR 2018)
+
+
 def _check_tiling(segments: Sequence[KeyRange], num_keys: int) -> None:
     """A key outside every segment would never be sent yet never be dropped: refuse it."""
     end = 0
@@ -301,12 +304,15 @@ class GradientFilter:
 
     def __init__(self, rule: PruneRule, segments: Sequence[KeyRange], num_keys: int, *,
                  error_feedback: bool = True, momentum: float = 0.0,
+                 clip_norm: float | None = None, warmup_epochs: int = 0,
                  device: str | torch.device = "cpu") -> None:
         import torch
 
         _check_tiling(segments, num_keys)
         _check_momentum(momentum, error_feedback)
-        self.rule = rule
+        self.final_rule = self.rule = rule
+        self.clip_norm = clip_norm  # DGC's local clipping threshold, already / sqrt(workers)
+        self.warmup_epochs = warmup_epochs
         self.segments = tuple(segments)
         self.total_keys = num_keys
         self.error_feedback = error_feedback
@@ -330,9 +336,19 @@ class GradientFilter:
         sigma: k·sigma; dynamic: its threshold); None where there is none or no call yet."""
         return [None if s.threshold is None else float(s.threshold) for s in self._states]
 
+    def start_epoch(self, epoch: int) -> None:
+        """DGC's warm-up: in epoch e < ``warmup_epochs`` a top-k rule sends the share
+        0.25^(e + 1) (75 %, 93.75 %, 98.4375 %, ... sparsity, as Lin et al.) while that is
+        above its own; afterwards, and for the other rules, the rule as given."""
+        rule = self.final_rule
+        if isinstance(rule, TopK) and epoch < self.warmup_epochs:
+            self.rule = TopK(max(rule.fraction, WARMUP_BASE ** (epoch + 1)))
+        else:
+            self.rule = rule
+
     def apply(self, grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sorted unique int64 global keys, their float32 values) to push for ``grad``."""
-        candidate = self._accumulate(self._tensor(grad))
+        candidate = self._accumulate(self._clipped(self._tensor(grad)))
         keys = self._select(candidate)
         values = candidate[keys]  # a gather: a copy, unaffected by the masking below
         for buffer in (self._residual, self._velocity):
@@ -357,6 +373,14 @@ class GradientFilter:
             array = array.copy()
         return torch.from_numpy(array).to(self.device)
 
+    def _clipped(self, grad: torch.Tensor) -> torch.Tensor:
+        """DGC's local gradient clipping, before the gradient joins the accumulation: scaled
+        down to L2 norm ``clip_norm`` where it is longer (a copy; the caller's array is kept)."""
+        if self.clip_norm is None:
+            return grad
+        norm = float(grad.norm())
+        return grad * (self.clip_norm / norm) if norm > self.clip_norm else grad
+
     def _accumulate(self, grad: torch.Tensor) -> torch.Tensor:
         """What the rule selects on: the raw gradient, ``residual + g``, or DGC's ``v``."""
         if self._velocity is not None and self._residual is not None:
@@ -376,11 +400,21 @@ class GradientFilter:
         return torch.cat(parts)
 
 
-def make_filter(config: CommConfig, segments: Sequence[KeyRange],
-                num_keys: int) -> GradientFilter | None:
-    """The worker's push filter for the run's ``[comm]`` settings; None pushes dense."""
+def warmup_fits(config: CommConfig) -> None:
+    """DGC's warm-up lowers a top-k share epoch by epoch: the other rules have no share."""
+    if config.warmup_epochs and not isinstance(parse_prune(config.prune), TopK):
+        raise ValueError(f"comm.warmup_epochs (--prune-warmup) lowers a top-k share epoch by "
+                         f"epoch: it needs --prune topk:P%, not {config.prune}")
+
+
+def make_filter(config: CommConfig, segments: Sequence[KeyRange], num_keys: int,
+                workers: int = 1) -> GradientFilter | None:
+    """The worker's push filter for the run's ``[comm]`` settings; None pushes dense. DGC's
+    local clipping threshold is scaled by workers^(-1/2), as Lin et al. scale it."""
     rule = parse_prune(config.prune)
-    if isinstance(rule, NoPrune) and not config.momentum_correction:
+    if isinstance(rule, NoPrune) and not (config.momentum_correction or config.local_clip):
         return None
+    clip = None if config.local_clip is None else config.local_clip / math.sqrt(workers)
     return GradientFilter(rule, segments, num_keys, error_feedback=config.error_feedback,
-                          momentum=config.momentum_correction)
+                          momentum=config.momentum_correction, clip_norm=clip,
+                          warmup_epochs=config.warmup_epochs)

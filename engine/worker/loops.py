@@ -228,7 +228,7 @@ class PlainLoop:
         self.first_clock = 0  # above 0 for a restarted or resumed worker
         self.filter = make_filter(worker.config.comm,
                                   [segment.keys for segment in worker.layout.segments],
-                                  worker.keys.end)
+                                  worker.keys.end, worker.config.cluster.workers)
         self.pipelined = worker.config.train.pipeline
         self._next_pull: tuple[int, list[PullHandle]] | None = None  # (clock, requests) in flight
         # SSP's cache: reads within the bound are answered from the copy in the parameters.
@@ -302,6 +302,8 @@ class PlainLoop:
         try:
             self.begin()
             for epoch in range(start // per_epoch, cfg.epochs):
+                if self.filter is not None:
+                    self.filter.start_epoch(epoch)  # DGC's warm-up counts epochs
                 rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])
                 # The same batches in the same order as before a restart, from where it was.
                 batches = shard.batches(rng)[done - epoch * per_epoch:]

@@ -5,8 +5,9 @@ its **working set**. A worker pulls only those keys, computes the logistic-loss 
 (numpy and scipy; no torch), and pushes only them. With an L1 penalty the servers take a
 proximal step (``engine.server.optimizers.Proximal``), and the **KKT filter** leaves out every
 key whose weight is 0 and whose gradient satisfies |g| <= l1: the proximal step would leave that
-weight at exactly 0, so sending it changes nothing (it is exact, not an approximation, for plain
-SGD and Adagrad steps from 0).
+weight at exactly 0. That is exact only for a push applied alone by the proximal SGD step (asp,
+bounded delay); under BSP's round mean and with Adagrad's running sums it changes the result
+(docs/models.md; tests/engine/server/test_kkt_exactness.py).
 
 The loop is bounded delay's (``engine.worker.delayed``): a task is compute, push, then pull the
 next batch's working set right behind the push; task c computes once the pushes of tasks older

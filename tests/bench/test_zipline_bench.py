@@ -44,6 +44,11 @@ def test_quick_run_writes_results(tmp_path: Path) -> None:
     for row in lags:
         assert len(row["max_lag_ms"]) == 2 and row["worst_lag_ms"] > 0
         assert row["median_decision_ms"] > 0 and row["record_bytes"] > 0
+    scaling = payload["scaling"]
+    assert {(r["n"], r["variant"]) for r in scaling["rows"]} == {
+        (n, v) for n in bench_zipline.QUICK_SCALING_WORKERS for v in ("optbs", "rowbs")}
+    assert all(r["median_ms"] > 0 for r in scaling["rows"])
+    assert set(scaling["exponents_of_n"]) == {"optbs", "rowbs"}
 
 
 def test_goal_lines_report_the_default_at_the_goal_size_on_each_input() -> None:

@@ -260,7 +260,9 @@ def test_split_keeps_the_length_of_the_sum_of_the_latest_gradients() -> None:
         kept, target = _split_invariant(rule)
         assert kept == pytest.approx(target, rel=1e-5)
         t = rule.distance()
-        assert float(np.linalg.norm(applied[worker])) == pytest.approx(t / (tau + 1), rel=1e-5)
+        # alpha_c = 1 (the slide leaves it open; equal distances): every push gets length t,
+        # whatever its staleness
+        assert float(np.linalg.norm(applied[worker])) == pytest.approx(t, rel=1e-5)
     # With every alpha_c 1, the applied latest gradients sum to exactly the sum's length.
     even = learning(workers=2, divisor=2, rule="split")
     a = np.array([3.0, 0.0, 0.0, 0.0], dtype=np.float32)

@@ -307,3 +307,48 @@ def test_the_registry_lists_every_rule_with_a_summary() -> None:
 def test_importing_the_filters_does_not_import_torch() -> None:
     code = "import engine.worker.filters, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# -- Deep Gradient Compression's warm-up and local clipping (Lin et al., ICLR 2018) -------------
+
+
+def test_dgc_warm_up_lowers_the_share_exponentially_to_the_rules() -> None:
+    """Lin et al.: sparsity 75 %, 93.75 %, 98.4375 %, ... over the warm-up epochs, then the
+    final one: the share sent is 0.25^(e + 1) while that is above the rule's."""
+    from engine.config import CommConfig
+    from engine.worker.filters import make_filter
+
+    size = 4096
+    config = CommConfig(prune="topk:0.1%", warmup_epochs=4)
+    made = make_filter(config, [KeyRange(0, size)], size)
+    assert made is not None
+    sent = []
+    for epoch in range(6):
+        made.start_epoch(epoch)
+        made.apply(np.random.default_rng(epoch).normal(size=size).astype(np.float32))
+        sent.append(made.sent_keys)
+    dgc = [max(0.001, 0.25 ** (e + 1)) if e < 4 else 0.001 for e in range(6)]
+    assert sent == [int(np.ceil(share * size)) for share in dgc]  # 1024, 256, 64, 16, 5, 5
+
+
+def test_dgc_local_clipping_scales_the_threshold_by_one_over_sqrt_workers() -> None:
+    from engine.config import CommConfig
+    from engine.worker.filters import make_filter
+
+    made = make_filter(CommConfig(local_clip=4.0), [KeyRange(0, 2)], 2, workers=4)
+    assert made is not None  # dense, but clipped
+    grad = np.array([6.0, 8.0], dtype=np.float32)  # norm 10 > 4 / sqrt(4) = 2
+    keys, values = made.apply(grad)
+    assert keys.tolist() == [0, 1]
+    np.testing.assert_allclose(values, grad * 0.2, rtol=1e-6)
+    np.testing.assert_array_equal(grad, [6.0, 8.0])  # the caller's gradient is kept
+    short = np.array([0.6, 0.8], dtype=np.float32)  # norm 1 <= 2: unchanged
+    np.testing.assert_allclose(made.apply(short)[1], short)
+
+
+def test_dgc_warm_up_needs_a_top_k_share() -> None:
+    from engine.plan import build_config
+
+    with pytest.raises(ConfigError, match="needs --prune topk"):
+        build_config({}, {"data.dataset": "digits", "comm.prune": "sigma:2",
+                          "comm.warmup_epochs": 2})
