@@ -20,7 +20,7 @@ RECORD_FIELDS = (
     "worker", "b", "n", "t", "it", "throughput", "idle_fraction", "staleness_min",
     "staleness_max", "loss_min", "loss_max", "sent_per_s", "received_per_s",
     "compute", "push", "pull", "wait", "lr_min", "lr_max", "pushed_per_s",
-    "pushed_dense_per_s",
+    "pushed_dense_per_s", "pull_saved_per_s",
 )
 
 # metric -> (unit, title, record columns: one value, or a min/max pair)
@@ -39,6 +39,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                  ("lr_min", "lr_max")),
     "push_bytes": ("bytes/s", "Push bytes, sent and before the push filter",
                    ("pushed_per_s", "pushed_dense_per_s")),
+    "pull_bytes_saved": ("bytes/s", "Pull bytes the worker's cache saved (SSP, DSSP)",
+                         ("pull_saved_per_s",)),
 }
 EVALUATION_METRICS = {"accuracy": ("fraction", "Test accuracy"), "test_loss": ("cross-entropy",
                                                                              "Test loss")}
@@ -82,12 +84,14 @@ def _record(worker: int, rows: Sequence[tuple[Any, ...]], buckets: Buckets, ix: 
         total("compute"), total("push"), total("pull"), total("wait"),
         extreme("lr_min", min), extreme("lr_max", max),
         _rate(rows, ix, "pushed", span), _rate(rows, ix, "pushed_dense", span),
+        _rate(rows, ix, "pull_saved", span),
     ]
 
 
 def _rate(rows: Sequence[tuple[Any, ...]], ix: dict[str, int], name: str,
           span: float) -> float | None:
-    """A per-second sum of a column that runs before schema 5 do not have (None then)."""
+    """A per-second sum of a column that older runs do not have (None then): the push bytes
+    came with schema 5, the pull bytes a cache saved with schema 6."""
     values = [r[ix[name]] for r in rows if r[ix[name]] is not None]
     return float(sum(values)) / span if values else None
 
@@ -130,5 +134,7 @@ def raw_value(metric: str, row: dict[str, Any]) -> float | None:
         "lr_scale": lambda: row["lr_scale"],
         "push_bytes": lambda: per_s(row["push_bytes"]) if row["push_bytes"] is not None
         else None,
+        "pull_bytes_saved": lambda: per_s(row["pull_bytes_saved"])
+        if row["pull_bytes_saved"] is not None else None,
     }
     return values[metric]()

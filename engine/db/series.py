@@ -47,7 +47,8 @@ _BUCKETS_SQL = """
            min(loss) AS loss_min, max(loss) AS loss_max,
            sum(bytes_sent) AS sent, sum(bytes_received) AS received,
            min(lr_scale) AS lr_min, max(lr_scale) AS lr_max,
-           sum(push_bytes) AS pushed, sum(push_bytes_dense) AS pushed_dense
+           sum(push_bytes) AS pushed, sum(push_bytes_dense) AS pushed_dense,
+           sum(pull_bytes_saved) AS pull_saved
     FROM iterations
     WHERE run_id = :run AND worker = :worker {since}
     GROUP BY b
@@ -67,7 +68,7 @@ _ROLLUP_BUCKETS = text("""
            sum(samples), sum(compute_s), sum(push_s), sum(pull_s), sum(wait_s),
            min(staleness_min), max(staleness_max), min(loss_min), max(loss_max),
            sum(bytes_sent), sum(bytes_received), min(lr_min), max(lr_max),
-           sum(push_bytes), sum(push_bytes_dense)
+           sum(push_bytes), sum(push_bytes_dense), sum(pull_bytes_saved)
     FROM iteration_rollups
     WHERE run_id = :run AND slot >= :start
     GROUP BY worker, b
@@ -80,7 +81,7 @@ _HAS_ROLLUPS = text("SELECT 1 FROM sqlite_master WHERE type = 'table' "
 BUCKET_FIELDS = (
     "worker", "b", "n", "t_last", "it", "samples", "compute", "push", "pull", "wait",
     "st_min", "st_max", "loss_min", "loss_max", "sent", "received", "lr_min", "lr_max",
-    "pushed", "pushed_dense",
+    "pushed", "pushed_dense", "pull_saved",
 )
 
 

@@ -281,9 +281,11 @@
     const all = (groups.get(-1) || []).slice(0, S.summary.status === "running" ? -1 : undefined);
     // Push bytes as sent and as dense float32 pushes would have been: apart when a push
     // filter or a narrow wire type saves bytes (runs before schema 5 have neither line).
+    // The pull bytes SSP's cache saved: drawn only where some read was answered from it.
     const lines = [["sent_per_s", "sent"], ["received_per_s", "received"], ["pushed_per_s", "pushes sent"],
-      ["pushed_dense_per_s", "pushes before filtering"]]
-      .filter(([c]) => all.some((r) => r[S.f[c]] !== null && r[S.f[c]] !== undefined));
+      ["pushed_dense_per_s", "pushes before filtering"], ["pull_saved_per_s", "pulls the cache saved"]]
+      .filter(([c]) => all.some((r) => r[S.f[c]] !== null && r[S.f[c]] !== undefined
+        && (c !== "pull_saved_per_s" || r[S.f[c]] > 0)));
     PS.draw(cards.bytes.div, lines.map(([c, name], i) => ({ type: "scatter", mode: "lines", name,
       line: { color: PS.color(i), dash: i % 2 ? "solid" : "dash", width: i % 2 ? 1.5 : 2.5 }, x: all.map((r) => xOf(mode, r)), y: all.map((r) => r[S.f[c]]) })), PS.layout("Bytes on the wire (all workers)", mode, "bytes/s"));
     PS.setCount(cards.bytes, lines.length * all.length, S.total, "iterations");
