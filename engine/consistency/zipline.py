@@ -292,64 +292,30 @@ def _merged_with_iterations(times: Times) -> tuple[list[float], list[int], list[
             (order % width).tolist())
 
 
-def _optbs_window(times: Times) -> Window:
-    """ZipLineOptBS (seed 001): ZipLineOpt's sweep, the older element of the new time's worker
-    found in the scanning set by binary search on its time, read from the n x R matrix."""
+# Where a worker's older element sits in the scanning set scan_*[head:]: (times, workers, head,
+# the worker, the index of its new time in its row) -> position.
+Locate = Callable[[list[float], list[int], int, int, int], int]
+
+
+def _opt_sweep(times: Times, locate: Locate) -> Window:
+    """ZipLineOpt's sweep over the merged times; ``locate`` is how 'add' finds the new time's
+    worker in the scanning set (ZipLineOpt: a linear search by worker; ZipLineOptBS: a binary
+    search by time)."""
     missing = times.shape[0]
-    matrix = times.tolist()  # the matrix of seed 001: each worker's predicted times by row
-    scan_workers: list[int] = []  # the scanning set scan_*[head:], in time order
+    # the scanning set is scan_*[head:], in time order; popping the leftmost just moves head
+    scan_workers: list[int] = []
     scan_times: list[float] = []
     head = 0
     best: tuple[float, float, float] | None = None
     for time, worker, iteration in zip(*_merged_with_iterations(times), strict=True):
         if iteration == 0:  # the worker's first time: it has no element in the set yet
             missing -= 1
-            leftmost_changed = missing == 0
-        elif scan_workers[head] == worker:  # ZipLineOpt: the leftmost is the older one
-            head += 1
-            leftmost_changed = True
-        else:
-            older = _find(scan_times, scan_workers, head, matrix[worker][iteration - 1], worker)
-            del scan_workers[older], scan_times[older]
-            leftmost_changed = False
-        scan_workers.append(worker)
-        scan_times.append(time)
-        if leftmost_changed and missing == 0:
-            key = (time - scan_times[head], time, -scan_times[head])
-            if _better(key, best):
-                best = key
-    assert best is not None
-    return -best[2], best[1]
-
-
-def _find(scan_times: list[float], scan_workers: list[int], head: int, time: float,
-          worker: int) -> int:
-    """The position of ``worker``'s element, of time ``time``, in the set: binary search, then
-    a step over any earlier elements of the same time (other workers' ties)."""
-    position = bisect.bisect_left(scan_times, time, head)
-    while scan_workers[position] != worker:
-        position += 1
-    return position
-
-
-def _opt_window(times: Times) -> Window:
-    missing = times.shape[0]
-    seen = [False] * missing
-    # the scanning set is scan_*[head:]; popping the leftmost time just moves head
-    scan_workers: list[int] = []
-    scan_times: list[float] = []
-    head = 0
-    best: tuple[float, float, float] | None = None
-    for time, worker in zip(*_merged(times), strict=True):
-        if not seen[worker]:
-            seen[worker] = True
-            missing -= 1
             leftmost_changed = missing == 0  # the set is complete for the first time
         elif scan_workers[head] == worker:  # the leftmost time is the older one: no search
             head += 1
             leftmost_changed = True
         else:  # same leftmost, later right end: this window cannot beat the previous one
-            older = scan_workers.index(worker, head)
+            older = locate(scan_times, scan_workers, head, worker, iteration)
             del scan_workers[older], scan_times[older]
             leftmost_changed = False
         scan_workers.append(worker)
@@ -360,6 +326,30 @@ def _opt_window(times: Times) -> Window:
                 best = key
     assert best is not None
     return -best[2], best[1]
+
+
+def _opt_window(times: Times) -> Window:
+    def by_worker(scan_times: list[float], scan_workers: list[int], head: int, worker: int,
+                  iteration: int) -> int:
+        return scan_workers.index(worker, head)
+
+    return _opt_sweep(times, by_worker)
+
+
+def _optbs_window(times: Times) -> Window:
+    """ZipLineOptBS (seed 001): the older element of the new time's worker is found by binary
+    search on its time, read from the n x R matrix (the worker's previous iteration's)."""
+    matrix = times.tolist()
+
+    def by_time(scan_times: list[float], scan_workers: list[int], head: int, worker: int,
+                iteration: int) -> int:
+        # then a step over any earlier elements of the same time (other workers' ties)
+        position = bisect.bisect_left(scan_times, matrix[worker][iteration - 1], head)
+        while scan_workers[position] != worker:
+            position += 1
+        return position
+
+    return _opt_sweep(times, by_time)
 
 
 # -- brute force ------------------------------------------------------------------------------
