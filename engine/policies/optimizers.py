@@ -83,6 +83,7 @@ def _lbfgs_fits(run: RunConfig) -> None:
         ("fault.checkpoint_every_s", run.fault.checkpoint_every_s is not None),
         ("cluster.backend sim", run.cluster.backend == "sim"),
         ("sparse data sets", _sparse(run)),
+        ("stop.budget (its passes are --epochs)", run.stop.budget is not None),
     ) if used]
     if unsupported:
         raise ValueError(f"optimizer lbfgs (Sandblaster L-BFGS) does not take "

@@ -45,6 +45,7 @@ from engine.roles.recovery import Recovery
 from engine.roles.sampling import SAMPLE_INTERVAL_S, ProcessSampler
 from engine.roles.sandblaster import Sandblaster
 from engine.roles.scaling import Scaling
+from engine.roles.spending import Spending
 from engine.transport.admission import credential
 from engine.transport.base import Connection, Listener, Transport
 from engine.wire.messages import (
@@ -127,6 +128,7 @@ class Coordinator:
         self.recovery = Recovery(self.state, self, abandon=self.moves.abandon, kill=kill,
                                  first_checkpoint=resume.seq if resume else 0)
         self.evaluations = Evaluations(self.state, self, self.records)
+        self.spending = Spending(self.state, self, self.evaluations)
         self.parties = Parties(self, run_id, ended_for_good=self.recovery.ended_for_good,
                                scale=lambda role, count: self.scaling.request(role, count))
         self.scaling = Scaling(self.state, self, self.moves, start=self.parties.start_roles)
@@ -416,6 +418,7 @@ class Coordinator:
         self.records.iterations(message.rows)
         if message.rows:
             self.progress.iterations[peer.rank] = message.rows[-1].iteration + 1
+        self.spending.on_rows(message.rows)
         if message.layers:
             if any(row.worker != peer.rank for row in message.layers):
                 raise ProtocolError(f"{peer} reported layers of another worker")
@@ -466,7 +469,8 @@ class Coordinator:
             self._training_begins()
 
     def _training_begins(self) -> None:
-        planned = self.config.train.epochs * sum(self.progress.iterations_per_epoch.values())
+        planned = (None if self.config.stop.budget is not None else
+                   self.config.train.epochs * sum(self.progress.iterations_per_epoch.values()))
         self.training.set()
         self.state.training_at = time.monotonic()
         if self.resume is None:
@@ -581,6 +585,7 @@ class Coordinator:
         await asyncio.gather(*(self.send(server, Start(clocks_per_epoch=clocks))
                                for server in by_role["server"]))
         await asyncio.gather(*(self.send(worker, Start()) for worker in by_role["worker"]))
+        self.spending.start()
         if SERVER_OPTIMIZERS.can(self.config.optimizer.name, DRIVES_TRAINING):
             self._sandblaster_task = asyncio.create_task(self._run_sandblaster())
             self._tasks.add(self._sandblaster_task)

@@ -49,7 +49,8 @@ class Evaluations:
         after = min((state.progress.epochs_done.get(w, -1) for w in workers), default=-1)
         if after > before:
             self.hub.event("epoch_done", epoch=after)
-            if after + 1 < state.config.train.epochs:
+            # under a budget the epochs are each worker's own passes: the marks test instead
+            if after + 1 < state.config.train.epochs and state.config.stop.budget is None:
                 self.request(float(after + 1), final=False)
 
     async def timer(self) -> None:
@@ -75,6 +76,11 @@ class Evaluations:
             if self.final_asked == asked:
                 return False
         return False
+
+    def at_mark(self) -> None:
+        """A mark of the run's budget: tested even while a periodic evaluation is out."""
+        self._pending = False
+        self.request(self._epoch(), final=False)
 
     def request(self, epoch: float, *, final: bool) -> None:
         evaluator = self.state.peers.get(("evaluator", 0))

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.budget import budget_of
 from engine.config import RunConfig
 from engine.errors import PsctlError, RunFailed
 from engine.keys import KeyLayout, RangePartitioner
@@ -68,6 +69,11 @@ class SimCluster:
         self.best_accuracy = 0.0
         self._rows: list[IterationRecord] = []
         self.servers: list[SimServer] = []
+        # As the coordinator's budget (engine.roles.spending), in virtual time.
+        self.budget = budget_of(config.stop.budget)
+        self._marks = list(self.budget.marks()) if self.budget else []
+        self._spent = 0
+        self._evaluated_at: float | None = None
 
     # -- building ---------------------------------------------------------------------------
 
@@ -77,7 +83,8 @@ class SimCluster:
         serving: list[asyncio.Future[Any]] = [asyncio.ensure_future(server.serve())
                                               for server in self.servers]
         timers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._evaluations()),
-                                             asyncio.ensure_future(self._deadline())]
+                                             asyncio.ensure_future(self._deadline()),
+                                             asyncio.ensure_future(self._spend_seconds())]
         try:
             done = await self._train(workers, serving)
         except PsctlError as exc:  # a refused push (a diverged model), a deadlock: the run fails
@@ -115,8 +122,9 @@ class SimCluster:
         per_epoch = workers[0].shard.iterations_per_epoch
         for server in self.servers:  # schedules by epoch: as the coordinator's Start tells them
             server.state.learning.start(per_epoch / cfg.train.push_every)
-        self._event("training_started",
-                    total_iterations=per_epoch * cfg.train.epochs * cfg.cluster.workers)
+        self._event("training_started", total_iterations=(
+            None if self.budget is not None else
+            per_epoch * cfg.train.epochs * cfg.cluster.workers))
         return workers
 
     def _servers(self, layout: KeyLayout, costs: Costs,
@@ -189,6 +197,14 @@ class SimCluster:
     def _record(self, row: IterationRecord) -> None:
         self._rows.append(row)
         self.progress.iterations[row.worker] = row.iteration + 1
+        budget = self.budget
+        if budget is not None and budget.unit != "s":
+            self._spent += row.samples if budget.unit == "samples" else 1
+            while self._marks and self._spent >= self._marks[0]:
+                self._marks.pop(0)
+                self._evaluate(self.progress.epoch(self.config.cluster.workers))
+            if self._spent >= budget.amount:
+                self._stop(f"budget of {budget.text} spent")
         if len(self._rows) >= FLUSH_ROWS:
             self._flush()
 
@@ -208,7 +224,7 @@ class SimCluster:
         after = min(self.progress.epochs_done.get(w, -1) for w in range(workers))
         if after > before:
             self._event("epoch_done", epoch=after)
-            if after + 1 < self.config.train.epochs:
+            if after + 1 < self.config.train.epochs and self.budget is None:
                 self._evaluate(float(after + 1))
 
     async def _evaluations(self) -> None:
@@ -225,7 +241,23 @@ class SimCluster:
             await asyncio.sleep(limit)
             self._stop(f"time limit of {limit:g} s reached")
 
-    def _evaluate(self, epoch: float) -> EvaluationRecord:
+    async def _spend_seconds(self) -> None:
+        """A budget in seconds: the model tested at each mark, the run stopped at its end,
+        counted from virtual time 0, when the workers start."""
+        budget = self.budget
+        if budget is None or budget.unit != "s":
+            return
+        loop = asyncio.get_running_loop()
+        for mark in self._marks:
+            await asyncio.sleep(max(0.0, mark - loop.time()))
+            if self.stop_reason is None:
+                self._evaluate(self.progress.epoch(self.config.cluster.workers))
+        await asyncio.sleep(max(0.0, budget.amount - loop.time()))
+        self._stop(f"budget of {budget.text} spent")
+
+    def _evaluate(self, epoch: float) -> EvaluationRecord | None:
+        """Test the model the servers hold now (once per virtual instant: a budget's mark and
+        the periodic timer may fall together)."""
         import torch
 
         from engine.models.flat import evaluate
@@ -238,6 +270,9 @@ class SimCluster:
         accuracy, loss = evaluate(model.module, torch.from_numpy(inputs),
                                   torch.from_numpy(targets))
         now = asyncio.get_running_loop().time()
+        if now == self._evaluated_at:
+            return None
+        self._evaluated_at = now
         row = EvaluationRecord(at=self.epoch + now, elapsed_s=now, step=max(
             int(s.state.versions.max()) for s in self.servers), accuracy=accuracy, loss=loss,
             epoch=epoch)

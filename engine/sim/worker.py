@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.budget import epochs_to_run
 from engine.config import RunConfig
 from engine.keys import KeyLayout, KeyRange
 from engine.registry import Registry
@@ -86,12 +87,12 @@ class SimWorker:
 
     async def run(self) -> int:
         """Train until the epochs are done or the run stops; returns iterations done."""
-        train, clock = self.config.train, 0
-        self.last_clock = train.epochs * self.shard.iterations_per_epoch - 1
+        epochs = epochs_to_run(self.config.train.epochs, self.config.stop.budget)
+        self.last_clock = epochs * self.shard.iterations_per_epoch - 1
         await self.begin()
         # Cancelled, the run is failing: what is in flight will never be answered, so end()
         # (which waits for it) is skipped.
-        clock = await self._epochs(train.epochs, clock)
+        clock = await self._epochs(epochs, 0)
         await self.end()
         return clock
 

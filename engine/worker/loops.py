@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.budget import epochs_to_run
 from engine.config import RunConfig
 from engine.datasets.sparse import SparseSplit
 from engine.errors import Diverged, PsctlError, RunFailed, ShuttingDown
@@ -297,11 +298,12 @@ class PlainLoop:
         is stopping (the coordinator said so, or a server is draining) ends after the step."""
         cfg, done = self.worker.config.train, start
         per_epoch = shard.iterations_per_epoch
-        self.last_clock = base + cfg.epochs * per_epoch - 1
+        epochs = epochs_to_run(cfg.epochs, self.worker.config.stop.budget)
+        self.last_clock = base + epochs * per_epoch - 1
         self.first_clock = base + start
         try:
             self.begin()
-            for epoch in range(start // per_epoch, cfg.epochs):
+            for epoch in range(start // per_epoch, epochs):
                 if self.filter is not None:
                     self.filter.start_epoch(epoch)  # DGC's warm-up counts epochs
                 rng = np.random.default_rng([cfg.seed, self.worker.rank, epoch])

@@ -313,3 +313,33 @@ def test_read_my_writes_steps_the_cached_copy_as_the_server_does() -> None:
     assert sum(1 for r in cached.rows if r.pull_bytes_saved) >= len(cached.rows) // 2
     assert [r.loss for r in cached.rows] == pytest.approx([r.loss for r in fetching.rows],
                                                           rel=1e-5)
+
+
+# -- budgets: every worker trains to the end (issue 41) ------------------------------------------
+
+
+def test_a_time_budget_keeps_every_worker_training_to_its_end() -> None:
+    """The straggler does not train alone at the end: every worker's last iteration ends
+    within two of the straggler's iterations of the others', and the model is tested at a
+    quarter, half and three quarters of the budget, and at its end."""
+    status, virtual_s, sink = simulate(config(**{
+        "sync.model": "asp", "heterogeneity.stragglers": [{"rank": 0, "factor": 3.0}],
+        "sim.compute_ms": 20.0, "stop.budget": "6s", "cluster.servers": 1,
+        "eval.interval_s": 100.0}))
+    assert status is RunStatus.FINISHED
+    ends = [max(r.ended_at for r in sink.of(w)) for w in range(4)]
+    assert max(ends) - min(ends) <= 2 * 0.060
+    per_epoch = 6  # digits' 1,437 samples / 4 workers / 64 a batch
+    assert len(sink.of(1)) > 10 * per_epoch  # fast workers cycled over their shards
+    evaluated = [round(e.at - EPOCH, 3) for e in sink.evaluations]
+    assert evaluated[:3] == [1.5, 3.0, 4.5] and 6.0 <= evaluated[-1] <= 6.1
+    assert virtual_s == pytest.approx(6.0, abs=0.1)
+
+
+def test_a_samples_budget_stops_the_run_once_spent() -> None:
+    status, _, sink = simulate(config(**{"sync.model": "asp", "stop.budget": "4000samples",
+                                         "cluster.servers": 1, "eval.interval_s": 100.0}))
+    assert status is RunStatus.FINISHED
+    samples = sum(r.samples for r in sink.rows)
+    assert 4000 <= samples < 4000 + 4 * 64  # at most one batch per worker past it
+    assert len(sink.evaluations) == 4  # three marks and the end
