@@ -10,7 +10,8 @@ from engine.plan import build_config
 
 
 @pytest.mark.parametrize(("text", "budget"), [
-    ("300s", Budget(300.0, "s")), ("2.5s", Budget(2.5, "s")), (" 60000samples", Budget(60000, "samples")),
+    ("300s", Budget(300.0, "s")), ("2.5s", Budget(2.5, "s")),
+    (" 60000samples", Budget(60000, "samples")),
     ("2000UPDATES", Budget(2000, "updates")), ("1e3updates", Budget(1000, "updates")),
 ])
 def test_forms_that_parse_and_read_back(text: str, budget: Budget) -> None:
