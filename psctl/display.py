@@ -135,6 +135,9 @@ def detail_view(detail: RunDetail) -> Group:
              f"{fmt_pct(run.final_accuracy)}   iterations {run.iterations}   "
              f"throughput {_rate(detail.totals.samples_per_s)} samples/s"),
     ]
+    if detail.totals.startup_s is not None:  # training times count from the first iteration
+        lines.append(Text(f"start-up {fmt_seconds(detail.totals.startup_s)} before the first "
+                          f"iteration, then {fmt_seconds(detail.totals.wall_s)} of training"))
     if detail.reason:
         lines.append(Text(f"reason: {detail.reason}", style="yellow"))
     if detail.oversubscribed:

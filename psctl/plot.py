@@ -1,5 +1,6 @@
-"""``psctl compare --plot``: a metric of the evaluations against time since each run started,
-one line per run, with the legend below the chart so that it never covers the data."""
+"""``psctl compare --plot``: a metric of the evaluations against seconds of training (from each
+run's first iteration), one line per run, with the legend below the chart so that it never
+covers the data."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy import Engine
 from engine.analysis.selection import UsageError
 from engine.db.metrics import EVALUATION_METRICS, RunRecord, evaluation_series
 
-X_LABEL = "seconds since the run started"
+X_LABEL = "seconds of training"
 # Bright terminal colours, readable on dark and light backgrounds alike (never colour 0).
 COLORS = ("blue+", "red+", "green+", "magenta+", "cyan+", "yellow+", "orange+", "white")
 # Without colour, each run gets its own marker instead.

@@ -73,7 +73,7 @@ def test_every_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert sources["train.epochs"] == "env: PSCTL_TRAIN__EPOCHS"
     assert sources["cluster.workers"].startswith("project file:")
     assert (tmp_path / "bsp-parquet" / "iterations.parquet").is_file()
-    assert "seconds since the run started" in ran["psctl compare bsp elastic --plot"].stdout
+    assert "seconds of training" in ran["psctl compare bsp elastic --plot"].stdout
     grouped = ran["psctl compare --where group=bsp-x3 --target 0.5"].stdout
     assert "bsp-x3 (3 runs)" in grouped and grouped.count("±") >= 5
     per_run = ran["psctl compare --where group=bsp-x3 --target 0.5 --per-run"].stdout

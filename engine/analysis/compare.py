@@ -20,7 +20,9 @@ _METRICS = (
     Column("wall_s", "duration", "duration", "min"),  # the run's ended_at - started_at
     Column("final_accuracy", "final acc", "pct", "max"),
     Column("best_accuracy", "best acc", "pct", "max"),
+    # Seconds of training (from the first iteration) to the target; start-up is its own column.
     Column("time_to_target_s", "to target s", "secs", "min"),
+    Column("startup_s", "start-up s", "secs", "min"),
     Column("samples_per_s", "samples/s", "rate", "max"),
     Column("staleness_mean", "stale mean", "num", "min"),
     Column("staleness_p95", "stale p95", "int", "min"),
@@ -90,6 +92,7 @@ def _row(
         "final_accuracy": run.final_accuracy,
         "best_accuracy": run.best_accuracy,
         "time_to_target_s": reached,
+        "startup_s": metrics.startup_s,
         "samples_per_s": metrics.samples_per_s,
         "staleness_mean": metrics.staleness_mean,
         "staleness_p95": metrics.staleness_p95,

@@ -56,6 +56,9 @@ class RunMetrics(Dictable):
     # Dense float32 push bytes / push bytes sent: what the push filter saved (1.0 without one;
     # None for runs recorded before schema 5).
     push_reduction: float | None = None
+    # From the run's start to its first iteration: process start-up and joining, which the
+    # times above leave out (they count from the first iteration).
+    startup_s: float | None = None
 
 
 def run_records(
@@ -83,7 +86,9 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
     with translate_errors(f"measuring run {run_id}"), engine.connect() as conn:
         totals = _iteration_totals(conn, run_id)
         p95 = _staleness_p95(conn, run_id, totals["n"])
-        reached = None if target is None else _time_to_target(conn, run_id, target)
+        reached = (None if target is None or totals["first_start"] is None
+                   else _time_to_target(conn, run_id, target, totals["first_start"]))
+        started = conn.execute(select(runs.c.started_at).where(runs.c.id == run_id)).scalar()
         crowded = oversubscription_note(conn, run_id)
     samples = int(totals["samples"] or 0)
     wall = None if totals["n"] == 0 else max(0.0, totals["last_end"] - totals["first_start"])
@@ -100,21 +105,29 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
         bytes_per_sample=_ratio(traffic, samples) if totals["n"] else None,
         oversubscribed=crowded,
         push_reduction=_ratio(totals["push_bytes_dense"] or 0, totals["push_bytes"] or 0),
+        startup_s=(None if started is None or totals["first_start"] is None
+                   else max(0.0, totals["first_start"] - started)),
     )
 
 
 def evaluation_series(
     engine: Engine, run_id: str, metric: str = "accuracy"
 ) -> list[tuple[float, float]]:
-    """(elapsed seconds, value) of every evaluation of a run, in time order, for plotting."""
+    """(seconds of training, value) of every evaluation of a run, in time order, for plotting:
+    seconds from the run's first iteration, so that start-up is off the axis (a run without
+    iterations counts from its start)."""
     if metric not in EVALUATION_METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of {EVALUATION_METRICS}")
     ev = evaluations.c
     stmt = (
-        select(ev.elapsed_s, ev[metric]).where(ev.run_id == run_id).order_by(ev.at, ev.id)
+        select(ev.at, ev.elapsed_s, ev[metric]).where(ev.run_id == run_id)
+        .order_by(ev.at, ev.id)
     )
     with translate_errors(f"reading evaluations of run {run_id}"), engine.connect() as conn:
-        return [(float(x), float(y)) for x, y in conn.execute(stmt)]
+        first = conn.execute(select(func.min(iterations.c.started_at))
+                             .where(iterations.c.run_id == run_id)).scalar()
+        return [(float(elapsed if first is None else max(0.0, at - first)), float(y))
+                for at, elapsed, y in conn.execute(stmt)]
 
 
 def _iteration_totals(conn: Connection, run_id: str) -> dict[str, Any]:
@@ -156,16 +169,19 @@ def _staleness_p95(conn: Connection, run_id: str, count: int) -> int | None:
     return int(histogram[-1][0]) if histogram else None
 
 
-def _time_to_target(conn: Connection, run_id: str, target: float) -> float | None:
+def _time_to_target(conn: Connection, run_id: str, target: float,
+                    first_start: float) -> float | None:
+    """Seconds of training, from the first iteration, to the first evaluation at or above
+    ``target``: start-up is not counted (it is ``startup_s``)."""
     ev = evaluations.c
     stmt = (
-        select(ev.elapsed_s)
+        select(ev.at)
         .where(ev.run_id == run_id, ev.accuracy >= target)
         .order_by(ev.at, ev.id)
         .limit(1)
     )
     value = conn.execute(stmt).scalar()
-    return None if value is None else float(value)
+    return None if value is None else max(0.0, float(value) - first_start)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

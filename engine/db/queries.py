@@ -147,6 +147,9 @@ class RunTotals(Dictable):
     wait_s: float
     bytes_sent: int
     bytes_received: int
+    # From the run's start to its first iteration (process start-up, joining); None without
+    # iterations. Training times (time to target, plots) count from the first iteration.
+    startup_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -504,7 +507,7 @@ def run_detail(
             reason=row.reason,
             config=parse_json(row.config_json),
             workers=workers,
-            totals=_totals(workers),
+            totals=_totals(workers, row.started_at),
             evaluations=tuple(_evaluation_points(conn, run_id)),
             event_counts={str(kind): int(n) for kind, n in counts},
             recent_events=tuple(_recent_events(conn, run_id)),
@@ -663,10 +666,12 @@ def _worker_stats(row: Row[Any]) -> WorkerStats:
     )
 
 
-def _totals(workers: Sequence[WorkerStats]) -> RunTotals:
-    wall = 0.0
+def _totals(workers: Sequence[WorkerStats], started_at: float | None = None) -> RunTotals:
+    wall, startup = 0.0, None
     if workers:
-        wall = max(w.last_ended_at for w in workers) - min(w.first_started_at for w in workers)
+        first = min(w.first_started_at for w in workers)
+        wall = max(w.last_ended_at for w in workers) - first
+        startup = None if started_at is None else max(0.0, first - started_at)
     samples = sum(w.samples for w in workers)
     return RunTotals(
         iterations=sum(w.iterations for w in workers),
@@ -679,6 +684,7 @@ def _totals(workers: Sequence[WorkerStats]) -> RunTotals:
         wait_s=sum(w.wait_s_total for w in workers),
         bytes_sent=sum(w.bytes_sent for w in workers),
         bytes_received=sum(w.bytes_received for w in workers),
+        startup_s=startup,
     )
 
 

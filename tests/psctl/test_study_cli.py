@@ -101,7 +101,8 @@ def test_summary_numbers_are_the_databases(ran: tuple[Path, Path, str]) -> None:
                                 "WHERE run_id = ?", run_id)[0]
         (final,) = query(db, "SELECT accuracy FROM evaluations WHERE run_id = ? "
                              "ORDER BY at DESC, id DESC LIMIT 1", run_id)[0]
-        (reached,) = query(db, "SELECT min(elapsed_s) FROM evaluations WHERE run_id = ? "
+        (reached,) = query(db, "SELECT min(at) - (SELECT min(started_at) FROM iterations "
+                               "WHERE run_id = ?1) FROM evaluations WHERE run_id = ?1 "
                                "AND accuracy >= 0.5", run_id)[0]
         iterations, idle, stale = query(
             db, "SELECT count(*), sum(wait_s) / sum(ended_at - started_at), avg(staleness) "
