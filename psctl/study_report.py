@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from psctl import study_intervals
 from psctl.study import Study
 from psctl.study_rows import Row
 from psctl.study_run import Progress
@@ -45,7 +46,7 @@ def collect(db: Path, progress: Progress, target: float) -> list[Row]:
                 epochs=evals[-1].epoch if evals else None,
                 idle_fraction=metrics.idle_fraction, staleness_mean=metrics.staleness_mean,
                 bytes_per_sample=metrics.bytes_per_sample, duration_s=run.duration_s,
-                epoch_time_s=per_epoch,
+                epoch_time_s=per_epoch, samples_per_s=metrics.samples_per_s,
                 evaluations=[(e.elapsed_s, e.step, e.accuracy) for e in evals]))
     finally:
         engine.dispose()
@@ -80,6 +81,7 @@ def _summary(study: Study, progress: Progress, rows: list[Row], header: Header,
         "axes": study.axes, "planned_runs": progress.total, "complete": progress.complete,
         "interrupted": progress.interrupted,
         "rows": [{k: v for k, v in asdict(row).items() if k != "evaluations"} for row in rows],
+        **({"over_seeds": study_intervals.summary(rows)} if meta.repeat > 1 else {}),
     }
 
 
@@ -106,7 +108,8 @@ def _markdown(study: Study, progress: Progress, rows: list[Row], header: Header,
         lines += [f"**Interrupted**: {ran} ran; the table shows those.", ""]
     elif any(row.status != "finished" for row in rows):
         lines += [f"{ran}; not every run finished (see status).", ""]
-    lines += [f"Time to target: seconds from the run's start to the first evaluation with test "
+    lines += [f"Time to target: seconds of training, from the run's first iteration, to the "
+              f"first evaluation with test "
               f"accuracy ≥ {meta.target:.0%}. Idle: time workers waited for the consistency "
               "model, as a share of their iterations' wall time. Staleness: updates applied "
               "between a worker's pull and its push. Epoch time: seconds until the workers "
@@ -116,6 +119,8 @@ def _markdown(study: Study, progress: Progress, rows: list[Row], header: Header,
     lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     lines += ["| " + " | ".join(_cells(row, study.axes, meta.repeat > 1)) + " |" for row in rows]
     lines.append("")
+    if meta.repeat > 1:
+        lines += study_intervals.markdown(rows, study.axes)
     for file, caption in plots:
         lines += [f"![{caption}]({file})", ""]
     if note:

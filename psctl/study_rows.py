@@ -24,5 +24,6 @@ class Row:
     # Until the workers together had run one epoch's iterations: the speed of a pass over the
     # data, which under asynchronous models a straggler's tail does not decide.
     epoch_time_s: float | None = None
+    samples_per_s: float | None = None  # training samples over the training wall time
     # (elapsed s, step, accuracy) of every evaluation, for the plots; not in summary.json
     evaluations: list[tuple[float, int, float]] = field(default_factory=list, repr=False)
