@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import Engine
 
-from engine.analysis.cells import cell, json_rows
+from engine.analysis.cells import cell, json_rows, shown_columns
 from engine.analysis.compare import best_values, comparison_for
 from engine.analysis.groups import GROUP_TAG
 from engine.analysis.selection import UsageError, select_runs
@@ -79,7 +79,7 @@ def compare_runs(
         raise HTTPException(503, str(exc)) from None
     except PsctlError as exc:  # e.g. a malformed PSCTL_CRASH_AFTER_S: the server's, not a 500
         raise HTTPException(503, str(exc)) from None
-    shown = [c for c in table.columns if c.kind != "std"]
+    shown = shown_columns(table)
     return {
         "columns": [{"key": c.key, "header": c.header, "kind": c.kind, "better": c.better}
                     for c in table.columns],

@@ -50,13 +50,17 @@ def is_numeric(column: Column) -> bool:
 
 
 def shown_columns(comparison: Comparison) -> list[Column]:
-    """The columns a person reads: a standard deviation is written beside its mean."""
-    return [c for c in comparison.columns if c.kind != "std"]
+    """The columns a person reads: a standard deviation is written beside its mean, and an
+    interval's ends only beside a paired speedup."""
+    return [c for c in comparison.columns if c.kind not in ("std", "ci")]
 
 
 def cell(column: Column, row: dict[str, Any]) -> str:
     """``fmt`` of the value, with `` ± std`` where the row is a group's mean."""
     shown = fmt(column, row.get(column.key))
+    low, high = row.get(f"{column.key}_low"), row.get(f"{column.key}_high")
+    if column.kind == "speedup" and shown and low is not None and high is not None:
+        return f"{shown} [{low:.2f}, {high:.2f}]"  # paired by seed: its interval, not a spread
     std = row.get(f"{column.key}_std")
     if std is None or not shown:
         return shown

@@ -192,5 +192,5 @@ def comparison_for(
         target = DEFAULT_TARGET
     table = compare(engine, records, target=target, baseline=base, show_all=show_all)
     if grouped:
-        table = aggregate(table, records)
+        table = aggregate(table, records, base)
     return sort_rows(table, sort_by, top)

@@ -216,10 +216,10 @@
   }
 
   function renderTable(body) {
-    const table = $("compare-table"), cols = body.columns.filter((c) => c.kind !== "std");
+    const table = $("compare-table"), cols = body.columns.filter((c) => c.kind !== "std" && c.kind !== "ci");
     const grouped = body.columns.some((c) => c.kind === "std");
     note.textContent = `${body.rows.length} ${grouped ? "row" : "run"}(s)` +
-      (grouped ? "; a group of repeated runs shows mean ± standard deviation" : "") +
+      (grouped ? "; a group of repeated runs shows mean ± standard deviation (a speedup paired by seed: its 95 % interval)" : "") +
       (body.target !== null ? `; time to target: to ${(100 * body.target).toFixed(1)} % test accuracy` : "") +
       "; the best value of each column is bold";
     const head = PS.el("tr");
