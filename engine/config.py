@@ -25,7 +25,6 @@ from pydantic import (
     model_validator,
 )
 
-from engine.budget import parse_budget
 from engine.errors import ConfigError
 
 # Longer than any run, and short enough for every wait built on it: a thread's timed wait
@@ -401,12 +400,7 @@ class StopConfig(_Frozen):
         None, json_schema_extra=flag("--budget"), description=(
             "train every worker until the budget is spent, cycling over its shard, and end the "
             "run for all at once: SECONDSs of training (from the first iteration), Nsamples or "
-            "Nupdates over all workers; --epochs is then not used [off]"))
-
-    @field_validator("budget")
-    @classmethod
-    def _budget(cls, value: str | None) -> str | None:
-        return None if value is None else parse_budget(value).text
+            "Nupdates over all workers; --epochs is then not used (engine/budget.py) [off]"))
 
 
 class EvalConfig(_Frozen):

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from engine.backends import BACKENDS
+from engine.budget import parse_budget
 from engine.catalog import NAMED, names, own_settings
 from engine.config import RunConfig, describe, merge, validate
 from engine.consistency.registry import CONSISTENCY_MODELS
@@ -153,6 +154,10 @@ def _pull_filter(spec: str) -> str:
     return parsed.name if parsed.name == "none" else f"{parsed.name}:{parsed.delta:g}"
 
 
+def _budget(text: str | None) -> str | None:
+    return None if text is None else parse_budget(text).text
+
+
 def _faults(specs: list[str]) -> list[str]:
     FaultPlan.of(tuple(specs))
     return [spec.strip().lower() for spec in specs]
@@ -165,7 +170,7 @@ CANONICAL: tuple[tuple[str, Callable[[Any], Any], bool], ...] = (
     ("comm.prune", lambda spec: parse_prune(spec).spec, True),
     ("comm.pull_filter", _pull_filter, True),
     ("sim.network", _network, True), ("sim.server_network", _network, True),
-    ("fault.inject", _faults, True))
+    ("fault.inject", _faults, True), ("stop.budget", _budget, True))
 
 
 def _canonical(config: RunConfig) -> RunConfig:
