@@ -2,7 +2,7 @@
 workers' start it asks for the model to be tested at each mark of the budget, and stops the
 run for every worker at once when the budget is spent. Seconds are the coordinator's clock from
 the moment it started the workers; samples and updates are counted from the iterations the
-workers report (about every half second, so the last report may carry a little more)."""
+workers report (every 0.05 s under such a budget: the run overshoots it by a few iterations)."""
 
 from __future__ import annotations
 

@@ -36,3 +36,17 @@ def test_a_time_budget_ends_every_worker_together(tmp_path: Path) -> None:
     assert len(tested) == 4  # at 2, 4 and 6 s of training, and at the end
     for mark, at in zip((2.0, 4.0, 6.0), tested, strict=False):
         assert mark - 0.5 <= at <= mark + 2.0
+
+
+def test_a_samples_budget_stops_the_run_a_few_iterations_past_it(tmp_path: Path) -> None:
+    db = tmp_path / "experiments.db"
+    launcher = Launcher(config(data__dataset="digits", cluster__workers=3, cluster__servers=1,
+                               sync__model="ssp", stop__budget="3000samples"), db=db)
+    launcher.start()
+    result = launcher.wait()
+    assert result.status.value == "finished" and result.reason == "budget of 3000samples spent"
+    (samples,) = query(db, "SELECT sum(samples) FROM iterations WHERE run_id = ?",
+                       launcher.run_id)[0]
+    assert 3000 <= samples <= 3000 + 3 * 4 * 64  # the workers report every 0.05 s
+    assert query(db, "SELECT count(*) FROM evaluations WHERE run_id = ?",
+                 launcher.run_id)[0][0] >= 4  # three marks and the end
