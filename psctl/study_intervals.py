@@ -29,8 +29,22 @@ def points(rows: list[Row]) -> list[tuple[dict[str, str], list[Row]]]:
 
 
 def _by_seed(rows: list[Row], key: str) -> dict[int, float | None]:
-    return {row.seed if row.seed is not None else i: getattr(row, key)
+    return {row.seed if row.seed is not None else i: _value_of(row, key)
             for i, row in enumerate(rows)}
+
+
+def metrics(rows: list[Row]) -> tuple[tuple[str, str, bool, str, str], ...]:
+    """``METRICS``, and under a budget in seconds the accuracy at each of its marks."""
+    marks = rows[0].mark_accuracy if rows else {}
+    return (*METRICS, *((f"acc@{mark}", f"acc at {mark}", False, "higher", "lower")
+                        for mark in marks))
+
+
+def _value_of(row: Row, key: str) -> float | None:
+    if key.startswith("acc@"):
+        return row.mark_accuracy.get(key.removeprefix("acc@"))
+    value: float | None = getattr(row, key)
+    return value
 
 
 def summary(rows: list[Row]) -> dict[str, Any]:
@@ -42,8 +56,8 @@ def summary(rows: list[Row]) -> dict[str, Any]:
     for labels, members in grouped:
         stats: dict[str, Any] = {}
         versus: dict[str, Any] = {}
-        for key, _, lower, better, worse in METRICS:
-            found = interval([getattr(r, key) for r in members])
+        for key, _, lower, better, worse in metrics(rows):
+            found = interval([_value_of(r, key) for r in members])
             stats[key] = None if found is None else asdict(found)
             ratio = paired_ratio(_by_seed(base, key), _by_seed(members, key),
                                  lower_is_better=lower, better=better, worse=worse)
@@ -59,24 +73,25 @@ def markdown(rows: list[Row], axes: list[str]) -> list[str]:
     if not data["points"]:
         return []
     base = ", ".join(f"{k} {v}" for k, v in data["baseline"].items())
-    heads = [*axes, "seeds", *(header for _, header, *_ in METRICS)]
+    shown = metrics(rows)
+    heads = [*axes, "seeds", *(header for _, header, *_ in shown)]
     lines = ["## Over seeds", "", f"{METHOD}. Baseline: the grid's first point ({base}).", "",
              "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for point in data["points"]:
         cells = [point["labels"].get(a, "") for a in axes] + [str(len(point["seeds"]))]
-        cells += [_interval(point["metrics"][key], key) for key, *_ in METRICS]
+        cells += [_interval(point["metrics"][key], key) for key, *_ in shown]
         lines.append("| " + " | ".join(cells) + " |")
-    heads = [*axes, *(f"{header} vs baseline" for _, header, *_ in METRICS)]
+    heads = [*axes, *(f"{header} vs baseline" for _, header, *_ in shown)]
     lines += ["", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for point in data["points"][1:]:
         cells = [point["labels"].get(a, "") for a in axes]
-        cells += [_ratio(point["versus_baseline"][key]) for key, *_ in METRICS]
+        cells += [_ratio(point["versus_baseline"][key]) for key, *_ in shown]
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
 def _value(value: float, key: str) -> str:
-    if key.endswith("accuracy"):
+    if key.endswith("accuracy") or key.startswith("acc@"):
         return f"{100 * value:.2f}%"
     return f"{value:,.1f}"
 

@@ -8,12 +8,15 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psctl import study_intervals
 from psctl.study import Study
 from psctl.study_rows import Row
 from psctl.study_run import Progress
+
+if TYPE_CHECKING:
+    from engine.db.queries import RunDetail
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,30 @@ def collect(db: Path, progress: Progress, target: float) -> list[Row]:
                 idle_fraction=metrics.idle_fraction, staleness_mean=metrics.staleness_mean,
                 bytes_per_sample=metrics.bytes_per_sample, duration_s=run.duration_s,
                 epoch_time_s=per_epoch, samples_per_s=metrics.samples_per_s,
+                mark_accuracy=mark_accuracy(outcome.planned.config.stop.budget, detail),
                 evaluations=[(e.elapsed_s, e.step, e.accuracy) for e in evals]))
     finally:
         engine.dispose()
     return rows
+
+
+def mark_accuracy(budget_text: str | None, detail: RunDetail) -> dict[str, float | None]:
+    """Test accuracy at each mark of a budget in seconds (engine.budget.MARKS, then the end):
+    the evaluation nearest to the mark in seconds of training; empty for another budget."""
+    from engine.budget import MARKS, budget_of
+
+    budget = budget_of(budget_text)
+    evals, workers = detail.evaluations, detail.workers
+    if budget is None or budget.unit != "s" or not evals or not workers:
+        return {}
+    first = min(w.first_started_at for w in workers)
+    found: dict[str, float | None] = {}
+    for fraction in MARKS:
+        mark = fraction * budget.amount
+        nearest = min(evals, key=lambda e: abs(e.at - first - mark))
+        found[f"{fraction:.0%}"] = nearest.accuracy
+    found["100%"] = evals[-1].accuracy
+    return found
 
 
 def write_report(out: Path, study: Study, progress: Progress, rows: list[Row],

@@ -25,5 +25,8 @@ class Row:
     # data, which under asynchronous models a straggler's tail does not decide.
     epoch_time_s: float | None = None
     samples_per_s: float | None = None  # training samples over the training wall time
+    # Under a budget in seconds: test accuracy at each mark ("25%" ... "100%"), the evaluation
+    # nearest to it in seconds of training (the last one for the end).
+    mark_accuracy: dict[str, float | None] = field(default_factory=dict)
     # (elapsed s, step, accuracy) of every evaluation, for the plots; not in summary.json
     evaluations: list[tuple[float, int, float]] = field(default_factory=list, repr=False)

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 from scipy import stats
 
 from tests.conftest import psctl
+from tests.integration.support import query
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -47,18 +49,19 @@ name = "sync"
 
 
 @pytest.fixture(scope="module")
-def summary(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], str]:
+def summary(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], str, Path]:
     folder = tmp_path_factory.mktemp("seeds")
     (folder / "seeds.toml").write_text(STUDY)
     done = psctl("study", str(folder / "seeds.toml"), db=folder / "experiments.db")
     assert done.returncode == 0, done.stderr
     out = folder / "results" / "seeds"
-    return json.loads((out / "summary.json").read_text()), (out / "report.md").read_text()
+    return (json.loads((out / "summary.json").read_text()), (out / "report.md").read_text(),
+            folder / "experiments.db")
 
 
 def test_each_point_has_its_mean_and_student_t_interval(
-        summary: tuple[dict[str, object], str]) -> None:
-    data, report = summary
+        summary: tuple[dict[str, object], str, Path]) -> None:
+    data, report, _ = summary
     rows = data["rows"]
     over = data["over_seeds"]
     assert isinstance(rows, list) and isinstance(over, dict)
@@ -75,9 +78,32 @@ def test_each_point_has_its_mean_and_student_t_interval(
     assert "## Over seeds" in report and "Student t" in report
 
 
+
+def test_accuracy_at_each_mark_of_the_budget_has_its_interval(
+        summary: tuple[dict[str, object], str, Path]) -> None:
+    data, report, db = summary
+    rows, over = data["rows"], data["over_seeds"]
+    assert isinstance(rows, list) and isinstance(over, dict)
+    assert all(set(r["mark_accuracy"]) == {"25%", "50%", "75%", "100%"} for r in rows)
+    for row in rows:  # the evaluation nearest to 0.75 s of training (a quarter of 3 s)
+        found = query(db, "SELECT accuracy FROM evaluations e WHERE run_id = ?1 ORDER BY "
+                          "abs(at - (SELECT min(started_at) FROM iterations WHERE run_id = ?1) "
+                          "- 0.75), at LIMIT 1", row["run_id"])
+        assert row["mark_accuracy"]["25%"] == pytest.approx(found[0][0])
+    for point in over["points"]:
+        values = [r["mark_accuracy"]["50%"] for r in rows if r["labels"] == point["labels"]]
+        mean, half = statistics.fmean(values), (stats.t.ppf(0.975, 2) * statistics.stdev(values)
+                                                 / math.sqrt(3))
+        found = point["metrics"]["acc@50%"]
+        assert found["mean"] == pytest.approx(mean)
+        if half > 0:
+            assert (found["low"], found["high"]) == pytest.approx((mean - half, mean + half))
+    assert "acc at 75%" in report
+
+
 def test_asp_against_bsp_is_a_paired_ratio_with_a_verdict(
-        summary: tuple[dict[str, object], str]) -> None:
-    data, report = summary
+        summary: tuple[dict[str, object], str, Path]) -> None:
+    data, report, _ = summary
     rows, over = data["rows"], data["over_seeds"]
     assert isinstance(rows, list) and isinstance(over, dict)
     asp = next(p for p in over["points"] if p["labels"] == {"sync": "ASP"})
