@@ -14,6 +14,7 @@ from psctl.cliutil import DbOption, Handled, err, fail
 
 if TYPE_CHECKING:
     from psctl.study import Point, Study
+    from psctl.study_run import Outcome, Planned
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +35,9 @@ def study_command(
     report: Annotated[str | None, typer.Option(
         "--report", metavar="STUDY_ID", help="run nothing: write the report again from the "
         "runs of an earlier invocation (tagged study_id=STUDY_ID) in the database")] = None,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", metavar="STUDY_ID", help="continue an interrupted invocation: its points "
+        "whose run finished are kept, the others run, tagged with the same study id")] = None,
     data_dir: Annotated[Path | None, typer.Option(
         help="folder with the data sets' files, over the file's data.data_dir "
         "[env: PSCTL_DATA_DIR]", show_default=False)] = None,
@@ -54,9 +58,16 @@ def study_command(
                 point_configs(study, point)  # a dry run checks every point as a real one would
             _print_grid(study, points)
             return
+        if report is not None and resume is not None:
+            from engine.analysis.selection import UsageError
+
+            raise UsageError("choose one of --report and --resume")
         if report is not None:
             code = _rereport(study, points, file, report, smoke=smoke, out=out,
                              db=settings.database_path(db))
+        elif resume is not None:
+            code = _run(study, points, file, smoke=smoke, out=out,
+                        db=settings.database_path(db), data_dir=data_dir, resume=resume)
         else:
             code = _run(study, points, file, smoke=smoke, out=out,
                         db=settings.database_path(db), data_dir=data_dir)
@@ -66,17 +77,24 @@ def study_command(
 
 
 def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Path | None,
-         db: Path, data_dir: Path | None = None) -> int:
+         db: Path, data_dir: Path | None = None, resume: str | None = None) -> int:
     from psctl.study_report import Header, collect, write_report
-    from psctl.study_run import new_study_id, plan, prepare_database, run_grid
+    from psctl.study_run import Progress, new_study_id, plan, prepare_database, run_grid
 
     planned = plan(study, points, data_dir)
     prepare_database(db)
-    study_id = new_study_id()
+    study_id = resume or new_study_id()
+    kept = [] if resume is None else _finished(db, resume, planned)
     folder = out or file.parent / "results" / (study.name + ("-smoke" if smoke else ""))
-    err.print(f"study {study.name} ({study_id}): {len(planned)} runs → {db}", highlight=False,
-              markup=False)
-    progress = run_grid(study, planned, db, err, study_id=study_id, smoke=smoke)
+    err.print(f"study {study.name} ({study_id}): {len(planned)} runs → {db}"
+              + ("" if resume is None else f"; {len(kept)} finished before, kept"),
+              highlight=False, markup=False)
+    done = {id(o.planned) for o in kept}
+    ran = run_grid(study, [p for p in planned if id(p) not in done], db, err,
+                   study_id=study_id, smoke=smoke)
+    order = {id(p): i for i, p in enumerate(planned)}
+    progress = Progress(total=len(planned), interrupted=ran.interrupted,
+                        outcomes=sorted([*kept, *ran.outcomes], key=lambda o: order[id(o.planned)]))
     command = " ".join(["psctl", "study", shlex.quote(str(file)), *(["--smoke"] if smoke else [])])
     rows = collect(db, progress, study.spec.study.target)
     report = write_report(folder, study, progress, rows,
@@ -85,6 +103,25 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
     if progress.complete:
         return settings.EXIT_OK
     return settings.EXIT_INTERRUPTED if progress.interrupted else settings.EXIT_ERROR
+
+
+def _finished(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
+    """The planned runs that finished in invocation ``study_id``, found by their names."""
+    from engine.analysis.selection import UsageError
+    from engine.db import open_engine
+    from engine.db.queries import tagged_runs
+    from psctl.study_run import Outcome
+
+    engine = open_engine(db, readonly=True)
+    try:
+        recorded = tagged_runs(engine, "study_id", study_id)
+    finally:
+        engine.dispose()
+    if not recorded:
+        raise UsageError(f"no run in {db} is tagged study_id={study_id}; the id is printed "
+                         "when a study starts and is in its report")
+    found = [(one, recorded.get(one.config.name or "")) for one in planned]
+    return [Outcome(one, *hit) for one, hit in found if hit is not None and hit[1] == "finished"]
 
 
 def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, smoke: bool,

@@ -539,11 +539,13 @@ def _first_event_detail(conn: Connection, run_id: str, kind: str) -> dict[str, A
 
 
 def tagged_runs(engine: Engine, key: str, value: str) -> dict[str, tuple[str, str]]:
-    """Run name -> (run id, status) of the runs tagged ``key=value``."""
+    """Run name -> (run id, status) of the runs tagged ``key=value``; of runs that share a name
+    (a point run again by ``psctl study --resume``) the latest started."""
     with reading(engine, f"reading the runs tagged {key}={value}") as conn:
         rows = conn.execute(select(runs.c.name, runs.c.id, runs.c.status)
                             .join(tags, tags.c.run_id == runs.c.id)
-                            .where(tags.c.key == key, tags.c.value == value))
+                            .where(tags.c.key == key, tags.c.value == value)
+                            .order_by(runs.c.started_at))
         return {str(name): (str(run_id), str(status)) for name, run_id, status in rows}
 
 
