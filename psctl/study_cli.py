@@ -105,8 +105,9 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
     return settings.EXIT_INTERRUPTED if progress.interrupted else settings.EXIT_ERROR
 
 
-def _finished(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
-    """The planned runs that finished in invocation ``study_id``, found by their names."""
+def _recorded(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
+    """The planned runs recorded in invocation ``study_id`` (found by their names), in the
+    grid's order; a UsageError if it recorded none."""
     from engine.analysis.selection import UsageError
     from engine.db import open_engine
     from engine.db.queries import tagged_runs
@@ -121,32 +122,23 @@ def _finished(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
         raise UsageError(f"no run in {db} is tagged study_id={study_id}; the id is printed "
                          "when a study starts and is in its report")
     found = [(one, recorded.get(one.config.name or "")) for one in planned]
-    return [Outcome(one, *hit) for one, hit in found if hit is not None and hit[1] == "finished"]
+    return [Outcome(one, *hit) for one, hit in found if hit is not None]
+
+
+def _finished(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
+    """The planned runs that finished in invocation ``study_id``."""
+    return [o for o in _recorded(db, study_id, planned) if o.status == "finished"]
 
 
 def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, smoke: bool,
               out: Path | None, db: Path) -> int:
     """The report of runs already recorded: each point's run found by its name among the runs
     tagged study_id=STUDY_ID, in the grid's order."""
-    from engine.analysis.selection import UsageError
-    from engine.db import open_engine
-    from engine.db.queries import tagged_runs
     from psctl.study_report import Header, collect, write_report
-    from psctl.study_run import Outcome, Progress, plan
+    from psctl.study_run import Progress, plan
 
-    engine = open_engine(db, readonly=True)
-    try:
-        recorded = tagged_runs(engine, "study_id", study_id)
-    finally:
-        engine.dispose()
-    if not recorded:
-        raise UsageError(f"no run in {db} is tagged study_id={study_id}; the id is printed "
-                         "when a study starts and is in its report")
-    progress = Progress(total=len(points), outcomes=[])
-    for one in plan(study, points):
-        found = recorded.get(one.config.name or "")
-        if found is not None:
-            progress.outcomes.append(Outcome(one, *found))
+    progress = Progress(total=len(points),
+                        outcomes=_recorded(db, study_id, plan(study, points)))
     progress.interrupted = len(progress.outcomes) < progress.total
     folder = out or file.parent / "results" / (study.name + ("-smoke" if smoke else ""))
     command = " ".join(["psctl", "study", shlex.quote(str(file)), *(["--smoke"] if smoke else [])])
