@@ -83,9 +83,21 @@ BACKENDS: Registry[Backend] = Registry("backend")
 # Its roles are processes of this machine: they share its cores (oversubscription is said),
 # its GPUs are the ones --device is checked against, and psctl resume restarts them here.
 THIS_MACHINE = "this-machine"
+# Its clock is virtual: what a run measures does not depend on how busy this machine is, so
+# psctl study may run several at once (only when no cost is timed here: see load_free).
+VIRTUAL_TIME = "virtual-time"
 BACKENDS.register("local", _local, "every role a process on this machine, over websockets",
                   capabilities=frozenset({THIS_MACHINE}))
 BACKENDS.register("ray", _ray, "every role a Ray actor, placed across a Ray cluster "
                   "(pip install 'psctl[ray]'; see docs/cluster.md)")
 BACKENDS.register("sim", _sim, "the whole cluster in one process, in virtual time (seed "
-                  "experiments at any scale; see docs/simulation.md)", requires=(_simulable,))
+                  "experiments at any scale; see docs/simulation.md)", requires=(_simulable,),
+                  capabilities=frozenset({VIRTUAL_TIME}))
+
+
+def load_free(config: RunConfig) -> bool:
+    """Whether the run's numbers are the same however busy this machine is: a virtual-time
+    backend with every cost given (a measured cost is timed on this machine, once, and a busy
+    machine would time it slow)."""
+    given = config.sim.compute_ms is not None and config.sim.server_ms is not None
+    return BACKENDS.can(config.cluster.backend, VIRTUAL_TIME) and given

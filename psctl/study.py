@@ -26,7 +26,7 @@ from engine.plan import build_config
 SLUG = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 # Tags every run of a study carries besides one per axis; an axis may not shadow them.
 RESERVED_TAGS = frozenset({"study", "study_id", "group", "seed", "smoke"})
-# Runs one study may have (grid points x repeat): runs go one after another, so a larger grid
+# Runs one study may have (grid points x repeat): even several at a time, a larger grid
 # is a mistake (a 10^6-point grid took 105 s only to be listed); split it into studies.
 MAX_RUNS = 1000
 STUDY_ID_TAIL = 9  # "-" and the study id's 8 hex digits (psctl.study_run.new_study_id)
@@ -180,7 +180,7 @@ def _check_size(spec: StudyFile, path: Path) -> None:
         shape = " x ".join(map(str, sizes))
         repeat = f" x {spec.study.repeat} seeds" if spec.study.repeat > 1 else ""
         raise ConfigError(f"{path}: the grid has {runs:,} runs ({shape} values{repeat}); a "
-                          f"study runs at most {MAX_RUNS:,}, one after another: split it into "
+                          f"study runs at most {MAX_RUNS:,}: split it into "
                           "several studies or drop values")
 
 

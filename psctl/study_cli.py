@@ -1,9 +1,10 @@
-"""``psctl study FILE.toml``: run a grid of configurations one after another, then write a
+"""``psctl study FILE.toml``: run a grid of configurations, then write a
 report (docs/studies.md)."""
 
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -14,7 +15,7 @@ from psctl.cliutil import DbOption, Handled, err, fail
 
 if TYPE_CHECKING:
     from psctl.study import Point, Study
-    from psctl.study_run import Outcome, Planned
+    from psctl.study_outcomes import Outcome, Planned
 
 
 def register(app: typer.Typer) -> None:
@@ -41,9 +42,14 @@ def study_command(
     data_dir: Annotated[Path | None, typer.Option(
         help="folder with the data sets' files, over the file's data.data_dir "
         "[env: PSCTL_DATA_DIR]", show_default=False)] = None,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, max=256, help="runs in virtual time with every cost given "
+        "(cluster.backend sim, sim.compute_ms and sim.server_ms set) at once; other runs go "
+        "one at a time [the usable cores]", show_default=False)] = None,
     db: DbOption = None,
 ) -> None:
-    """Run a study: every point of a grid of configurations, one after another, each run tagged
+    """Run a study: every point of a grid of configurations (runs in virtual time several at
+    once, the others one after another), each run tagged
     study=NAME, study_id=ID and AXIS=LABEL; then a report with tables and plots."""
     from psctl.study import grid, load_study, point_configs
 
@@ -67,20 +73,26 @@ def study_command(
                              db=settings.database_path(db))
         elif resume is not None:
             code = _run(study, points, file, smoke=smoke, out=out,
-                        db=settings.database_path(db), data_dir=data_dir, resume=resume)
+                        db=settings.database_path(db), data_dir=data_dir, resume=resume,
+                        jobs=jobs)
         else:
             code = _run(study, points, file, smoke=smoke, out=out,
-                        db=settings.database_path(db), data_dir=data_dir)
+                        db=settings.database_path(db), data_dir=data_dir, jobs=jobs)
     except Handled as exc:
         raise fail(exc) from None
     raise typer.Exit(code)
 
 
 def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Path | None,
-         db: Path, data_dir: Path | None = None, resume: str | None = None) -> int:
-    from psctl.study_report import Header, collect, write_report
-    from psctl.study_run import Progress, new_study_id, plan, prepare_database, run_grid
+         db: Path, data_dir: Path | None = None, resume: str | None = None,
+         jobs: int | None = None) -> int:
+    from engine.roles.sampling import usable_cores
+    from psctl.study_outcomes import Progress
+    from psctl.study_report import Header, Wall, collect, write_report
+    from psctl.study_run import new_study_id, plan, prepare_database, run_grid
 
+    started = time.monotonic()
+    jobs = jobs or usable_cores()
     planned = plan(study, points, data_dir)
     prepare_database(db)
     study_id = resume or new_study_id()
@@ -91,14 +103,16 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
               highlight=False, markup=False)
     done = {id(o.planned) for o in kept}
     ran = run_grid(study, [p for p in planned if id(p) not in done], db, err,
-                   study_id=study_id, smoke=smoke)
+                   study_id=study_id, smoke=smoke, jobs=jobs)
     order = {id(p): i for i, p in enumerate(planned)}
     progress = Progress(total=len(planned), interrupted=ran.interrupted,
                         outcomes=sorted([*kept, *ran.outcomes], key=lambda o: order[id(o.planned)]))
     command = " ".join(["psctl", "study", shlex.quote(str(file)), *(["--smoke"] if smoke else [])])
     rows = collect(db, progress, study.spec.study.target)
+    wall = Wall(seconds=time.monotonic() - started, jobs=jobs, ran=len(ran.outcomes),
+                kept=len(kept))
     report = write_report(folder, study, progress, rows,
-                          Header(command=command, study_id=study_id, smoke=smoke))
+                          Header(command=command, study_id=study_id, smoke=smoke, wall=wall))
     err.print(f"report: {report}", highlight=False, markup=False)
     if progress.complete:
         return settings.EXIT_OK
@@ -111,7 +125,7 @@ def _recorded(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
     from engine.analysis.selection import UsageError
     from engine.db import open_engine
     from engine.db.queries import tagged_runs
-    from psctl.study_run import Outcome
+    from psctl.study_outcomes import Outcome
 
     engine = open_engine(db, readonly=True)
     try:
@@ -134,8 +148,9 @@ def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, s
               out: Path | None, db: Path) -> int:
     """The report of runs already recorded: each point's run found by its name among the runs
     tagged study_id=STUDY_ID, in the grid's order."""
+    from psctl.study_outcomes import Progress
     from psctl.study_report import Header, collect, write_report
-    from psctl.study_run import Progress, plan
+    from psctl.study_run import plan
 
     progress = Progress(total=len(points),
                         outcomes=_recorded(db, study_id, plan(study, points)))

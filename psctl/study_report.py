@@ -12,11 +12,27 @@ from typing import TYPE_CHECKING, Any
 
 from psctl import study_intervals
 from psctl.study import Study
+from psctl.study_outcomes import Progress
 from psctl.study_rows import Row
-from psctl.study_run import Progress
 
 if TYPE_CHECKING:
     from engine.db.queries import RunDetail
+
+
+@dataclass(frozen=True)
+class Wall:
+    """This invocation's wall time: the runs it ran, ``jobs`` at a time where they could, and
+    those it kept from an interrupted one (``--resume``), whose time is not counted."""
+
+    seconds: float
+    jobs: int
+    ran: int
+    kept: int = 0
+
+    def text(self) -> str:
+        kept = f"; {self.kept} runs kept from before, not counted" if self.kept else ""
+        return (f"{self.seconds / 60:.1f} min for {self.ran} runs (up to {self.jobs} at a "
+                f"time in virtual time){kept}")
 
 
 @dataclass(frozen=True)
@@ -24,6 +40,7 @@ class Header:
     command: str
     study_id: str
     smoke: bool
+    wall: Wall | None = None  # None: a report written again from the database (--report)
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -103,6 +120,7 @@ def _summary(study: Study, progress: Progress, rows: list[Row], header: Header,
         "smoke": header.smoke, "backends": backends, "target": meta.target,
         "axes": study.axes, "planned_runs": progress.total, "complete": progress.complete,
         "interrupted": progress.interrupted,
+        "wall": None if header.wall is None else asdict(header.wall),
         "rows": [{k: v for k, v in asdict(row).items() if k != "evaluations"} for row in rows],
         **({"over_seeds": study_intervals.summary(rows)} if meta.repeat > 1 else {}),
     }
@@ -119,7 +137,9 @@ def _markdown(study: Study, progress: Progress, rows: list[Row], header: Header,
     facts = [f"Study `{meta.name}`" + (f", reproducing seed document {meta.seed_doc}"
                                        if meta.seed_doc else ""),
              f"command: `{header.command}`", f"date: {header.date}",
-             f"backend: {', '.join(backends) or '-'}", f"study id: `{header.study_id}`"]
+             f"backend: {', '.join(backends) or '-'}", f"study id: `{header.study_id}`",
+             "wall time: " + ("not measured (written again from the database)"
+                              if header.wall is None else header.wall.text())]
     lines += [f"- {fact}" for fact in facts] + [""]
     if meta.description:
         lines += [meta.description.strip(), ""]

@@ -4,7 +4,6 @@ tagged with the study, this invocation and its label on every axis."""
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -12,34 +11,7 @@ from rich.console import Console
 from engine.config import RunConfig
 from engine.errors import StoreError
 from psctl.study import Point, Study, point_configs
-
-
-@dataclass(frozen=True)
-class Planned:
-    point: Point
-    config: RunConfig
-    seed: int | None  # set when the study repeats each point over several seeds
-
-
-@dataclass(frozen=True)
-class Outcome:
-    planned: Planned
-    run_id: str
-    status: str  # the run's status as the backend reported it at the end
-
-
-@dataclass
-class Progress:
-    """What ran so far; filled in as runs end, so that an interrupted study still reports."""
-
-    total: int
-    outcomes: list[Outcome]
-    interrupted: bool = False
-
-    @property
-    def complete(self) -> bool:
-        return (not self.interrupted and len(self.outcomes) == self.total
-                and all(o.status == "finished" for o in self.outcomes))
+from psctl.study_outcomes import Outcome, Planned, Progress
 
 
 def new_study_id() -> str:
@@ -72,24 +44,42 @@ def tags_for(study: Study, planned: Planned, study_id: str, *, smoke: bool) -> d
 
 
 def run_grid(study: Study, planned: list[Planned], db: Path, console: Console, *,
-             study_id: str, smoke: bool) -> Progress:
-    """Each run in turn; Ctrl-C (the backend stops the run it interrupts) ends the study."""
+             study_id: str, smoke: bool, jobs: int = 1) -> Progress:
+    """Every run: the load-free ones (engine.backends.load_free) ``jobs`` at a time, then the
+    others one after another. Ctrl-C (the backend stops each run it interrupts) ends the
+    study."""
+    from engine.backends import load_free
     from psctl.launch import run_launch
+    from psctl.study_pool import run_parallel
 
     done = Progress(total=len(planned), outcomes=[])
+    target = study.spec.study.target
+    together = [(i, one) for i, one in enumerate(planned) if jobs > 1 and load_free(one.config)]
+    alone = [(i, one) for i, one in enumerate(planned) if (i, one) not in together]
+
+    def announce(index: int, outcome: Outcome) -> None:
+        console.print(f"study {study.name}: {index + 1} of {len(planned)}: "
+                      f"{_named(outcome.planned)}: {result_line(db, outcome.run_id, target)}",
+                      highlight=False, markup=False, soft_wrap=True)
+
+    if together:
+        console.print(f"study {study.name}: {len(together)} runs in virtual time, {jobs} at "
+                      "a time", highlight=False, markup=False)
+        run_parallel([(i, one, tags_for(study, one, study_id, smoke=smoke))
+                      for i, one in together], db, jobs, console, done, announce)
     try:
-        for index, one in enumerate(planned):
-            seed = f", seed {one.seed}" if one.seed is not None else ""
+        for index, one in alone:
+            if done.interrupted:
+                break
             console.print(f"study {study.name}: point {index + 1} of {len(planned)}: "
-                          f"{one.point.label}{seed}", highlight=False, markup=False, soft_wrap=True)
+                          f"{_named(one)}", highlight=False, markup=False, soft_wrap=True)
             result = run_launch(one.config, db, console, live=False,
                                 tags=tags_for(study, one, study_id, smoke=smoke))
             done.outcomes.append(Outcome(one, result.run_id, result.status.value))
-            console.print(f"  {result_line(db, result.run_id, study.spec.study.target)}",
+            console.print(f"  {result_line(db, result.run_id, target)}",
                           highlight=False, markup=False, soft_wrap=True)
             if result.status.value == "interrupted":
                 done.interrupted = True
-                break
     except KeyboardInterrupt:  # between two runs, or while one was being set up
         done.interrupted = True
     if done.interrupted:
@@ -97,6 +87,10 @@ def run_grid(study: Study, planned: list[Planned], db: Path, console: Console, *
                       f"{len(planned)} runs; no run is left running", highlight=False,
                       markup=False)
     return done
+
+
+def _named(one: Planned) -> str:
+    return one.point.label + (f", seed {one.seed}" if one.seed is not None else "")
 
 
 def result_line(db: Path, run_id: str, target: float) -> str:
