@@ -14,9 +14,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.analysis.selection import flatten, text
 from engine.config import RunConfig, load_toml
@@ -25,7 +25,7 @@ from engine.plan import build_config
 
 SLUG = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 # Tags every run of a study carries besides one per axis; an axis may not shadow them.
-RESERVED_TAGS = frozenset({"study", "study_id", "group", "seed", "smoke"})
+RESERVED_TAGS = frozenset({"study", "study_id", "group", "seed", "smoke", "tune"})
 # Runs one study may have (grid points x repeat): even several at a time, a larger grid
 # is a mistake (a 10^6-point grid took 105 s only to be listed); split it into studies.
 MAX_RUNS = 1000
@@ -73,10 +73,67 @@ class Smoke(_Strict):
     axes: dict[str, list[Any]] = Field(default_factory=dict)
 
 
+class TuneParam(_Strict):
+    """One tuned setting: ``values`` (a grid's, or Optuna's categorical) or a range
+    ``low``..``high`` (Optuna only; ``log`` for a log-uniform draw)."""
+
+    key: str = Field(min_length=1, description="a dotted config key, e.g. optimizer.lr")
+    values: list[bool | int | float | str] | None = Field(None, min_length=1, max_length=100)
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TuneParam:
+        ranged = self.low is not None or self.high is not None
+        if (self.values is None) == (not ranged):
+            raise ValueError("give values = [...] or low and high, not both")
+        if ranged and (self.low is None or self.high is None or not self.low < self.high):
+            raise ValueError("a range needs low < high")
+        if ranged and self.log and self.low is not None and self.low <= 0:
+            raise ValueError("a log range needs low > 0")
+        if self.log and not ranged:
+            raise ValueError("log applies to a range (low, high)")
+        return self
+
+
+class Tune(_Strict):
+    """``[tune]``: each grid point tries these settings on ``seeds`` seeds under ``set`` (a
+    shorter budget, say) and is then run at its best (psctl/study_tune.py)."""
+
+    method: Literal["grid", "optuna"] = "grid"
+    trials: int | None = Field(None, ge=1, le=200, description="optuna: settings tried per point")
+    seeds: int = Field(2, ge=1, le=10, description="seeds per tried setting")
+    objective: Literal["time_to_target", "final_accuracy", "best_accuracy"] = "time_to_target"
+    set: dict[str, Any] = Field(default_factory=dict, description="overrides of tuning runs")
+    param: list[TuneParam] = Field(min_length=1, max_length=10)
+
+    @model_validator(mode="after")
+    def _method_fits(self) -> Tune:
+        if self.method == "optuna" and self.trials is None:
+            raise ValueError("method optuna needs trials = N")
+        if self.method == "grid" and self.trials is not None:
+            raise ValueError("a grid tries every combination; trials is for method optuna")
+        if self.method == "grid" and any(p.values is None for p in self.param):
+            raise ValueError("a grid needs values = [...] for every param; ranges (low, high) "
+                             "are for method optuna")
+        keys = [p.key for p in self.param]
+        if len(set(keys)) < len(keys):
+            raise ValueError("a key is tuned twice")
+        return self
+
+    def size(self) -> int:
+        """Settings tried per grid point."""
+        if self.trials is not None:
+            return self.trials
+        return math.prod(len(p.values or ()) for p in self.param)
+
+
 class StudyFile(_Strict):
     study: StudyMeta
     base: dict[str, Any] = Field(default_factory=dict)
     axis: list[Axis] = Field(min_length=1)
+    tune: Tune | None = None
     smoke: Smoke | None = None
 
 
@@ -175,10 +232,14 @@ def _restricted(axis: Axis, smoke: Smoke) -> list[AxisValue]:
 def _check_size(spec: StudyFile, path: Path) -> None:
     """The whole grid within MAX_RUNS, counted before any point is made."""
     sizes = [len(axis.values) for axis in spec.axis]
-    runs = math.prod(sizes) * spec.study.repeat
+    tuning = spec.tune.size() * spec.tune.seeds if spec.tune else 0
+    runs = math.prod(sizes) * (spec.study.repeat + tuning)
     if runs > MAX_RUNS:
         shape = " x ".join(map(str, sizes))
         repeat = f" x {spec.study.repeat} seeds" if spec.study.repeat > 1 else ""
+        if spec.tune:
+            repeat = (f" x ({spec.study.repeat} seeds + {spec.tune.size()} tuned settings x "
+                      f"{spec.tune.seeds} seeds)")
         raise ConfigError(f"{path}: the grid has {runs:,} runs ({shape} values{repeat}); a "
                           f"study runs at most {MAX_RUNS:,}: split it into "
                           "several studies or drop values")
@@ -247,6 +308,14 @@ def _check(spec: StudyFile, path: Path) -> None:
                 raise ConfigError(f"{path}: {where}: sets {key!r}, which axis {owners[key]} "
                                   "sets too; one axis per setting")
             owners[key] = axis.name
+    if spec.tune is not None:
+        tuned = [p.key for p in spec.tune.param]
+        require_known(tuned, "[tune] param")
+        require_known(list(flatten(spec.tune.set)), "[tune] set")
+        for key in tuned:
+            if key in owners:
+                raise ConfigError(f"{path}: [tune] param {key!r}: axis {owners[key]} sets it; "
+                                  "a setting is tuned or varied, not both")
     if spec.smoke is not None:
         _check_smoke(spec, path, require_known)
     _check_group_tags(spec, path)
@@ -257,10 +326,12 @@ def _check_group_tags(spec: StudyFile, path: Path) -> None:
     tag values' bound, so that tagging cannot fail between runs."""
     from engine.recorder.admin import TAG_VALUE_MAX
 
-    if spec.study.repeat == 1:
+    if spec.study.repeat == 1 and spec.tune is None:
         return
     longest = len(spec.study.name) + sum(
         1 + max(len(slug(value.label)) for value in axis.points()) for axis in spec.axis)
+    if spec.tune is not None:  # a tuning run's group: <point>-tune<K>-<study id>
+        longest += len(f"-tune{spec.tune.size() - 1}")
     if longest + STUDY_ID_TAIL > TAG_VALUE_MAX:
         raise ConfigError(f"{path}: run names reach {longest} characters; with repeat they "
                           f"are group tags (name-study id) of at most {TAG_VALUE_MAX}: "
@@ -311,7 +382,7 @@ def _where(loc: tuple[int | str, ...], raw: dict[str, Any]) -> str:
         named = entry.get("name") if isinstance(entry, dict) else None
         head = f"[[axis]] {named}" if isinstance(named, str) else f"[[axis]] #{parts[1] + 1}"
         return " ".join([head, _dotted(parts[2:])]).strip()
-    if parts and isinstance(parts[0], str) and parts[0] in ("study", "base", "smoke"):
+    if parts and isinstance(parts[0], str) and parts[0] in ("study", "base", "smoke", "tune"):
         return " ".join([f"[{parts[0]}]", _dotted(parts[1:])]).strip()
     return _dotted(parts)
 

@@ -3,8 +3,6 @@ report (docs/studies.md)."""
 
 from __future__ import annotations
 
-import shlex
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,7 +13,6 @@ from psctl.cliutil import DbOption, Handled, err, fail
 
 if TYPE_CHECKING:
     from psctl.study import Point, Study
-    from psctl.study_outcomes import Outcome, Planned
 
 
 def register(app: typer.Typer) -> None:
@@ -62,6 +59,10 @@ def study_command(
         if dry_run:
             for point in points:
                 point_configs(study, point)  # a dry run checks every point as a real one would
+            if study.spec.tune is not None:
+                from psctl.study_tune import check_first
+
+                check_first(study, points, smoke=smoke)
             _print_grid(study, points)
             return
         if report is not None and resume is not None:
@@ -87,80 +88,33 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
          db: Path, data_dir: Path | None = None, resume: str | None = None,
          jobs: int | None = None) -> int:
     from engine.roles.sampling import usable_cores
-    from psctl.study_outcomes import Progress
-    from psctl.study_report import Header, Wall, collect, write_report
-    from psctl.study_run import new_study_id, plan, prepare_database, run_grid
+    from psctl.study_invocation import Invocation
+    from psctl.study_run import new_study_id, plan, prepare_database
+    from psctl.study_tune import check_first
 
-    started = time.monotonic()
-    jobs = jobs or usable_cores()
-    planned = plan(study, points, data_dir)
+    if study.spec.tune is not None:
+        check_first(study, points, smoke=smoke)
+    plan(study, points, data_dir)  # every main run checked before the first run starts
     prepare_database(db)
     study_id = resume or new_study_id()
-    kept = [] if resume is None else _finished(db, resume, planned)
-    folder = out or file.parent / "results" / (study.name + ("-smoke" if smoke else ""))
-    err.print(f"study {study.name} ({study_id}): {len(planned)} runs → {db}"
-              + ("" if resume is None else f"; {len(kept)} finished before, kept"),
-              highlight=False, markup=False)
-    done = {id(o.planned) for o in kept}
-    ran = run_grid(study, [p for p in planned if id(p) not in done], db, err,
-                   study_id=study_id, smoke=smoke, jobs=jobs)
-    order = {id(p): i for i, p in enumerate(planned)}
-    progress = Progress(total=len(planned), interrupted=ran.interrupted,
-                        outcomes=sorted([*kept, *ran.outcomes], key=lambda o: order[id(o.planned)]))
-    command = " ".join(["psctl", "study", shlex.quote(str(file)), *(["--smoke"] if smoke else [])])
-    rows = collect(db, progress, study.spec.study.target)
-    wall = Wall(seconds=time.monotonic() - started, jobs=jobs, ran=len(ran.outcomes),
-                kept=len(kept))
-    report = write_report(folder, study, progress, rows,
-                          Header(command=command, study_id=study_id, smoke=smoke, wall=wall))
-    err.print(f"report: {report}", highlight=False, markup=False)
+    invocation = Invocation(study, file, db, study_id, smoke=smoke, data_dir=data_dir,
+                            jobs=jobs or usable_cores(), resume=resume is not None)
+    err.print(f"study {study.name} ({study_id}) → {db}", highlight=False, markup=False)
+    progress = invocation.run(points, out)
     if progress.complete:
         return settings.EXIT_OK
     return settings.EXIT_INTERRUPTED if progress.interrupted else settings.EXIT_ERROR
 
 
-def _recorded(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
-    """The planned runs recorded in invocation ``study_id`` (found by their names), in the
-    grid's order; a UsageError if it recorded none."""
-    from engine.analysis.selection import UsageError
-    from engine.db import open_engine
-    from engine.db.queries import tagged_runs
-    from psctl.study_outcomes import Outcome
-
-    engine = open_engine(db, readonly=True)
-    try:
-        recorded = tagged_runs(engine, "study_id", study_id)
-    finally:
-        engine.dispose()
-    if not recorded:
-        raise UsageError(f"no run in {db} is tagged study_id={study_id}; the id is printed "
-                         "when a study starts and is in its report")
-    found = [(one, recorded.get(one.config.name or "")) for one in planned]
-    return [Outcome(one, *hit) for one, hit in found if hit is not None]
-
-
-def _finished(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:
-    """The planned runs that finished in invocation ``study_id``."""
-    return [o for o in _recorded(db, study_id, planned) if o.status == "finished"]
-
-
 def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, smoke: bool,
               out: Path | None, db: Path) -> int:
-    """The report of runs already recorded: each point's run found by its name among the runs
-    tagged study_id=STUDY_ID, in the grid's order."""
-    from psctl.study_outcomes import Progress
-    from psctl.study_report import Header, collect, write_report
-    from psctl.study_run import plan
+    """The report of runs already recorded: each run found by its name among the runs tagged
+    study_id=STUDY_ID (a [tune] search replayed from them), in the grid's order."""
+    from psctl.study_invocation import Invocation
 
-    progress = Progress(total=len(points),
-                        outcomes=_recorded(db, study_id, plan(study, points)))
-    progress.interrupted = len(progress.outcomes) < progress.total
-    folder = out or file.parent / "results" / (study.name + ("-smoke" if smoke else ""))
-    command = " ".join(["psctl", "study", shlex.quote(str(file)), *(["--smoke"] if smoke else [])])
-    path = write_report(folder, study, progress, collect(db, progress, study.spec.study.target),
-                        Header(command=command, study_id=study_id, smoke=smoke))
-    err.print(f"report: {path} ({len(progress.outcomes)} of {progress.total} runs)",
-              highlight=False, markup=False)
+    invocation = Invocation(study, file, db, study_id, smoke=smoke, data_dir=None, jobs=1,
+                            resume=True, run_nothing=True)
+    progress = invocation.run(points, out)
     return settings.EXIT_OK if progress.complete else settings.EXIT_ERROR
 
 
@@ -171,6 +125,11 @@ def _print_grid(study: Study, points: list[Point]) -> None:
     repeat = study.spec.study.repeat
     typer.echo(f"{study.name}: {len(points)} points"
                + (f" x {repeat} seeds" if repeat > 1 else ""))
+    tune = study.spec.tune
+    if tune is not None:
+        typer.echo(f"tune ({tune.method}): {tune.size()} settings x {tune.seeds} seeds per point "
+                   f"({tune.size() * tune.seeds * len(points)} runs), then each point at its "
+                   f"best: {', '.join(p.key for p in tune.param)}")
     for index, point in enumerate(points, 1):
         changes = " ".join(f"{k}={text(v)}" for k, v in point.overrides.items())
         typer.echo(f"{index:>3}  {point.name}  [{point.label}]  {changes}")

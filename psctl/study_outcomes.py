@@ -13,6 +13,7 @@ class Planned:
     point: Point
     config: RunConfig
     seed: int | None  # set when the study repeats each point over several seeds
+    tune: int | None = None  # a tuning run: the index of the setting it tries (study_tune)
 
 
 @dataclass(frozen=True)

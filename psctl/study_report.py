@@ -10,13 +10,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from psctl import study_intervals
+from psctl import study_intervals, study_tune_report
 from psctl.study import Study
 from psctl.study_outcomes import Progress
 from psctl.study_rows import Row
 
 if TYPE_CHECKING:
     from engine.db.queries import RunDetail
+    from psctl.study_tune import Tuned
 
 
 @dataclass(frozen=True)
@@ -94,20 +95,25 @@ def mark_accuracy(budget_text: str | None, detail: RunDetail) -> dict[str, float
 
 
 def write_report(out: Path, study: Study, progress: Progress, rows: list[Row],
-                 header: Header) -> Path:
+                 header: Header, tunings: list[Tuned] | None = None) -> Path:
     """report.md, its PNGs and summary.json in ``out``; returns report.md's path."""
     from psctl.study_plots import write_plots
 
     out.mkdir(parents=True, exist_ok=True)
     backends = sorted({o.planned.config.cluster.backend for o in progress.outcomes})
     summary = _summary(study, progress, rows, header, backends)
+    if tunings is not None:
+        summary["tuning"] = study_tune_report.summary(study, tunings)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     try:
         plots, note = write_plots(out, rows, study.axes, study.spec.study.target), None
     except ImportError:  # matplotlib is a development dependency, not a runtime one
         plots, note = [], "Plots skipped: matplotlib is not installed (pip install matplotlib)."
     path = out / "report.md"
-    path.write_text(_markdown(study, progress, rows, header, backends, plots, note))
+    text = _markdown(study, progress, rows, header, backends, plots, note)
+    if tunings is not None:
+        text += "\n" + "\n".join(study_tune_report.markdown(study, tunings))
+    path.write_text(text)
     return path
 
 

@@ -4,6 +4,7 @@ tagged with the study, this invocation and its label on every axis."""
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -33,11 +34,19 @@ def plan(study: Study, points: list[Point], data_dir: Path | None = None) -> lis
     return planned
 
 
+def pinned(planned: list[Planned], data_dir: Path | None = None) -> list[Planned]:
+    """``planned`` with each data set located and pinned (as plan() does)."""
+    located: dict[tuple[str, str | None], str] = {}
+    return [replace(one, config=_pinned(one.config, located, data_dir)) for one in planned]
+
+
 def tags_for(study: Study, planned: Planned, study_id: str, *, smoke: bool) -> dict[str, str]:
     tags = {"study": study.name, "study_id": study_id, **dict(planned.point.labels)}
     if planned.seed is not None:
         # group: psctl compare folds a point's seeds into one row of mean ± deviation.
         tags |= {"group": f"{planned.point.name}-{study_id}", "seed": str(planned.seed)}
+    if planned.tune is not None:
+        tags["tune"] = str(planned.tune)
     if smoke:
         tags["smoke"] = "true"
     return tags
@@ -90,7 +99,8 @@ def run_grid(study: Study, planned: list[Planned], db: Path, console: Console, *
 
 
 def _named(one: Planned) -> str:
-    return one.point.label + (f", seed {one.seed}" if one.seed is not None else "")
+    tune = f", tuning setting {one.tune}" if one.tune is not None else ""
+    return one.point.label + tune + (f", seed {one.seed}" if one.seed is not None else "")
 
 
 def result_line(db: Path, run_id: str, target: float) -> str:
