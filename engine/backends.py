@@ -65,7 +65,6 @@ def _simulable(config: RunConfig) -> None:
     comm = config.comm
     unmodelled = [name for name, used in (
         ("comm.compress", comm.compress != "none"),
-        ("comm.pull_filter", comm.pull_filter != "none"),
         ("comm.range_size", comm.range_size is not None),
         ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
         ("train.loop wait-free", config.train.loop == "wait-free"),

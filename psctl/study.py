@@ -43,6 +43,9 @@ class StudyMeta(_Strict):
     seed_doc: str | None = Field(None, description="the seed document the study reproduces")
     target: float = Field(gt=0, le=1, description="accuracy that time to target is measured to")
     repeat: int = Field(1, ge=1, le=100, description="seeds per grid point")
+    baseline: dict[str, str] | None = Field(None, description=(
+        "with repeat: each point's ratios are to the point with these axis labels and its "
+        "own on every other axis, e.g. { sync = \"BSP\" } [the grid's first point]"))
     description: str | None = Field(None, description="a paragraph for the report")
 
 
@@ -308,6 +311,15 @@ def _check(spec: StudyFile, path: Path) -> None:
                 raise ConfigError(f"{path}: {where}: sets {key!r}, which axis {owners[key]} "
                                   "sets too; one axis per setting")
             owners[key] = axis.name
+    for name, label in (spec.study.baseline or {}).items():
+        chosen = next((a for a in spec.axis if a.name == name), None)
+        if chosen is None:
+            raise ConfigError(f"{path}: [study] baseline.{name}: no axis of that name (axes: "
+                              f"{', '.join(names)})")
+        offered = [p.label for p in chosen.points()]
+        if label not in offered:
+            raise ConfigError(f"{path}: [study] baseline.{name}: {label!r} is none of the "
+                              f"axis's values ({', '.join(offered)})")
     if spec.tune is not None:
         tuned = [p.key for p in spec.tune.param]
         require_known(tuned, "[tune] param")

@@ -47,13 +47,17 @@ def _value_of(row: Row, key: str) -> float | None:
     return value
 
 
-def summary(rows: list[Row]) -> dict[str, Any]:
+def summary(rows: list[Row], baseline: dict[str, str] | None = None) -> dict[str, Any]:
+    """Each point's intervals and its ratios to its baseline: the point with ``baseline``'s
+    labels and its own on the other axes, or the grid's first point."""
     grouped = points(rows)
     if not grouped:
         return {"method": METHOD, "baseline": None, "points": []}
-    base = grouped[0][1]
+    by_labels = {tuple(sorted(labels.items())): members for labels, members in grouped}
     out = []
     for labels, members in grouped:
+        wanted = tuple(sorted((labels | (baseline or {})).items()))
+        base = by_labels.get(wanted, []) if baseline else grouped[0][1]
         stats: dict[str, Any] = {}
         versus: dict[str, Any] = {}
         for key, _, lower, better, worse in metrics(rows):
@@ -61,21 +65,24 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             stats[key] = None if found is None else asdict(found)
             ratio = paired_ratio(_by_seed(base, key), _by_seed(members, key),
                                  lower_is_better=lower, better=better, worse=worse)
-            versus[key] = None if ratio is None else asdict(ratio)
+            versus[key] = None if ratio is None or base is members else asdict(ratio)
         out.append({"labels": labels, "seeds": [r.seed for r in members], "metrics": stats,
-                    "versus_baseline": versus})
-    return {"method": METHOD, "baseline": grouped[0][0], "points": out}
+                    "versus_baseline": versus, "is_baseline": base is members})
+    return {"method": METHOD, "baseline": baseline or grouped[0][0], "points": out}
 
 
-def markdown(rows: list[Row], axes: list[str]) -> list[str]:
-    """Two tables: each point's means with intervals, and its paired ratios to the baseline."""
-    data = summary(rows)
+def markdown(rows: list[Row], axes: list[str],
+             baseline: dict[str, str] | None = None) -> list[str]:
+    """Two tables: each point's means with intervals, and its paired ratios to its baseline."""
+    data = summary(rows, baseline)
     if not data["points"]:
         return []
     base = ", ".join(f"{k} {v}" for k, v in data["baseline"].items())
+    which = (f"each point's {base} point (the same on every other axis)" if baseline else
+             f"the grid's first point ({base})")
     shown = metrics(rows)
     heads = [*axes, "seeds", *(header for _, header, *_ in shown)]
-    lines = ["## Over seeds", "", f"{METHOD}. Baseline: the grid's first point ({base}).", "",
+    lines = ["## Over seeds", "", f"{METHOD}. Baseline: {which}.", "",
              "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for point in data["points"]:
         cells = [point["labels"].get(a, "") for a in axes] + [str(len(point["seeds"]))]
@@ -83,7 +90,7 @@ def markdown(rows: list[Row], axes: list[str]) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     heads = [*axes, *(f"{header} vs baseline" for _, header, *_ in shown)]
     lines += ["", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    for point in data["points"][1:]:
+    for point in (p for p in data["points"] if not p["is_baseline"]):
         cells = [point["labels"].get(a, "") for a in axes]
         cells += [_ratio(point["versus_baseline"][key]) for key, *_ in shown]
         lines.append("| " + " | ".join(cells) + " |")

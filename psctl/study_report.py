@@ -128,7 +128,7 @@ def _summary(study: Study, progress: Progress, rows: list[Row], header: Header,
         "interrupted": progress.interrupted,
         "wall": None if header.wall is None else asdict(header.wall),
         "rows": [{k: v for k, v in asdict(row).items() if k != "evaluations"} for row in rows],
-        **({"over_seeds": study_intervals.summary(rows)} if meta.repeat > 1 else {}),
+        **({"over_seeds": study_intervals.summary(rows, meta.baseline)} if meta.repeat > 1 else {}),
     }
 
 
@@ -169,7 +169,7 @@ def _markdown(study: Study, progress: Progress, rows: list[Row], header: Header,
     lines += ["| " + " | ".join(_cells(row, study.axes, meta.repeat > 1)) + " |" for row in rows]
     lines.append("")
     if meta.repeat > 1:
-        lines += study_intervals.markdown(rows, study.axes)
+        lines += study_intervals.markdown(rows, study.axes, meta.baseline)
     for file, caption in plots:
         lines += [f"![{caption}]({file})", ""]
     if note:

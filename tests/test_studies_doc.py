@@ -20,7 +20,7 @@ DOC = (REPO / "docs" / "studies.md").read_text()
 
 
 def test_the_documented_study_runs(tmp_path: Path) -> None:
-    (toml,) = re.findall(r"```toml\n(.*?)```", DOC, flags=re.S)
+    toml, tune = re.findall(r"```toml\n(.*?)```", DOC, flags=re.S)
     name = toml.partition("\n")[0].removeprefix("#").strip()
     (tmp_path / name).write_text(toml)
     (commands,) = re.findall(r"```bash\n(.*?)```", DOC, flags=re.S)
@@ -34,6 +34,13 @@ def test_the_documented_study_runs(tmp_path: Path) -> None:
                               text=True, env=env, cwd=tmp_path, timeout=200, check=False)
         assert done.returncode == 0, f"{line}\n{done.stderr}"
         outputs[line] = done.stdout
+    (tmp_path / "tuned.toml").write_text(toml + "\n" + tune)
+    tuned = subprocess.run([sys.executable, "-m", "psctl", "study", "tuned.toml", "--dry-run"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200,
+                           check=False)
+    assert tuned.returncode == 0, tuned.stderr
+    assert ("tune (grid): 8 settings x 2 seeds per point (64 runs), then each point at its "
+            "best: optimizer.lr, optimizer.momentum") in tuned.stdout
     listed = outputs[f"psctl study {name} --dry-run"].splitlines()
     assert listed[0] == "digits-sync: 4 points" and len(listed) == 5
     results = tmp_path / "results"

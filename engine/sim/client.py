@@ -22,8 +22,12 @@ _KEY_BYTES = 4  # uint32 keys: every simulated model's key space fits
 
 class SimClient:
     def __init__(self, rank: int, servers: list[SimServer], link: Link, *,
-                 dtype: np.dtype[Any], epoch: float) -> None:
+                 dtype: np.dtype[Any], epoch: float, keeps_copy: bool = False) -> None:
         self.rank, self.servers, self.dtype = rank, servers, dtype
+        # With a pull filter, as the real client: answers land in this copy of every value
+        # the worker was sent, and each pull hands the caller the whole of it.
+        self._copy = (np.zeros(servers[-1].state.keys.end, dtype=np.float32) if keeps_copy
+                      else None)
         self.ranges = [server.state.keys for server in servers]
         self.link = link
         self.network = servers[0].network
@@ -38,13 +42,16 @@ class SimClient:
         replies, frames = [], []
         for index, span in split_by_shard(keys, self.ranges):
             server, reply = self.servers[index], self.loop.create_future()
-            request = PullRequest(self.rank, clock, span, out[keys.local(span)], self.dtype,
-                                  self.link, reply)
+            into = (out[keys.local(span)] if self._copy is None
+                    else self._copy[span.start:span.end])
+            request = PullRequest(self.rank, clock, span, into, self.dtype, self.link, reply)
             frames.append((server.link, HEADER_BYTES, server.deliver, request))
             replies.append((index, reply))
         self.network.send_group(self.link, frames)
         sent = HEADER_BYTES * len(frames)
         answers: list[Reply] = await asyncio.gather(*(reply for _, reply in replies))
+        if self._copy is not None:
+            out[...] = self._copy[keys.start:keys.end]
         versions = {index: a.version for (index, _), a in zip(replies, answers, strict=True)}
         return PullResult(versions, max(a.wait_s for a in answers), sent,
                           sum(a.nbytes for a in answers), self.now(),

@@ -130,6 +130,7 @@ class SimCluster:
     def _servers(self, layout: KeyLayout, costs: Costs,
                  initial: np.ndarray) -> list[SimServer]:
         from engine.roles.server import build_shard
+        from engine.server.pull_filter import make_pull_filter
 
         cfg = self.config
         servers = []
@@ -138,9 +139,12 @@ class SimCluster:
             state = build_shard(cfg, keys, layout)
             state.init(keys, initial[keys.start:keys.end])
             link = Link(parse_network(cfg.sim.server_network or cfg.sim.network))
+            pulls = make_pull_filter(cfg.comm.pull_filter, cfg.comm.refresh_every,
+                                     cfg.cluster.workers, len(keys))
             servers.append(SimServer(index, state, self.network, link, costs,
                                      max_queued=QUEUED_PER_WORKER * cfg.cluster.workers,
-                                     on_syncs=self._syncs if index == 0 else None))
+                                     on_syncs=self._syncs if index == 0 else None,
+                                     pull_filter=pulls))
         return servers
 
     def _worker(self, rank: int, layout: KeyLayout, costs: Costs, inputs: np.ndarray,
@@ -156,7 +160,8 @@ class SimCluster:
         ctx = WorkerContext(cfg, layout, self.shared, costs.compute_s, self._should_stop,
                             self._record, self._epoch_done)
         client = SimClient(rank, self.servers, Link(parse_network(cfg.sim.network)),
-                           dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)), epoch=self.epoch)
+                           dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)), epoch=self.epoch,
+                           keeps_copy=cfg.comm.pull_filter != "none")
         grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments], layout.num_keys,
                                   cfg.cluster.workers)
         params = np.empty(layout.num_keys, dtype=np.float32)

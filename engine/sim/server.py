@@ -14,6 +14,7 @@ import numpy as np
 from engine.consistency.base import PushTiming
 from engine.errors import RunFailed
 from engine.keys import KeyRange
+from engine.server.pull_filter import PullFilter, SendAll
 from engine.server.shard import ShardState
 from engine.sim.compute import Costs
 from engine.sim.network import Link, transmit, transmit_group
@@ -23,6 +24,7 @@ from engine.wire.records import SyncRecord
 
 # An ACK carries its version in the header and one float64 scale as payload.
 ACK_BYTES = HEADER_BYTES + 8 + 8
+KEY_BYTES = 4  # a filtered pull's answer names its keys (uint32: every simulated model fits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +90,10 @@ def _resolve(future: asyncio.Future[Reply], reply: Reply) -> None:
 class SimServer:
     def __init__(self, index: int, state: ShardState, network: Network, link: Link,
                  costs: Costs, *, max_queued: int,
-                 on_syncs: Callable[[list[SyncRecord]], None] | None) -> None:
+                 on_syncs: Callable[[list[SyncRecord]], None] | None,
+                 pull_filter: PullFilter | None = None) -> None:
         self.index, self.state, self.network, self.costs = index, state, network, costs
+        self.pull_filter = pull_filter or SendAll()
         self.link = link
         self.inbox: asyncio.Queue[PullRequest | PushRequest] = asyncio.Queue(max_queued)
         self.pending: list[PullRequest] = []
@@ -123,9 +127,20 @@ class SimServer:
             self.pending.append(request)
 
     def _answer(self, request: PullRequest, waited_s: float) -> None:
-        values = narrow(self.state.read(request.span), request.dtype)
-        request.out[...] = values
-        nbytes = HEADER_BYTES + 8 + values.nbytes
+        # As the real shard: the pull filter picks the values to send (the worker's client
+        # keeps its copy, into which ``out`` looks), and a filtered answer names its keys.
+        current = self.state.read(request.span)
+        local = self.state.keys.local(request.span)
+        chosen = self.pull_filter.select(request.worker, local, current)
+        if chosen is None:
+            values = narrow(current, request.dtype)
+            request.out[...] = values
+            nbytes = HEADER_BYTES + 8 + values.nbytes
+        else:
+            at = chosen - local.start
+            values = narrow(current[at], request.dtype)
+            request.out[at] = values
+            nbytes = HEADER_BYTES + 8 + values.nbytes + len(at) * KEY_BYTES
         reply = Reply(self.state.version_of(request.span), nbytes, waited_s,
                       self.state.slowest_clock(request.span))
         self.network.send(self.link, request.link, nbytes, _resolve, request.reply, reply)

@@ -148,7 +148,6 @@ def test_target_accuracy_stops_the_run() -> None:
 
 @pytest.mark.parametrize(("overrides", "says"), [
     ({"comm.compress": "lz4", "comm.prune": "topk:1%"}, "comm.compress"),
-    ({"comm.pull_filter": "significant:0.01"}, "comm.pull_filter"),
     ({"comm.schedule": "fifo"}, "comm.schedule"),
     ({"sim.compute": "given", "sim.compute_ms": None}, "needs sim.compute_ms"),
     ({"sim.compute": "measured"}, "only read with sim.compute given"),
@@ -343,3 +342,18 @@ def test_a_samples_budget_stops_the_run_once_spent() -> None:
     samples = sum(r.samples for r in sink.rows)
     assert 4000 <= samples < 4000 + 4 * 64  # at most one batch per worker past it
     assert len(sink.evaluations) == 4  # three marks and the end
+
+
+def test_the_pull_filter_is_simulated_as_the_real_shard_applies_it() -> None:
+    """Seed 003's significantly-modified filter: at delta 0 every changed value is sent, so the
+    workers compute exactly what unfiltered pulls give them (the copy they keep holds the rest)
+    while each answer names its keys; a coarse delta sends fewer bytes."""
+    base = {"cluster.workers": 2, "train.epochs": 1}
+    dense = simulate(config(**base))[2]
+    exact = simulate(config(**base, **{"comm.pull_filter": "significant:0"}))[2]
+    coarse = simulate(config(**base, **{"comm.pull_filter": "significant:0.01"}))[2]
+    assert [r.loss for r in exact.rows] == pytest.approx([r.loss for r in dense.rows], rel=1e-6)
+    received = [statistics.mean(r.bytes_received for r in s.rows) for s in (dense, exact,
+                                                                            coarse)]
+    assert received[1] > received[0]  # keys ride along with (nearly) every value
+    assert received[2] < 0.9 * received[0]
