@@ -37,7 +37,7 @@ MAX_CONDITION = 200
 CACHED_RUNS = 4096
 _ENDED = {RunStatus.FINISHED.value, RunStatus.FAILED.value, RunStatus.INTERRUPTED.value}
 # The table's metric columns, in order; the page sorts on their raw values.
-TABLE_COLUMNS = ("wall_s", "final_accuracy", "best_accuracy", "time_to_target_s",
+TABLE_COLUMNS = ("wall_s", "final_accuracy", "best_accuracy", "time_to_target_s", "startup_s",
                  "samples_per_s", "idle_fraction", "staleness_mean", "staleness_p95",
                  "bytes_per_sample", "oversubscribed")
 

@@ -93,6 +93,9 @@ def test_columns_sort_on_the_served_numbers(page: Any, base: str) -> None:
     assert "sort=time_to_target_s" in page.url
     cell = page.inner_text(f"tr[data-id='{SOLO}'] td[data-key='best_accuracy']")
     assert cell == f"{100 * best['solo-bsp']:.2f} %"
+    startup = next(r["values"]["startup_s"] for r in served if r["id"] == SOLO)
+    assert startup is not None  # the fixture's runs start their first iteration at once: 0
+    assert page.inner_text(f"tr[data-id='{SOLO}'] td[data-key='startup_s']") == f"{startup:.1f}"
 
 
 def test_a_config_key_filters_and_a_bad_one_says_why(page: Any) -> None:

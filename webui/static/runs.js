@@ -142,7 +142,8 @@
     const cells = [PS.el("td"), PS.el("td", { class: "status " + r.status }, r.status), name, PS.el("td", {}, r.sync),
       PS.el("td", {}, `${r.workers} × ${r.servers}`), PS.el("td", {}, r.dataset),
       num(fmt(r, "final_accuracy", "pct"), "final_accuracy"), num(fmt(r, "best_accuracy", "pct"), "best_accuracy"),
-      num(fmt(r, "time_to_target_s", "secs"), "time_to_target_s"), num(fmt(r, "samples_per_s", "rate"), "samples_per_s"),
+      num(fmt(r, "time_to_target_s", "secs"), "time_to_target_s"), num(fmt(r, "startup_s", "secs"), "startup_s"),
+      num(fmt(r, "samples_per_s", "rate"), "samples_per_s"),
       num(fmt(r, "idle_fraction", "pct"), "idle_fraction"), num(fmt(r, "staleness_mean", "num"), "staleness_mean"),
       num(PS.fmtS(r.values.wall_s), "wall_s"), PS.el("td", { class: "date" }, PS.date(r.started_at)),
       tagsCell(r), notesCell(r)];
@@ -232,7 +233,7 @@
     const pick = () => {
       const key = th.dataset.sort;
       // The first click on a metric puts its best first (highest accuracy, shortest time).
-      const better = th.classList.contains("num") && !/time_to|idle|stale|wall/.test(key) ? -1 : 1;
+      const better = th.classList.contains("num") && !/time_to|startup|idle|stale|wall/.test(key) ? -1 : 1;
       sort = sort.key === key ? { key, dir: -sort.dir } : { key, dir: key === "started_at" ? -1 : better };
       remember(); draw();
     };
