@@ -198,6 +198,8 @@ class SimCluster:
         if self.stop_reason is None:
             self.stop_reason = reason
             self._event("stop", reason=reason)
+            for server in self.servers:  # a worker held at a barrier must see the stop too
+                server.drain()
 
     def _record(self, row: IterationRecord) -> None:
         self._rows.append(row)

@@ -97,6 +97,7 @@ class SimServer:
         self.link = link
         self.inbox: asyncio.Queue[PullRequest | PushRequest] = asyncio.Queue(max_queued)
         self.pending: list[PullRequest] = []
+        self.draining = False  # the run is stopping: every pull is answered as it comes
         self.busy_s = 0.0
         self._on_syncs = on_syncs
 
@@ -120,8 +121,20 @@ class SimServer:
                 request.since = loop.time()
                 self._pull(request)
 
+    def drain(self) -> None:
+        """The run stops (its budget is spent, Ctrl-C): the workers stop at their next step,
+        so a pull held for a worker that will never push again would never be answered. Every
+        waiting pull is answered now, and every later one at once, as a real shard's pulls are
+        let go at the end of a run. A push that follows (the step a released pull let a
+        worker finish) is acknowledged, not applied: the budget is spent, and a consistency
+        model would refuse it (ElasticBSP: a push past the worker's barrier)."""
+        self.draining = True
+        now, waiting, self.pending = asyncio.get_running_loop().time(), self.pending, []
+        for request in waiting:
+            self._answer(request, now - request.since)
+
     def _pull(self, request: PullRequest) -> None:
-        if self.state.pull_ready(request.worker, request.clock, request.span):
+        if self.draining or self.state.pull_ready(request.worker, request.clock, request.span):
             self._answer(request, 0.0)
         else:
             self.pending.append(request)
@@ -146,6 +159,11 @@ class SimServer:
         self.network.send(self.link, request.link, nbytes, _resolve, request.reply, reply)
 
     def _push(self, request: PushRequest) -> None:
+        if self.draining:
+            version = self.state.version_of(request.span)
+            self.network.send(self.link, request.link, ACK_BYTES, _resolve, request.reply,
+                              Reply(version, ACK_BYTES))
+            return
         accepted = self.state.push(request.worker, request.clock, request.span, request.values,
                                    request.timing, index=request.index, commit=request.commit,
                                    base_version=request.base_version)

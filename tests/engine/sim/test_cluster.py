@@ -357,3 +357,22 @@ def test_the_pull_filter_is_simulated_as_the_real_shard_applies_it() -> None:
                                                                             coarse)]
     assert received[1] > received[0]  # keys ride along with (nearly) every value
     assert received[2] < 0.9 * received[0]
+
+
+@pytest.mark.parametrize("sync", [
+    {"sync.model": "elastic", "sync.lookahead": 15, "sync.predictor": "last"},
+    {"sync.model": "ssp", "sync.staleness": 1},
+    {"sync.model": "bounded-delay", "sync.delay": 2},
+])
+def test_a_budget_ends_a_run_whose_workers_wait_at_a_barrier(sync: dict[str, Any]) -> None:
+    """When the budget is spent, a fast worker may be held at a barrier the straggler will
+    never reach (it stops too): the servers let every pull go, so the run ends instead of
+    deadlocking (an ElasticBSP study's runs failed so before)."""
+    status, virtual_s, sink = simulate(config(**sync, **{
+        "stop.budget": "12s", "heterogeneity.stragglers": [{"rank": 0, "factor": 3.0}],
+        "heterogeneity.jitter": {"distribution": "lognormal", "sigma": 0.3},
+        "train.seed": 3}))
+    assert status is RunStatus.FINISHED
+    assert virtual_s == pytest.approx(12.0, abs=1.0)
+    ends = [max(r.pushed_at for r in sink.rows if r.worker == w) for w in range(4)]
+    assert max(ends) - min(ends) < 2 * 0.3 + 0.1  # within two of the straggler's iterations
