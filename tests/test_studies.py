@@ -18,8 +18,8 @@ STUDIES = sorted((Path(__file__).parent.parent / "studies").glob("*.toml"))
 
 def test_the_seed_studies_are_shipped() -> None:
     names = {study.stem for study in STUDIES}
-    assert {"sync-stragglers", "elastic-lookahead", "pruning-thresholds", "downpour-rules",
-            "bounded-delay"} <= names
+    assert {"elastic-bsp", "ssp-transient", "bounded-delay", "downpour-adagrad",
+            "downpour-sparse", "dynsgd", "pruning"} <= names
 
 
 @pytest.mark.integration
