@@ -4,6 +4,7 @@ seed, with a verdict (engine.analysis.intervals has the method)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -61,7 +62,8 @@ def summary(rows: list[Row], baseline: dict[str, str] | None = None) -> dict[str
         stats: dict[str, Any] = {}
         versus: dict[str, Any] = {}
         for key, _, lower, better, worse in metrics(rows):
-            found = interval([_value_of(r, key) for r in members])
+            bounds = (0.0, 1.0) if "acc" in key else (0.0, math.inf)
+            found = interval([_value_of(r, key) for r in members], bounds)
             stats[key] = None if found is None else asdict(found)
             ratio = paired_ratio(_by_seed(base, key), _by_seed(members, key),
                                  lower_is_better=lower, better=better, worse=worse)

@@ -4,6 +4,7 @@ those tagged with its study id); ``--report`` runs nothing and finds them all.""
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from psctl.study_outcomes import Outcome, Planned, Progress
 from psctl.study_rows import Row
 
 if TYPE_CHECKING:
+    from psctl.study_report import Wall
     from psctl.study_tune import Tuned
 
 
@@ -89,7 +91,7 @@ class Invocation:
             self.study.name + ("-smoke" if self.smoke else ""))
         command = " ".join(["psctl", "study", shlex.quote(str(self.file)),
                             *(["--smoke"] if self.smoke else [])])
-        wall = None if self.run_nothing else Wall(
+        wall = _earlier_wall(folder, self.study_id) if self.run_nothing else Wall(
             seconds=time.monotonic() - self._started, jobs=self.jobs, ran=self.tally.ran,
             kept=self.tally.kept)
         path = write_report(folder, self.study, progress, rows,
@@ -97,6 +99,19 @@ class Invocation:
                                    wall=wall), tunings=tunings)
         err.print(f"report: {path} ({len(progress.outcomes)} of {progress.total} runs)",
                   highlight=False, markup=False)
+
+
+def _earlier_wall(folder: Path, study_id: str) -> Wall | None:
+    """The wall time the report being rewritten gave for the same invocation, if any: a report
+    written again (--report) runs nothing, so it cannot measure one."""
+    from psctl.study_report import Wall
+
+    try:
+        earlier = json.loads((folder / "summary.json").read_text())
+        found = earlier["wall"] if earlier.get("study_id") == study_id else None
+        return None if found is None else Wall(**found)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def _recorded(db: Path, study_id: str, planned: list[Planned]) -> list[Outcome]:

@@ -7,6 +7,7 @@ seed, with its interval and a verdict (engine.analysis.intervals)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -127,7 +128,7 @@ def _row(key: str, rows: list[dict[str, Any]], columns: Sequence[Column],
         values = [r.get(column.key) for r in rows]
         if column in metrics:
             row[column.key], row[f"{column.key}_std"] = mean_std(values)
-            found = interval(values)
+            found = interval(values, (0.0, 1.0) if column.kind == "pct" else (-math.inf, math.inf))
             row[f"{column.key}_low"] = None if found is None else found.low
             row[f"{column.key}_high"] = None if found is None else found.high
         else:

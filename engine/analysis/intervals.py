@@ -44,9 +44,12 @@ def t_quantile(n: int) -> float:
     return float(t.ppf(0.5 + LEVEL / 2, n - 1))
 
 
-def interval(values: Sequence[float | None]) -> Interval | None:
+def interval(values: Sequence[float | None],
+             bounds: tuple[float, float] = (-math.inf, math.inf)) -> Interval | None:
     """The mean and its 95 % interval over seeds; None if any seed has no value (a run that
-    never reached the target leaves the set-up's time to target undefined, not shorter)."""
+    never reached the target leaves the set-up's time to target undefined, not shorter).
+    ``bounds``: what the quantity can be (an accuracy is in [0, 1]); the interval is cut to
+    them, as a t interval of few, spread seeds can reach past them."""
     if not values or any(v is None for v in values):
         return None
     floats = [float(v) for v in values if v is not None]
@@ -54,7 +57,8 @@ def interval(values: Sequence[float | None]) -> Interval | None:
     if len(floats) < 2:
         return Interval(mean, None, None, 1)
     half = t_quantile(len(floats)) * statistics.stdev(floats) / math.sqrt(len(floats))
-    return Interval(mean, mean - half, mean + half, len(floats))
+    low, high = bounds
+    return Interval(mean, max(low, mean - half), min(high, mean + half), len(floats))
 
 
 def paired_ratio(baseline: Mapping[int, float | None], other: Mapping[int, float | None], *,

@@ -100,6 +100,11 @@ def test_an_optuna_search_is_replayed_by_report(tmp_path: Path) -> None:
     second = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert second["tuning"]["points"] == first["tuning"]["points"]
     assert second["rows"] == first["rows"]
+    assert second["wall"] is None  # a new folder: no measured wall time to keep
+    same = psctl("study", str(study), "--report", first["study_id"], db=db)
+    assert same.returncode == 0, same.stderr
+    kept = json.loads((tmp_path / "results" / "tuned" / "summary.json").read_text())
+    assert kept["wall"] == first["wall"]  # rewritten in place: the invocation's wall time kept
 
 
 @pytest.mark.parametrize(("tune", "message"), [

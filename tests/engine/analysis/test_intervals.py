@@ -53,3 +53,10 @@ def test_verdicts() -> None:
     noisy = paired_ratio(base, {0: 0.5, 1: 1.6, 2: 1.1}, lower_is_better=False)
     assert noisy is not None and noisy.verdict == "no difference at 95 %"
     assert paired_ratio(base, {5: 1.0}, lower_is_better=False) is None  # no seed in common
+
+
+def test_an_interval_is_cut_to_what_the_quantity_can_be() -> None:
+    found = interval([0.9, 0.99, 0.999], (0.0, 1.0))
+    assert found is not None and found.high == 1.0 and 0.0 < found.low < found.mean
+    loose = interval([0.9, 0.99, 0.999])
+    assert loose is not None and loose.high is not None and loose.high > 1.0
