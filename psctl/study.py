@@ -74,6 +74,7 @@ def _value(value: AxisValue) -> AxisValue:
 class Smoke(_Strict):
     set: dict[str, Any] = Field(default_factory=dict)
     axes: dict[str, list[Any]] = Field(default_factory=dict)
+    repeat: int | None = Field(None, ge=1, le=100, description="seeds per point under --smoke")
 
 
 class TuneParam(_Strict):
@@ -165,6 +166,14 @@ class Study:
     @property
     def axes(self) -> list[str]:
         return [axis.name for axis in self.spec.axis]
+
+    def smoked(self) -> Study:
+        """The study as --smoke runs it: [smoke] repeat, when given, over [study] repeat."""
+        smoke = self.spec.smoke
+        if smoke is None or smoke.repeat is None:
+            return self
+        meta = self.spec.study.model_copy(update={"repeat": smoke.repeat})
+        return Study(self.path, self.spec.model_copy(update={"study": meta}))
 
 
 def slug(label: str) -> str:

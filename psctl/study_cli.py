@@ -52,6 +52,8 @@ def study_command(
 
     try:
         study = load_study(file)
+        if smoke:
+            study = study.smoked()
         if smoke and study.spec.smoke is None:
             err.print(f"warning: {file} has no [smoke] table; --smoke runs the whole grid",
                       highlight=False, markup=False, soft_wrap=True)
@@ -90,7 +92,7 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
     from engine.roles.sampling import usable_cores
     from psctl.study_invocation import Invocation
     from psctl.study_run import new_study_id, plan, prepare_database
-    from psctl.study_tune import check_first
+    from psctl.study_tune import SMOKE_TRIALS, check_first
 
     if study.spec.tune is not None:
         check_first(study, points, smoke=smoke)
@@ -99,7 +101,13 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
     study_id = resume or new_study_id()
     invocation = Invocation(study, file, db, study_id, smoke=smoke, data_dir=data_dir,
                             jobs=jobs or usable_cores(), resume=resume is not None)
-    err.print(f"study {study.name} ({study_id}) → {db}", highlight=False, markup=False)
+    tune = study.spec.tune
+    tuning = 0 if tune is None else len(points) * (
+        min(tune.size(), SMOKE_TRIALS) if smoke else tune.size()) * (1 if smoke else tune.seeds)
+    main = len(points) * study.spec.study.repeat
+    err.print(f"study {study.name} ({study_id}): {main + tuning} runs"
+              + (f" ({tuning} tuning, then {main})" if tuning else "") + f" → {db}",
+              highlight=False, markup=False)
     progress = invocation.run(points, out)
     if progress.complete:
         return settings.EXIT_OK

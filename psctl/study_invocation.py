@@ -71,8 +71,8 @@ class Invocation:
         kept = ([o for o in _recorded(self.db, self.study_id, planned) if o.status == "finished"]
                 if self.resume else [])
         if kept:
-            err.print(f"study {self.study.name}: {len(kept)} of {len(planned)} runs finished "
-                      "before, kept", highlight=False, markup=False)
+            err.print(f"study {self.study.name}: {len(kept)} finished before, kept (of "
+                      f"{len(planned)} runs)", highlight=False, markup=False)
         done = {id(o.planned) for o in kept}
         ran = run_grid(self.study, [p for p in planned if id(p) not in done], self.db, err,
                        study_id=self.study_id, smoke=self.smoke, jobs=self.jobs)

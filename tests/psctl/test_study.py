@@ -249,3 +249,13 @@ def test_repeated_points_whose_group_tag_would_be_too_long_are_refused(tmp_path:
         load_study(write(tmp_path, text + axes))
     # 15 + 4 x 61 = 259 characters; 12 fewer and the group tag is exactly 256
     assert load_study(write(tmp_path, text + axes.replace("x" * 60, "x" * 48, 1)))
+
+
+def test_smoke_repeat_replaces_the_studys_repeat(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(GOOD.replace("target = 0.97", "target = 0.97\nrepeat = 3").replace(
+        "[smoke]", "[smoke]\nrepeat = 2"))
+    study = load_study(path)
+    (point, *_) = grid(study.smoked(), smoke=True)
+    assert len(point_configs(study.smoked(), point)) == 2
+    assert len(point_configs(study, point)) == 3
