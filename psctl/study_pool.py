@@ -6,8 +6,9 @@ process of its own (spawned: no state of this one is shared, and each imports to
 A real run measures the machine, so those still go one at a time, after.
 
 Ctrl-C: every child takes the first SIGINT (the terminal's, or the one this process sends on
-its own interrupt) as the run's Ctrl-C, stops its run as ``psctl launch`` does, and reports;
-later ones are ignored, so a second signal cannot cut a run's record short.
+its own interrupt) as the run's Ctrl-C, stops its run as ``psctl launch`` does (held until the
+run's wait, if it comes while the run starts), and reports; later ones are ignored, so a second
+signal cannot cut a run's record short.
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ import multiprocessing
 import os
 import queue
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from psctl.study_outcomes import Outcome, Planned, Progress
+
+if TYPE_CHECKING:
+    from engine.backends import RunHandle
+    from engine.launcher import LaunchResult
 
 # How long the parent waits for a message before it looks at its children again; a child that
 # died without a word (killed, out of memory) is found within this.
@@ -131,32 +137,66 @@ def _stop(running: dict[int, SpawnProcess], inbox: multiprocessing.Queue[Report]
         _lost(index, child, planned, console)
 
 
-def _interrupt_once(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+class _Interrupt:
+    """A child's Ctrl-C, delivered only where the backend stops a run cleanly: inside its
+    wait. One that comes earlier (while the run is being built, started or tagged) is held and
+    raised at the wait's first tick, so no run is left recorded as running by a child that
+    exited mid-start (seen with two CPU hogs beside the study)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.pending = False
+
+    def handle(self, signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # later signals cannot cut the record short
+        if self.armed:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def tick(self) -> None:
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+
+class _Deferring:
+    """A backend's run handle whose wait arms the child's interrupt."""
+
+    def __init__(self, inner: RunHandle, interrupt: _Interrupt) -> None:
+        self.inner, self.interrupt = inner, interrupt
+        self.run_id, self.name, self.db = inner.run_id, inner.name, inner.db
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def wait(self, on_tick: Callable[[], None] | None = None,
+             tick_s: float = 0.5) -> LaunchResult:
+        self.interrupt.armed = True
+        return self.inner.wait(on_tick=self.interrupt.tick, tick_s=tick_s)
 
 
 def _child(index: int, values: dict[str, Any], db: str, tags: dict[str, str],
            outbox: multiprocessing.Queue[Report]) -> None:
     """One run, in a process of its own; its terminal output is dropped (the parent prints
     each run's result line from the database)."""
-    signal.signal(signal.SIGINT, _interrupt_once)
-    try:
-        report = _launch(index, values, Path(db), tags)
-    except KeyboardInterrupt:
-        report = Report(index, None, "interrupted", "interrupted before the run started")
-    outbox.put(report, timeout=CHILD_STOP_S)
+    interrupt = _Interrupt()
+    signal.signal(signal.SIGINT, interrupt.handle)
+    outbox.put(_launch(index, values, Path(db), tags, interrupt), timeout=CHILD_STOP_S)
 
 
-def _launch(index: int, values: dict[str, Any], db: Path, tags: dict[str, str]) -> Report:
+def _launch(index: int, values: dict[str, Any], db: Path, tags: dict[str, str],
+            interrupt: _Interrupt) -> Report:
+    from engine.backends import BACKENDS
     from engine.config import RunConfig
     from engine.errors import PsctlError
     from psctl.launch import run_launch
 
     with open(os.devnull, "w") as sink:
         try:
-            result = run_launch(RunConfig.model_validate(values), db,
-                                Console(file=sink, width=120), live=False, tags=tags)
+            config = RunConfig.model_validate(values)
+            handle = _Deferring(BACKENDS.get(config.cluster.backend)(config, db=db), interrupt)
+            result = run_launch(config, db, Console(file=sink, width=120), live=False,
+                                tags=tags, launcher=handle)
         except PsctlError as exc:
             return Report(index, None, "failed", str(exc))
     return Report(index, result.run_id, result.status.value)
