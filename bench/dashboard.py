@@ -1,5 +1,7 @@
 """Dashboard benchmark (issue 4, acceptance 3): first meaningful paint of a run page for a run
-with 1,000,000 iteration rows, and the lag from a row's commit to its point on the page.
+with 1,000,000 iteration rows, and the lag from a row's commit to its point on the page. With
+``--live`` (issue 42, acceptance 5), instead: the CPU a live run page costs, browser and server,
+while a real 4-worker run trains (see LIVE_DOC below).
 
 The database is written here with bulk inserts (4 workers x 250,000 iterations, and one
 CPU/memory sample per process per second, 8 processes over the run's 72 minutes); the dashboard
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import sqlite3
@@ -36,7 +39,13 @@ from bench._common import machine_note, paragraph, update_docs_section, write_re
 from engine.recorder import REBUILD_ROLLUPS_SQL
 
 RUN = "d" * 32
-COLUMNS = 17
+# The iteration columns this benchmark fills, named: the table has grown columns since (the
+# learning-rate scale and push bytes, schema 5), which stay NULL here.
+COLUMNS = ("run_id", "worker", "iteration", "epoch", "started_at", "ended_at", "compute_s",
+           "push_s", "pull_s", "wait_s", "staleness", "loss", "samples", "bytes_sent",
+           "bytes_received", "pushed_at", "acked_at")
+INSERT_ITERATION = (f"INSERT INTO iterations ({', '.join(COLUMNS)}) "
+                    f"VALUES ({','.join('?' * len(COLUMNS))})")
 PROCESSES = [("coordinator", 0), ("evaluator", 0), ("server", 0), ("server", 1),
              *(("worker", w) for w in range(4))]
 
@@ -61,7 +70,7 @@ def build(db: Path, workers: int, per_worker: int) -> float:
                          rng.randint(0, 3), 2.0 / (1 + i / 1e4), 64, 3_700_000, 3_700_000,
                          t + d * .8, t + d * .85))
             t += d
-        conn.executemany(f"INSERT INTO iterations VALUES ({','.join('?' * COLUMNS)})", rows)
+        conn.executemany(INSERT_ITERATION, rows)
         last = max(last, t)
     # The recorder keeps the per-second rollups as it inserts; here they are built in one go.
     conn.execute(REBUILD_ROLLUPS_SQL, {"run": RUN, "origin": t0, "lo": 0, "hi": 10**9})
@@ -127,7 +136,7 @@ def commit_lags(base: str, chromium: str, db: Path, start: float, samples: int) 
             time.sleep(0.7)  # let the page settle so each sample starts from a quiet page
             now = time.time()
             iteration += 1
-            conn.execute(f"INSERT INTO iterations VALUES ({','.join('?' * COLUMNS)})",
+            conn.execute(INSERT_ITERATION,
                          (RUN, 0, iteration, 999, now - 0.01, now, .005, .002, .002, .001, 0,
                           0.1, 64, 1, 1, now, now))
             conn.execute("UPDATE runs SET iteration_count = iteration_count + 1 WHERE id = ?",
@@ -150,10 +159,18 @@ def commit_lags(base: str, chromium: str, db: Path, start: float, samples: int) 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="100,000 rows, fewer samples")
+    parser.add_argument("--live", action="store_true",
+                        help="the CPU a live run page costs: a real 4-worker run, its page open "
+                             "in chromium (writes bench/results/dashboard_live.json)")
+    parser.add_argument("--window-s", type=float, default=LIVE_WINDOW_S,
+                        help="with --live: seconds the CPU is measured over")
     args = parser.parse_args()
     chromium = shutil.which("chromium")
     if chromium is None:
         sys.exit("needs Debian's chromium (apt-get install chromium)")
+    if args.live:
+        live_main(chromium, args.window_s)
+        return
     from webui.server import BackgroundServer
 
     workers, per_worker = (4, 25_000) if args.quick else (4, 250_000)
@@ -229,6 +246,250 @@ def report(rows: int, build_s: float, paints: dict[str, list[float]], lags: list
         machine_note(payload["machine"]),
     ]
     update_docs_section("Dashboard (bench/dashboard.py)", "\n".join(lines))
+
+
+# -- --live: the CPU a live run page costs --------------------------------------------------------
+
+LIVE_WINDOW_S = 25.0
+LIVE_SECTION = "Dashboard, live run page (bench/dashboard.py --live)"
+LIVE_DOC = """The CPU a live run page costs: `psctl launch --dataset digits --workers 4 --servers 1`
+(a time budget long enough to outlast the measurement) with its own temporary database, `psctl ui`
+over it in a process of its own, and the run page open in Debian's headless chromium (1280x800)
+through playwright. Once the page has drawn every chart and settled, the CPU time (user + system,
+from /proc) of every chromium process (browser, renderers, GPU and utility processes) and of the
+dashboard server is summed over a window while the run is live, and given as a percentage of one
+core. The run's own processes are not counted."""
+
+
+def _descendants(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        return []
+
+
+class CpuMeter:
+    """CPU seconds of a changing set of processes: each one's first and last reading, so a
+    process that starts or ends inside the window counts for the part it lived in it."""
+
+    def __init__(self, find: Any) -> None:
+        self.find = find
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.started = time.monotonic()
+        self.sample(initial=True)
+
+    def sample(self, *, initial: bool = False) -> None:
+        from bench._common import proc_counters
+
+        for pid in self.find():
+            try:
+                cpu = proc_counters(pid)[1]
+            except (OSError, IndexError, ValueError):
+                continue  # ended between the listing and the reading
+            self.first.setdefault(pid, cpu if initial else 0.0)
+            self.last[pid] = cpu
+
+    def seconds(self) -> float:
+        return sum(self.last[p] - self.first[p] for p in self.last)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, check: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.25)
+    raise TimeoutError(f"no {what} after {timeout_s:g} s")
+
+
+def _running_run(db: Path) -> str | None:
+    if not db.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            row = conn.execute("SELECT id FROM runs WHERE status = 'running' AND "
+                               "iteration_count > 0").fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else str(row[0])
+
+
+def _status(db: Path, run_id: str) -> str:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        return str(conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()[0])
+
+
+def live_cost(chromium: str, window_s: float) -> dict[str, Any]:
+    """Start a run and the dashboard, open the run page, measure; everything stopped after."""
+    import subprocess
+    import urllib.request
+
+    from playwright.sync_api import sync_playwright
+
+    from bench._common import child_env
+
+    budget_s = int(window_s + 75)  # start-up, the page's first load and settling, the window
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "experiments.db"
+        env = {**child_env(), "PSCTL_DB": str(db), "NO_COLOR": "1"}
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "4",
+             "--servers", "1", "--budget", f"{budget_s}s", "--no-live", "--db", str(db)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp)
+        port = _free_port()
+        ui_log = Path(tmp) / "ui.log"
+        ui = subprocess.Popen([sys.executable, "-m", "psctl", "ui", "--db", str(db), "--port",
+                               str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=ui_log.open("wb"), cwd=tmp)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            run_id = _wait("running run with iterations", lambda: _running_run(db), 180)
+
+            def answers() -> bool:
+                try:
+                    with urllib.request.urlopen(f"{base}/api/runs?limit=1", timeout=2):
+                        return True
+                except OSError:
+                    return False
+
+            _wait("dashboard", answers, 60)
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+                page = browser.new_page(viewport={"width": 1280, "height": 800})
+                page.goto(f"{base}/runs/{run_id}")
+                page.wait_for_selector("body[data-complete='1']", timeout=90_000)
+                time.sleep(3.0)  # plotly's first layouts and the below-the-fold messages
+                me = os.getpid()
+
+                def chromium_pids() -> list[int]:
+                    return [p.pid for p in _descendants(me)
+                            if "chrom" in (p.name() or "").lower()]
+
+                def server_pids() -> list[int]:
+                    return [ui.pid, *(p.pid for p in _descendants(ui.pid))]
+
+                renders0 = page.evaluate("window.__psctl.renders.length")
+                loadavg = list(os.getloadavg())
+                browser_cpu, server_cpu = CpuMeter(chromium_pids), CpuMeter(server_pids)
+                status_during = {_status(db, run_id)}
+                start = time.monotonic()
+                while time.monotonic() - start < window_s:
+                    time.sleep(1.0)
+                    browser_cpu.sample()
+                    server_cpu.sample()
+                    status_during.add(_status(db, run_id))
+                elapsed = time.monotonic() - start
+                probe = page.evaluate("({renders: window.__psctl.renders.length, "
+                                      "messages: window.__psctl.messages, "
+                                      "sockets: window.__psctl.sockets, "
+                                      "draws: window.__psctl.draws, "
+                                      "draw_cost_ms: window.__psctl.drawCostMs, "
+                                      "draw_ms: window.__psctl.drawMs, "
+                                      "badges: window.__psctl.badges, "
+                                      "badge: document.getElementById('live-badge').textContent})")
+                browser.close()
+            result = {
+                "window_s": elapsed, "run_status_during": sorted(status_during),
+                "chromium_cpu_s": browser_cpu.seconds(), "server_cpu_s": server_cpu.seconds(),
+                "chromium_processes": len(browser_cpu.last), "loadavg_at_window": loadavg,
+                "renders_in_window": probe["renders"] - renders0, "page": probe,
+                # A socket the server dropped shows here (and as more than one socket above).
+                "server_tracebacks": ui_log.read_text(errors="replace").count("Traceback"),
+            }
+            result["chromium_percent"] = 100 * result["chromium_cpu_s"] / elapsed
+            result["server_percent"] = 100 * result["server_cpu_s"] / elapsed
+            result["total_percent"] = result["chromium_percent"] + result["server_percent"]
+            return result
+        finally:
+            for proc in (ui, launch):
+                proc.terminate()
+            for proc in (ui, launch):
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+
+
+def live_main(chromium: str, window_s: float) -> None:
+    from bench._common import machine_info
+
+    result = live_cost(chromium, window_s)
+    payload = {**result, "goal_percent": 10.0, "machine": machine_info()}
+    print(json.dumps({k: v for k, v in payload.items() if k != "machine"}, indent=2))
+    write_result("dashboard_live", payload)
+    ok = "yes" if result["total_percent"] < 10 else "no"
+    lines = [
+        paragraph(LIVE_DOC),
+        "",
+        f"| measured ({result['window_s']:.0f} s window, run live throughout: "
+        f"{'yes' if result['run_status_during'] == ['running'] else 'no'}) | CPU, % of one "
+        "core | goal | met? |",
+        "|---|---|---|---|",
+        f"| chromium ({result['chromium_processes']} processes) | "
+        f"{result['chromium_percent']:.1f} % | - | n/a |",
+        f"| dashboard server (psctl ui) | {result['server_percent']:.1f} % | - | n/a |",
+        f"| the live run page in all | {result['total_percent']:.1f} % | < 10 % | {ok} |",
+        "",
+        paragraph(f"Load average {loadavg_text(result['loadavg_at_window'])} when the window "
+                  f"began (the run's 7 processes on 2 cores, and whatever else the machine ran); "
+                  f"{result['renders_in_window']} redraws of the page in the window."),
+        "",
+        paragraph("Before (issue 42): every websocket message (four a second) redrew every chart "
+                  "with Plotly.react, on screen or not, hidden tab or not, and every other delta "
+                  "carried the synchronisation timeline's last 20 s of raw rows (about 700 kB "
+                  "with 4 workers); measured the same way then: 27.7 % of a core (chromium "
+                  "23.4 %, server 4.3 %) at load average 5.44, and the issue's own figure was "
+                  "about 37 %. Now a live page redraws at most every 0.7 to 1.5 s (less often "
+                  "the more a redraw costs), only the charts on screen, the server polls every "
+                  "0.75 s and sends the timeline only while it is in view, and a hidden tab gets "
+                  "nothing."),
+        "",
+        paragraph("The price of batching is lag: a row reaches a live page within one poll "
+                  "(0.75 s) and at most one redraw interval after its commit. A first setting "
+                  "(polls every 1 s, redraws every 1 to 2 s) cost 6.9 % of a core at load average "
+                  "5.5 but a commit-to-page lag of 1.33 s median (`bench/dashboard.py --quick` "
+                  "on a quiet machine), past the dashboard's 1 s goal; this one keeps both goals "
+                  "(the lag row of the section above is measured with it)."),
+        "",
+        paragraph("Reproduce: `python bench/dashboard.py --live` (about 2 minutes). Raw figures: "
+                  "`bench/results/dashboard_live.json`."),
+        "",
+        machine_note(payload["machine"]),
+    ]
+    _update_live_section("\n".join(lines))
+
+
+def loadavg_text(load: list[float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in load) + " (1, 5, 15 min)"
+
+
+def _update_live_section(body: str) -> None:
+    """The live section, placed after the Dashboard section the first time (update_docs_section
+    would append it at the end), replaced where it is after that."""
+    from bench._common import DOCS
+
+    heading = f"## {LIVE_SECTION}"
+    text = DOCS.read_text()
+    if heading not in text:
+        anchor = "## Dashboard (bench/dashboard.py)"
+        at = text.index(anchor)
+        following = text.find("\n## ", at + len(anchor))
+        cut = len(text) if following < 0 else following + 1
+        DOCS.write_text(text[:cut].rstrip("\n") + f"\n\n{heading}\n\n\n" + text[cut:])
+    update_docs_section(LIVE_SECTION, body)
 
 
 if __name__ == "__main__":

@@ -392,7 +392,7 @@ class CommConfig(_Frozen):
 class StopConfig(_Frozen):
     target_accuracy: float | None = Field(
         None, gt=0, le=1, json_schema_extra=flag("--target-accuracy"), description=(
-            "stop once the test accuracy reaches A (0-1)"))
+            "stop once the test accuracy reaches A: a fraction (0.97) or a percentage (97)"))
     max_seconds: float | None = Field(
         None, gt=0, le=_LONGEST_S, json_schema_extra=flag("--max-seconds"), description=(
             "stop after S seconds"))
@@ -401,6 +401,21 @@ class StopConfig(_Frozen):
             "train every worker until the budget is spent, cycling over its shard, and end the "
             "run for all at once: SECONDSs of training (from the first iteration), Nsamples or "
             "Nupdates over all workers; --epochs is then not used (engine/budget.py) [off]"))
+
+    @field_validator("target_accuracy", mode="before")
+    @classmethod
+    def _percent(cls, value: Any) -> Any:
+        # 97 in a config file or PSCTL_STOP__TARGET_ACCURACY means 97 %, as on the command line;
+        # past 100 it is left to the bound above, which refuses it.
+        if isinstance(value, int | float) and not isinstance(value, bool) and 1 < value <= 100:
+            return value / 100
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                return value
+            return number / 100 if 1 < number <= 100 else value
+        return value
 
 
 class EvalConfig(_Frozen):

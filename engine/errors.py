@@ -32,6 +32,12 @@ class Diverged(RunFailed):
     """Training produced a loss or a gradient that is not finite: the run cannot go on."""
 
 
+class MetricError(PsctlError, ValueError):
+    """A ``psctl.log`` call from the user's own code was refused: a name that is not a short
+    identifier, a value that is not one finite number, or one metric name too many. Raised in
+    the user's code, where the call is, and reported as that code's crash."""
+
+
 # -- data ---------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,15 @@ import typer
 from engine.analysis.selection import UsageError
 from engine.errors import PsctlError
 from psctl import policies, settings
-from psctl.cliutil import DbOption, Handled, RunArgument, err, show
+from psctl.cliutil import (
+    DbOption,
+    Handled,
+    PagerOption,
+    RunArgument,
+    WideOption,
+    err,
+    show,
+)
 from psctl.cliutil import fail as _fail
 from psctl.launch_command import launch
 from psctl.launch_options import SectionedCommand
@@ -111,35 +119,52 @@ def _scale_change(role: str, answer: dict[str, Any]) -> str:
     return "nothing to change"
 
 
+def _complete_status(incomplete: str) -> list[str]:
+    from engine.db.queries import STATUSES
+
+    return [status for status in STATUSES if status.startswith(incomplete)]
+
+
 @runs_app.command("ls")
 def runs_ls(
-    status: Annotated[str | None, typer.Option(help="only runs with this status")] = None,
+    status: Annotated[str | None, typer.Option(
+        help="only runs with this status", autocompletion=_complete_status)] = None,
     limit: Annotated[int | None, typer.Option(
         min=0, max=_SQLITE_INT_MAX, help="at most N runs")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+    wide: WideOption = False,
+    pager: PagerOption = False,
     db: DbOption = None,
 ) -> None:
-    """List recorded runs, newest first."""
+    """List recorded runs, newest first; a simulated run is marked (sim)."""
     from engine.db import open_engine
-    from engine.db.queries import list_runs
+    from engine.db.queries import STATUSES, list_runs, quoted
     from psctl.display import runs_table
+    from psctl.simulated import simulated_runs
 
     try:
+        if status is not None and status not in STATUSES:
+            raise UsageError(f"unknown run status {quoted(status)}; expected one of "
+                             f"{', '.join(STATUSES)}")
         engine = open_engine(settings.database_path(db), readonly=True)
         runs = list_runs(engine, status=status, limit=limit,
                          crash_after_s=settings.crash_after_s())
-    except PsctlError as exc:
+        simulated = simulated_runs(engine, [run.id for run in runs])
+    except Handled as exc:
         raise _fail(exc) from None
     if as_json:
-        typer.echo(json.dumps([run.to_dict() for run in runs], indent=2))
+        typer.echo(json.dumps([run.to_dict() | {"simulated": run.id in simulated}
+                               for run in runs], indent=2))
     else:
-        show(runs_table(runs))
+        show(runs_table(runs, simulated), wide=wide, pager=pager)
 
 
 @runs_app.command("show")
 def runs_show(
     run: RunArgument,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
+    wide: WideOption = False,
+    pager: PagerOption = False,
     db: DbOption = None,
 ) -> None:
     """Show one run: status, config, per-worker timings, idle time, staleness, evaluations."""
@@ -156,7 +181,7 @@ def runs_show(
     if as_json:
         typer.echo(json.dumps(detail.to_dict(), indent=2))
     else:
-        show(detail_view(detail))
+        show(detail_view(detail), wide=wide, pager=pager)
 
 
 @app.command("ui")
@@ -193,13 +218,20 @@ from psctl.study_cli import register as register_study  # noqa: E402  (psctl stu
 register_study(app)
 
 
+def _complete_predictor(incomplete: str) -> list[str]:
+    from engine.consistency.timings import PREDICTORS
+
+    return [name for name in PREDICTORS if name.startswith(incomplete)]
+
+
 @zipline_app.command("replay")
 def zipline_replay(
     run: Annotated[str, typer.Argument(help="run id, unique id prefix, name, @last or @last~N")],
     lookahead: Annotated[int | None, typer.Option(
         min=1, max=10_000, help="R to replay with [the run's sync.lookahead, or 15]")] = None,
     predictor: Annotated[str | None, typer.Option(
-        help="last or ewma [the run's sync.predictor, or ewma]")] = None,
+        help="last or ewma [the run's sync.predictor, or ewma]",
+        autocompletion=_complete_predictor)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout")] = False,
     db: DbOption = None,
 ) -> None:

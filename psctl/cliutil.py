@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console, RenderableType
@@ -11,23 +13,85 @@ from rich.console import Console, RenderableType
 from engine.analysis.selection import UsageError
 from engine.errors import PsctlError, RunNotFound
 from psctl import settings
-
-out = Console()
-err = Console(stderr=True)
-# Wider than any table psctl prints; a cap only so that measuring terminates quickly.
-_PIPE_WIDTH = 10_000
+from psctl.tables import UNBOUNDED
 
 
-def show(renderable: RenderableType, console: Console = out) -> None:
-    """Print to a terminal at its width; into a file or a pipe at the renderable's natural
-    width, since squeezing it to a nominal 80 columns would cut every value to "…"."""
-    if console.is_terminal:
+class Screen(Console):
+    """A console whose messages wrap at a terminal's width and never off one: in a file or a
+    pipe each message stays one line, however long (a nominal 80 columns would cut sentences
+    in two)."""
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        if options.get("soft_wrap") is None and not self.is_terminal:
+            options["soft_wrap"] = True
+        super().print(*objects, **options)
+
+
+out = Screen()
+err = Screen(stderr=True)
+
+
+def screen_width(console: Console) -> int | None:
+    """The width to lay tables out for: COLUMNS when set (a width asked for, in a file too),
+    else the terminal's; None off a terminal (a file or a pipe: as wide as the table is)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return console.width if console.is_terminal else None
+
+
+def show(renderable: RenderableType, console: Console = out, *, wide: bool = False,
+         pager: bool = False) -> None:
+    """Print at the screen's width (tables then choose their columns to fit it) or, ``wide``
+    or off a terminal, at the renderable's natural width: nothing is cut or wrapped. A pager
+    only when asked for and stdout is a terminal."""
+    natural = console.measure(renderable, options=console.options.update_width(UNBOUNDED))
+    if pager and console.is_terminal:
+        _page(renderable, console, natural.maximum)
+        return
+    width = None if wide else screen_width(console)
+    if width is None:
+        width = max(natural.maximum, 1)
+    if console.is_terminal and width == console.width:
         console.print(renderable)
         return
-    options = console.options.update_width(_PIPE_WIDTH)
-    width = max(console.measure(renderable, options=options).maximum, console.width)
     Console(file=console.file, width=width, no_color=console.no_color, highlight=False,
             soft_wrap=False).print(renderable)
+
+
+def _page(renderable: RenderableType, console: Console, width: int) -> None:
+    # Every column, at full width: less -S scrolls sideways instead of folding each row.
+    os.environ.setdefault("LESS", "-RS")
+    paged = Console(width=max(width, 1), force_terminal=True, no_color=console.no_color)
+    with paged.pager(styles=not console.no_color):
+        paged.print(renderable)
+
+
+def accuracy(value: float) -> float:
+    """An accuracy given as a fraction (0.97) or in percent (97, any value above 1): the
+    fraction. Past 100 %, or not above 0, is a UsageError."""
+    if math.isnan(value) or not 0 < value <= 100:
+        raise UsageError(f"{value:g} is no accuracy: give a fraction (0.97) or a percentage "
+                         "(97), above 0 and at most 100")
+    return value / 100 if value > 1 else value
+
+
+def parse_accuracy(text: str) -> float:
+    """typer's parser of an accuracy option (``--target-accuracy``, ``--target``): a bad value
+    is a usage error (exit 2) that names the option."""
+    try:
+        return accuracy(float(text))
+    except ValueError as exc:  # UsageError is one; float("x") raises another
+        message = str(exc) if isinstance(exc, UsageError) else f"{text!r} is not a number"
+        raise typer.BadParameter(message) from None
+
+
+WideOption = Annotated[bool, typer.Option(
+    "--wide", help="every column, however wide the terminal (a narrow one otherwise shows the "
+    "most important columns and names the others)")]
+PagerOption = Annotated[bool, typer.Option(
+    "--pager/--no-pager", envvar="PSCTL_PAGER",
+    help="show the table in a pager (less -S, or $PAGER) at full width; only on a terminal")]
 
 
 def complete_run(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
@@ -78,7 +142,7 @@ def fail(exc: Exception) -> typer.Exit:
     # may hold brackets that Rich would otherwise take for (or choke on as) markup.
     err.print("[red]error:[/]", end=" ", highlight=False)
     err.print(str(exc), highlight=False, markup=False, soft_wrap=True)
-    if isinstance(exc, UsageError):
+    if isinstance(exc, UsageError | settings.OptionError):
         return typer.Exit(settings.EXIT_USAGE)
     if isinstance(exc, RunNotFound):
         return typer.Exit(settings.EXIT_NOT_FOUND)

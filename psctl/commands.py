@@ -116,9 +116,16 @@ def runs_tag(
     err.print(f"tagged run {run_id[:8]}", highlight=False)
 
 
+def _complete_format(incomplete: str) -> list[str]:
+    from psctl.export import FORMATS
+
+    return [name for name in FORMATS if name.startswith(incomplete)]
+
+
 def export_command(
     run: RunArgument,
-    fmt: Annotated[str, typer.Option("--format", help="csv, json or parquet")] = "csv",
+    fmt: Annotated[str, typer.Option("--format", help="csv, json or parquet",
+                                     autocompletion=_complete_format)] = "csv",
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="folder to write [./psctl-export-<id>]")
     ] = None,
@@ -164,12 +171,9 @@ def config_show(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.table import Table
+    from psctl.tables import Col, FitTable
 
-    table = Table(title="settings of psctl launch (flags override all of these)",
-                  title_justify="left")
-    for column in ("key", "value", "source"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(row["key"], json.dumps(row["value"]), row["source"])
-    show(table)
+    # Every column always: a row is read whole, however wide (never cut to the screen).
+    show(FitTable([Col("key", "left"), Col("value", "left"), Col("source", "left")],
+                  [(row["key"], json.dumps(row["value"]), row["source"]) for row in rows],
+                  title="settings of psctl launch (flags override all of these)"))

@@ -13,7 +13,17 @@ from rich.table import Table
 from rich.text import Text
 
 from engine.analysis.cells import fmt_seconds
-from engine.db.queries import EvaluationPoint, Progress, RunDetail, RunSummary, WorkerStats
+from engine.db.queries import Progress, RunDetail, RunSummary
+from psctl.detail_tables import (
+    STALENESS,
+    evaluations_table,
+    layers_table,
+    ms,
+    rate,
+    workers_table,
+)
+from psctl.detail_tables import fmt_pct as fmt_pct  # where the launch summary takes it from
+from psctl.tables import Col, FitTable
 
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red",
                 "interrupted": "yellow", "crashed": "magenta"}
@@ -24,18 +34,13 @@ def fmt_date(unix_s: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_s))
 
 
-def fmt_pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
+def fmt_target(accuracy: float) -> str:
+    """A target accuracy as every view writes it: in percent, 0.97 as "97 %"."""
+    return f"{100 * accuracy:.4g} %"
 
 
 def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, ""))
-
-
-# Staleness, named the same in the terminal, the API, the charts and the docs: the number of
-# updates applied to the parameters between a worker's pull and its push. SSP's --staleness
-# bounds clocks (iterations), a different unit.
-STALENESS = "staleness (updates since the pull)"
 
 
 @dataclass(frozen=True)
@@ -54,19 +59,27 @@ def progress_view(progress: Progress, plan: Plan) -> Group:
     latest = progress.latest_evaluation
     head = Text.assemble(
         (f"{progress.name}  ", "bold"), status_text(progress.status),
-        f"   elapsed {fmt_seconds(elapsed)}   {progress.iterations_per_s:.1f} it/s   ",
+        f"   {_elapsed(progress, elapsed)}   {progress.iterations_per_s:.1f} it/s   ",
         f"test accuracy {fmt_pct(latest.accuracy if latest else None)}",
         f" (best {fmt_pct(progress.best_accuracy)})",
     )
-    table = Table(box=None, pad_edge=False)
-    for column in ("worker", "epoch", "iteration", "it/s", STALENESS, "loss"):
-        table.add_column(column, justify="right")
-    for worker in progress.workers:
-        table.add_row(str(worker.worker), f"{worker.epoch + 1}/{plan.epochs}",
-                      str(worker.iteration + 1),
-                      f"{worker.iterations_per_s:.1f}", str(worker.staleness),
-                      "-" if worker.loss is None else f"{worker.loss:.4f}")
+    table = FitTable(PROGRESS_COLUMNS, [
+        (str(worker.worker), f"{worker.epoch + 1}/{plan.epochs}", str(worker.iteration + 1),
+         f"{worker.iterations_per_s:.1f}", str(worker.staleness),
+         "-" if worker.loss is None else f"{worker.loss:.4f}")
+        for worker in progress.workers], boxed=False)
     return Group(head, progress_line(progress, plan, elapsed), table)
+
+
+PROGRESS_COLUMNS = (Col("worker"), Col("epoch"), Col("iteration"), Col("it/s"),
+                    Col(STALENESS, short="staleness"), Col("loss"))
+
+
+def _elapsed(progress: Progress, elapsed: float) -> str:
+    """The run's time so far, and how much of it was start-up (not training)."""
+    if progress.startup_s is None:
+        return f"elapsed {fmt_seconds(elapsed)}"
+    return f"elapsed {fmt_seconds(elapsed)} (start-up {fmt_seconds(progress.startup_s)})"
 
 
 def starting_view() -> Text:
@@ -98,43 +111,58 @@ def progress_line(progress: Progress, plan: Plan, elapsed: float) -> RenderableT
                     "iterations)"
     fraction = min(max(fraction, 0.0), 1.0)
     parts = [f" {100 * fraction:5.1f}%  {limit}"]
-    if progress.status == "running":
+    if progress.status == "running" and eta is not None:  # no rate yet: no guess
         parts.append(f"ETA {fmt_seconds(eta)}")
     if plan.target_accuracy is not None:
-        parts.append(f"or at {fmt_pct(plan.target_accuracy)} test accuracy")
+        parts.append(f"or at {fmt_target(plan.target_accuracy)} test accuracy")
     bar = ProgressBar(total=1.0, completed=fraction, width=30)
     line = Table.grid(padding=(0, 1))
     line.add_row(bar, Text("  ·  ".join(parts)))
     return line
 
 
-def runs_table(runs: list[RunSummary]) -> Table:
-    table = Table(title="runs", title_justify="left")
-    for column, justify in (("id", "left"), ("name", "left"), ("status", "left"),
-                            ("sync", "left"), ("w×s", "right"), ("dataset", "left"),
-                            ("iterations", "right"), ("best acc", "right"),
-                            ("duration", "right"), ("started", "left")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for run in runs:
-        # Text, not str: Rich would read brackets in a run's name as markup.
-        table.add_row(run.id[:8], Text(run.name), status_text(run.status), run.sync,
-                      f"{run.workers}×{run.servers}", run.dataset, str(run.iterations),
-                      fmt_pct(run.best_accuracy), fmt_seconds(run.duration_s),
-                      fmt_date(run.started_at))
-    return table
+# The runs list's columns; on a narrow screen the start time goes first, then the counts.
+RUNS_COLUMNS = (Col("id", "left"), Col("name", "left"), Col("status", "left"),
+                Col("sync", "left"), Col("w×s", rank=2), Col("dataset", "left", rank=1),
+                Col("iterations", short="iters", rank=3), Col("best acc", short="best"),
+                Col("duration", short="time"), Col("started", "left", rank=4))
+SIMULATED_MARK = " (sim)"
+SIMULATED_NOTE = "(sim): simulated in virtual time; its times are not this machine's"
+
+
+def runs_table(runs: Sequence[RunSummary], simulated: frozenset[str] = frozenset()) -> FitTable:
+    """The runs list; the ids in ``simulated`` ran on a virtual clock and are marked so."""
+    rows = [(run.id[:8], Text(run.name),  # Text, not str: "[x]" in a name is not markup
+             status_text(run.status) + (SIMULATED_MARK if run.id in simulated else ""),
+             run.sync, f"{run.workers}×{run.servers}", run.dataset, str(run.iterations),
+             fmt_pct(run.best_accuracy), fmt_seconds(run.duration_s), fmt_date(run.started_at))
+            for run in runs]
+    notes = (SIMULATED_NOTE,) if any(run.id in simulated for run in runs) else ()
+    return FitTable(RUNS_COLUMNS, rows, title="runs", notes=notes)
+
+
+def _head(detail: RunDetail) -> list[RenderableType]:
+    """The run's name, status, shape and outcome; a simulated run's times said to be virtual."""
+    run = detail.summary
+    virtual = " of virtual time" if detail.simulated else ""
+    target = detail.config.get("stop", {}).get("target_accuracy")
+    return [
+        Text.assemble((f"{run.name}", "bold"), f"  {run.id}",
+                      ("  simulated", "cyan") if detail.simulated else ""),
+        Text.assemble("status ", status_text(run.status),
+                      f"   {run.sync}, {run.workers} workers × {run.servers} servers, "
+                      f"{run.dataset}   duration {fmt_seconds(run.duration_s)}{virtual}"),
+        Text(f"best accuracy {fmt_pct(run.best_accuracy)}   final "
+             f"{fmt_pct(run.final_accuracy)}   iterations {run.iterations}   "
+             f"throughput {rate(detail.totals.samples_per_s)} samples/s"),
+        # A line of its own, where "97 %" is never split by wrapping.
+        *((Text(f"stops at {fmt_target(target)} test accuracy"),) if target is not None else ()),
+    ]
 
 
 def detail_view(detail: RunDetail) -> Group:
     run = detail.summary
-    lines: list[RenderableType] = [
-        Text.assemble((f"{run.name}", "bold"), f"  {run.id}"),
-        Text.assemble("status ", status_text(run.status),
-                      f"   {run.sync}, {run.workers} workers × {run.servers} servers, "
-                      f"{run.dataset}   duration {fmt_seconds(run.duration_s)}"),
-        Text(f"best accuracy {fmt_pct(run.best_accuracy)}   final "
-             f"{fmt_pct(run.final_accuracy)}   iterations {run.iterations}   "
-             f"throughput {_rate(detail.totals.samples_per_s)} samples/s"),
-    ]
+    lines = _head(detail)
     if detail.totals.startup_s is not None:  # training times count from the first iteration
         lines.append(Text(f"start-up {fmt_seconds(detail.totals.startup_s)} before the first "
                           f"iteration, then {fmt_seconds(detail.totals.wall_s)} of training"))
@@ -152,132 +180,23 @@ def detail_view(detail: RunDetail) -> Group:
     if detail.faults:
         lines.append(Text("faults and recovery:", style="bold"))
         lines.extend(Text(f"  {at:8.2f} s  {kind}: {what}") for at, kind, what in detail.faults)
-    lines.append(_workers_table(detail))
+    lines.append(workers_table(detail))
     if detail.syncs is not None:
         lines.append(Text(
             f"ElasticBSP: {detail.syncs.barriers} barriers, mean predicted wait "
-            f"{_ms(detail.syncs.predicted_wait_mean_s)}, mean actual wait "
-            f"{_ms(detail.syncs.actual_wait_mean_s)}, barrier distance mean "
+            f"{ms(detail.syncs.predicted_wait_mean_s)}, mean actual wait "
+            f"{ms(detail.syncs.actual_wait_mean_s)}, barrier distance mean "
             f"{_iterations(detail.syncs.distance_mean)}, max {detail.syncs.distance_max} "
             f"(psctl zipline replay {run.id[:8]})"))
     if detail.layers:
-        lines.append(_layers_table(detail))
+        lines.append(layers_table(detail))
     if detail.evaluations:
-        lines.append(_evaluations_table(detail))
+        lines.append(evaluations_table(detail))
     return Group(*lines)
-
-
-def _layers_table(detail: RunDetail) -> Table:
-    schedule = detail.config.get("comm", {}).get("schedule", "")
-    table = Table(title=f"per layer (requests scheduled {schedule})", title_justify="left",
-                  caption="suspend: how long the servers held the layer's pull back; order: "
-                  "its mean place in the pull schedule (0 first)", caption_justify="left")
-    for column in ("layer", "pulls", "suspend mean", "suspend max", "staleness mean",
-                   "staleness max", "pull order"):
-        table.add_column(column, justify="right")
-    for layer in detail.layers:
-        table.add_row(str(layer.layer), str(layer.pulls), _ms(layer.suspend_s_mean),
-                      _ms(layer.suspend_s_max), f"{layer.staleness_mean:.2f}",
-                      str(layer.staleness_max), f"{layer.pull_order_mean:.2f}")
-    return table
 
 
 def _iterations(count: float | None) -> str:
     return "-" if count is None else f"{count:.1f} iterations"
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
-
-
-def _workers_table(detail: RunDetail) -> Table:
-    # The staleness unit once, in the caption (see STALENESS), not in two long headers.
-    table = Table(title="per worker (seconds are per iteration means)", title_justify="left",
-                  caption=f"{STALENESS}: updates applied to the model between a worker's pull "
-                  "and its push", caption_justify="left")
-    # The applied learning-rate scale (runs recorded before schema 5 have none).
-    scaled = any(w.lr_scale_mean is not None for w in detail.workers)
-    # Push bytes before and after the push filter (runs before schema 5 have neither).
-    pushed = any(w.push_reduction is not None for w in detail.workers)
-    cached = any(w.pull_bytes_saved for w in detail.workers)  # SSP's cache answered reads
-    for column in ("worker", "iterations", "compute", "push", "pull", "wait (idle)",
-                   "idle %", "staleness mean", "staleness max", "samples/s",
-                   *(("lr scale mean", "lr scale min-max") if scaled else ()),
-                   *(("push KB/it", "push reduction") if pushed else ()),
-                   *(("cache saved KB/it",) if cached else ())):
-        table.add_column(column, justify="right")
-    if scaled:
-        table.caption = (f"{table.caption}\nlr scale: the factor the servers applied each "
-                         "gradient with (aggregator weight x schedule x staleness rule)")
-    for w in detail.workers:
-        table.add_row(str(w.worker), str(w.iterations), f"{w.compute_s_mean * 1e3:.1f} ms",
-                      f"{w.push_s_mean * 1e3:.1f} ms", f"{w.pull_s_mean * 1e3:.1f} ms",
-                      f"{w.wait_s_mean * 1e3:.1f} ms", fmt_pct(w.idle_fraction),
-                      f"{w.staleness_mean:.2f}", str(w.staleness_max), _rate(w.samples_per_s),
-                      *(_lr_cells(w) if scaled else ()), *(_push_cells(w) if pushed else ()),
-                      *((f"{(w.pull_bytes_saved or 0) / w.iterations / 1e3:,.1f}",)
-                        if cached else ()))
-    if pushed:
-        table.caption = (f"{table.caption}\npush reduction: dense float32 push bytes / push "
-                         "bytes sent (the push filter's saving; 1.0x without one)")
-    if cached:
-        table.caption = (f"{table.caption}\ncache saved: the pull bytes of the reads the "
-                         "worker's cache answered within the staleness bound (--no-cache: none)")
-    return table
-
-
-def _push_cells(w: WorkerStats) -> tuple[str, str]:
-    if w.push_bytes is None or w.push_reduction is None:
-        return "-", "-"
-    return f"{w.push_bytes / w.iterations / 1e3:,.1f}", f"{w.push_reduction:.1f}x"
-
-
-def _lr_cells(w: WorkerStats) -> tuple[str, str]:
-    if w.lr_scale_mean is None or w.lr_scale_min is None or w.lr_scale_max is None:
-        return "-", "-"
-    return f"{w.lr_scale_mean:.4g}", f"{w.lr_scale_min:.4g}-{w.lr_scale_max:.4g}"
-
-
-# Up to this many evaluations are listed whole; a longer run lists a sample of them.
-EVALUATIONS_SHOWN = 20
-
-
-def shown_evaluations(points: Sequence[EvaluationPoint], limit: int = EVALUATIONS_SHOWN) -> \
-        list[EvaluationPoint]:
-    """All of ``points`` if they fit, else evenly spaced ones that always include the first,
-    the best (the accuracy the header quotes) and the last; in time order."""
-    if len(points) <= limit:
-        return list(points)
-    best = max(range(len(points)), key=lambda i: (points[i].accuracy, -i))
-    last = len(points) - 1
-    # limit - 1 evenly spaced (the first and the last among them), plus the best.
-    keep = {round(k * last / (limit - 2)) for k in range(limit - 1)} | {best}
-    return [points[i] for i in sorted(keep)]
-
-
-def _evaluations_table(detail: RunDetail) -> Table:
-    points = detail.evaluations
-    shown = shown_evaluations(points)
-    caption = None
-    if len(shown) < len(points):
-        # A caption, not the title: a title would wrap to the narrow table's width.
-        caption = (f"{len(shown)} of {len(points)} shown, including the best and the last; "
-                   "--json lists all")
-    table = Table(title="test evaluations", title_justify="left", caption=caption,
-                  caption_justify="left")
-    for column in ("elapsed", "epoch", "step", "accuracy", "loss", ""):
-        table.add_column(column, justify="right")
-    best = max(p.accuracy for p in points)
-    for point in shown:
-        mark = "best" if point.accuracy == best else ""
-        table.add_row(fmt_seconds(point.elapsed_s), f"{point.epoch:.2f}", str(point.step),
-                      fmt_pct(point.accuracy), f"{point.loss:.4f}", mark,
-                      style="bold green" if mark else "")
-    return table
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
 
 
 def as_jsonable(value: Any) -> Any:

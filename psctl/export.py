@@ -25,6 +25,7 @@ from engine.db.schema import (
     runs,
     syncs,
     tags,
+    user_metrics,
 )
 from engine.errors import StoreError
 
@@ -39,6 +40,7 @@ TABLES: tuple[tuple[Table, str], ...] = (
     (syncs, "run_id"),
     (process_samples, "run_id"),
     (layer_iterations, "run_id"),
+    (user_metrics, "run_id"),  # what the run's own code logged with psctl.log
 )
 _BATCH = 50_000
 

@@ -26,11 +26,13 @@ from engine.roles.sampling import oversubscription, usable_cores
 from psctl.display import (
     Plan,
     fmt_pct,
+    fmt_target,
     progress_view,
     starting_view,
     status_text,
 )
 from psctl.learnopts import downpour_momentum_note, momentum_twice_note
+from psctl.settings import OptionError
 
 
 def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
@@ -40,19 +42,38 @@ def resolve_config(config_file: Path | None, overrides: dict[str, Any], *,
     file fails now, before any process starts, with a message saying what to do."""
     from psctl.configsources import layers, merged_values
 
-    config = build_config(merged_values(layers(config_file, no_config=no_config)), overrides)
+    config = compose(merged_values(layers(config_file, no_config=no_config)), overrides)
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     source = locate(config.data.dataset, data_dir, allow_download=True)
-    if not is_user_source(config.data.dataset):  # a user's data is loaded by the coordinator
-        spec = describe(config.data.dataset)
-        builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
-                       spec.num_classes, sparse=spec.sparse)  # a model that cannot take these
-        # samples says so now
     if BACKENDS.can(config.cluster.backend, THIS_MACHINE):  # a cluster's GPUs are on its nodes
         check_device(config.train.device)
     if source not in ("sklearn", "generated") and not is_user_source(config.data.dataset):
         pinned = config.data.model_copy(update={"data_dir": str(Path(source).resolve())})
         config = config.model_copy(update={"data": pinned})
+    return config
+
+
+def compose(values: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    """The run of the files' ``values`` with the flags' ``overrides``, checked. A refusal the
+    flags cause (the files' values alone compose) is an OptionError, a usage error: exit 2."""
+    try:
+        return _checked(build_config(values, overrides))
+    except ConfigError as exc:
+        if isinstance(exc, OptionError) or not any(v is not None for v in overrides.values()):
+            raise
+        try:
+            _checked(build_config(values, {}))
+        except ConfigError:
+            raise exc from None  # the files are wrong already: an error in them, exit 1
+        raise OptionError(str(exc)) from None
+
+
+def _checked(config: RunConfig) -> RunConfig:
+    """``config``, once its model is known to take its data set's samples."""
+    if not is_user_source(config.data.dataset):  # a user's data is loaded by the coordinator
+        spec = describe(config.data.dataset)
+        builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
+                       spec.num_classes, sparse=spec.sparse)
     return config
 
 
@@ -149,7 +170,7 @@ def print_group(db: Path, group: str, console: Console) -> None:
     row = table.rows[0]
     reached = cell(columns["time_to_target_s"], row)
     console.print(f"group {escape(group)}: {row['runs']} runs; best test accuracy "
-                  f"{cell(columns['best_accuracy'], row)}; time to {DEFAULT_TARGET:.0%} "
+                  f"{cell(columns['best_accuracy'], row)}; time to {fmt_target(DEFAULT_TARGET)} "
                   f"{reached + ' s' if reached else 'not reached by every run'} "
                   "(mean ± standard deviation)", highlight=False)
     console.print(f"  compare: psctl compare --where group={escape(group)}", highlight=False)
@@ -178,7 +199,9 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
     console.print(status_text(status), f"run {run.id} ({escape(run.name)})", highlight=False)
     # The run's own duration (ended_at - started_at), as runs ls, runs show and the dashboard
     # show it, not the time this command took.
-    console.print(f"  duration {fmt_seconds(run.duration_s)}, {run.iterations} "
+    # A simulated run's clock is virtual, and the summary says so.
+    virtual = " of virtual time (simulated)" if detail.simulated else ""
+    console.print(f"  duration {fmt_seconds(run.duration_s)}{virtual}, {run.iterations} "
                   f"iterations, best test accuracy {fmt_pct(run.best_accuracy)}, final "
                   f"{fmt_pct(run.final_accuracy)}", highlight=False)
     if status == "interrupted":

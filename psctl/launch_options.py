@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -22,9 +22,15 @@ from pydantic.fields import FieldInfo
 from engine.catalog import NAMED, implied, names, own_settings
 from engine.config import RunConfig
 from engine.errors import ConfigError
-from psctl.cliutil import DbOption
+from psctl.cliutil import DbOption, parse_accuracy
+from psctl.settings import OptionError
 
 RUN_PANEL = "run"
+# Settings whose flag reads its value its own way: the parser, and the help that says how.
+PARSED: dict[str, tuple[Callable[[str], Any], str]] = {
+    "stop.target_accuracy": (parse_accuracy, "stop once the test accuracy reaches A: a "
+                             "fraction (0.97) or a percentage (97)"),
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class SettingOption:
     kind: type
     many: bool
     help: str
+    choices: tuple[str, ...] = ()  # a Literal's values (a policy's come from its registry)
 
     @property
     def param(self) -> str:
@@ -55,6 +62,13 @@ def _fields(model: type[BaseModel], prefix: str) -> list[tuple[str, FieldInfo]]:
         else:
             found.append((prefix + name, info))
     return found
+
+
+def _literal(annotation: Any) -> tuple[str, ...]:
+    """The values of a ``Literal`` annotation (optional or not), else none."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return tuple(v for arg in get_args(annotation) for v in _literal(arg))
+    return tuple(map(str, get_args(annotation))) if get_origin(annotation) is Literal else ()
 
 
 def _kind(annotation: Any) -> tuple[type, bool]:
@@ -94,7 +108,8 @@ def setting_options() -> tuple[SettingOption, ...]:
         if isinstance(extra, dict) and isinstance(extra.get("flag"), str):
             kind, many = _kind(info.annotation)
             option = SettingOption(setting, str(extra["flag"]), kind, many,
-                                   _help(setting, info))
+                                   PARSED[setting][1] if setting in PARSED
+                                   else _help(setting, info), _literal(info.annotation))
             if option.flag in options:
                 raise ConfigError(f"{option.flag} is the flag of both "
                                   f"{options[option.flag].setting} and {setting}")
@@ -106,9 +121,53 @@ def _setting_parameter(option: SettingOption) -> inspect.Parameter:
     decls = (f"{option.flag}/--no-{option.flag.removeprefix('--')}" if option.kind is bool
              else option.flag)
     kind: Any = list[option.kind] if option.many else option.kind  # type: ignore[name-defined]
-    info = typer.Option(decls, help=option.help, rich_help_panel=option.section)
+    parser = PARSED[option.setting][0] if option.setting in PARSED else None
+    info = typer.Option(decls, help=option.help, rich_help_panel=option.section, parser=parser,
+                        autocompletion=value_completion(option))
     return inspect.Parameter(option.param, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[kind | None, info])
+
+
+def _datasets() -> tuple[str, ...]:
+    from engine.datasets.registry import DATASETS
+    from engine.datasets.sources import LIBSVM
+    from engine.datasets.sparse import PREFIX
+
+    return (*DATASETS.names(), PREFIX, LIBSVM)
+
+
+def _models() -> tuple[str, ...]:
+    from engine.models.kinds import MODELS
+
+    return MODELS.names()
+
+
+# Settings that name a registered thing that is no policy, and where its names are listed;
+# read only when a shell asks (the registries load numpy, which --help must not).
+REGISTERED: dict[str, Callable[[], tuple[str, ...]]] = {
+    "data.dataset": _datasets, "model.name": _models}
+
+
+def choices(option: SettingOption) -> Callable[[], tuple[str, ...]] | None:
+    """Where the values a shell completes for ``option`` come from, if it has a set of them."""
+    if option.setting in NAMED:
+        return lambda: names(option.setting)
+    if option.choices:
+        return lambda: option.choices
+    return REGISTERED.get(option.setting)
+
+
+def value_completion(option: SettingOption) -> Callable[[str], list[str]] | None:
+    """The shell completion of ``option``'s values: the registered names that start with what
+    was typed."""
+    listed = choices(option)
+    if listed is None:
+        return None
+
+    def complete(incomplete: str) -> list[str]:
+        return [name for name in listed() if name.startswith(incomplete)]
+
+    return complete
 
 
 def _others(
@@ -174,10 +233,14 @@ def launch_config(options: Mapping[str, Any], db: Path) -> RunConfig:
     from psctl.syncopts import sync_overrides
 
     overrides = launch_overrides(options)
-    overrides |= sync_overrides(stragglers=options.get("straggler"), jitter=options.get("jitter"),
-                                history=options.get("history"), db=db)
-    if options.get("lr_schedule") is not None:
-        overrides |= parse_schedule(str(options["lr_schedule"]))
+    try:  # these options are specs of their own: a refusal is a usage error, exit 2
+        overrides |= sync_overrides(stragglers=options.get("straggler"),
+                                    jitter=options.get("jitter"), history=options.get("history"),
+                                    db=db)
+        if options.get("lr_schedule") is not None:
+            overrides |= parse_schedule(str(options["lr_schedule"]))
+    except ConfigError as exc:
+        raise OptionError(str(exc)) from None
     return resolve_config(options.get("config"), overrides,
                           no_config=bool(options.get("no_config")))
 

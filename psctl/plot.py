@@ -11,6 +11,8 @@ from sqlalchemy import Engine
 
 from engine.analysis.selection import UsageError
 from engine.db.metrics import EVALUATION_METRICS, RunRecord, evaluation_series
+from engine.db.user_metrics import training_series
+from engine.usermetrics import is_name
 
 X_LABEL = "seconds of training"
 # Bright terminal colours, readable on dark and light backgrounds alike (never colour 0).
@@ -30,23 +32,31 @@ def plot(
     color: bool = True,
 ) -> str:
     """The chart as text, then one legend line per run; runs without evaluations are named
-    below it."""
-    if metric not in EVALUATION_METRICS:
-        raise UsageError(f"--metric takes one of {', '.join(EVALUATION_METRICS)}, not {metric!r}")
+    below it. A ``metric`` other than the evaluations' is one the runs' code logged
+    (``psctl.log``): per iteration, its mean over the workers."""
+    logged = metric not in EVALUATION_METRICS
+    if logged and not is_name(metric):
+        raise UsageError(f"--metric takes one of {', '.join(EVALUATION_METRICS)} or the name of "
+                         f"a metric the runs logged (psctl.log), not {metric!r}")
     drawn: list[Series] = []
     empty = []
     for record in records:
-        points = evaluation_series(engine, record.summary.id, metric)
+        points = (training_series(engine, record.summary.id, metric) if logged
+                  else evaluation_series(engine, record.summary.id, metric))
         label = f"{record.summary.id[:8]} {record.summary.name}"
         if points:
             xs, ys = zip(*points, strict=True)
             drawn.append((label, list(xs), list(ys)))
         else:
             empty.append(label)
+    if logged and not drawn:
+        raise UsageError(f"--metric {metric}: none of these runs logged a metric of that name "
+                         f"(psctl.log), and the evaluations' are {', '.join(EVALUATION_METRICS)}")
     lines = [_chart(drawn, metric, width, height, color)] if drawn else []
     lines += [_legend_line(i, label, color) for i, (label, _, _) in enumerate(drawn)]
     if empty:
-        lines.append(f"no evaluations yet: {', '.join(empty)}")
+        lines.append(f"no {metric} logged: {', '.join(empty)}" if logged
+                     else f"no evaluations yet: {', '.join(empty)}")
     return "\n".join(lines)
 
 
@@ -64,7 +74,8 @@ def _chart(drawn: list[Series], metric: str, width: int, height: int, color: boo
             plt.plot(xs, ys, marker=MARKERS[i % len(MARKERS)])
     low, high = y_range([y for _, _, ys in drawn for y in ys])
     plt.ylim(low, high)
-    plt.title(f"test {metric} against {X_LABEL}")
+    plt.title(f"{metric} against {X_LABEL}" if metric not in EVALUATION_METRICS
+              else f"test {metric} against {X_LABEL}")
     plt.xlabel(X_LABEL)
     plt.ylabel(metric)
     text = str(plt.build())

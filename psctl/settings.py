@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.errors import ConfigError
+
 DEFAULT_DB = Path("experiments.db")
 
 EXIT_OK = 0
@@ -14,6 +16,13 @@ EXIT_NOT_FOUND = 4
 EXIT_INTERRUPTED = 130
 
 CRASH_ENV_VAR = "PSCTL_CRASH_AFTER_S"
+
+
+class OptionError(ConfigError):
+    """A value given on the command line that the run's settings refuse (``--workers 0``,
+    ``--sync bogus``): a usage error, exit code EXIT_USAGE, where a config file's own bad value
+    is an error (EXIT_ERROR). A ConfigError, so that every caller that reports those reports
+    this too."""
 
 
 def database_path(option: Path | None) -> Path:
@@ -30,7 +39,6 @@ def crash_after_s() -> float:
     ``PSCTL_CRASH_AFTER_S`` overrides the default (15 s), e.g. for tests or slow file systems.
     """
     from engine.db.queries import CRASH_AFTER_S
-    from engine.errors import ConfigError
 
     raw = os.environ.get(CRASH_ENV_VAR)
     if not raw:

@@ -104,8 +104,8 @@ def test_a_new_consistency_model_is_one_module_and_one_registration(tmp_path: Pa
     assert re.search(r"sync\.capped\.cap[\s│]+2[\s│]+default", shown.stdout), shown.stdout
 
     refusal = _run(refused, env, tmp_path)
-    assert refusal.returncode == 1
-    said = EXAMPLE.split("exit code 1:\n", 1)[1].split("\n", 1)[0]
+    assert refusal.returncode == 2  # options the policy's rule refuses: a usage error
+    said = EXAMPLE.split("exit code 2:\n", 1)[1].split("\n", 1)[0]
     assert said in " ".join(refusal.stderr.split())
 
     trained = _run(run, env, tmp_path)

@@ -171,6 +171,14 @@ def test_the_resume_and_scale_lines_run_against_a_crashed_run_and_a_running_job(
     [(down,)] = _query(db, "SELECT json_extract(detail, '$.downtime_s') FROM events WHERE "
                            "run_id = ? AND kind = 'resumed'", run_id)
     assert down >= 1.0  # it was down at least the second slept above
+    # Its rates leave the downtime out: training time is the rows' span less the down span.
+    shown = json.loads(_psctl(["psctl", "runs", "show", run_id[:8], "--json"], env,
+                              tmp_path).stdout)
+    [span] = shown["downtime"]
+    [(first, last)] = _query(db, "SELECT min(started_at), max(ended_at) FROM iterations "
+                                 "WHERE run_id = ?", run_id)
+    assert span["seconds"] >= 1.0
+    assert shown["totals"]["wall_s"] == pytest.approx(last - first - span["seconds"])
 
     # Long enough to still run when the second line arrives (each command takes seconds to
     # start on a busy machine, and the roles forked from the template start at once); no

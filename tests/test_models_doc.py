@@ -53,10 +53,23 @@ def test_the_sparse_command_is_the_one_the_benchmark_measured() -> None:
     assert shown[0] == "psctl" and shown[1:] == measured[:measured.index("--name")]
 
 
+def test_the_logged_metrics_example_is_the_one_shown_and_its_commands_are_run() -> None:
+    """The section's commands are what tests/integration/test_user_metrics.py runs, and the
+    code it shows is the example file's own."""
+    from tests.integration.test_user_metrics import doc_commands
+
+    assert doc_commands() == BASH[2] and "--model docs/examples/logged_metrics.py" in BASH[2]
+    source = (REPO / "docs" / "examples" / "logged_metrics.py").read_text()
+    [shown] = re.findall(r"```python\n# docs/examples/logged_metrics.py\n(.*?)```", DOC,
+                         flags=re.S)
+    for line in shown.splitlines():
+        assert line.strip() == "..." or line in source, line
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_the_commands_run_and_say_what_the_page_says(tmp_path: Path) -> None:
-    assert len(BASH) == 2 and len(TEXT) == 2
+    assert len(BASH) == 3 and len(TEXT) == 2  # the third is test_user_metrics.py's
     env = {**os.environ, "PSCTL_DB": str(tmp_path / "experiments.db"), "NO_COLOR": "1",
            "COLUMNS": "400", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     runs = subprocess.run(["bash", "-ec", BASH[0]], cwd=REPO, env=env, capture_output=True,

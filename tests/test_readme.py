@@ -25,8 +25,34 @@ def _bash_blocks() -> list[str]:
 
 def test_readme_starts_with_install_and_test_commands() -> None:
     first, second = _bash_blocks()[:2]
-    assert "pip install -e" in first and "psctl launch --dataset digits" in first
-    assert second.strip() == ".venv/bin/python -m pytest -q"
+    assert "pip install -e . &&" in first and "psctl launch --dataset digits" in first
+    assert "[dev]" not in first  # running needs no test tools
+    install, tests = (part.strip() for part in second.split("&&"))
+    assert install == ".venv/bin/pip install -e '.[dev]'"
+    assert tests == ".venv/bin/python -m pytest -q"
+
+
+def test_the_first_launch_needs_nothing_from_the_dev_extra() -> None:
+    """What the first command installs (the project's dependencies) is enough to launch: no
+    module of the project imports a package only the dev extra brings."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = {_name(d) for d in project["dependencies"]}
+    dev_only = {_name(d) for d in project["optional-dependencies"]["dev"]} - base
+    imported = {"pytest", "pytest_timeout", "xdist", "hypothesis", "httpx", "mypy", "ruff",
+                "pandas", "playwright", "ray"}
+    assert {n.replace("-", "_") for n in dev_only} <= imported | {"pytest_xdist"}
+    for path in [*REPO.glob("psctl/**/*.py"), *REPO.glob("engine/**/*.py"),
+                 *REPO.glob("webui/**/*.py")]:
+        text = path.read_text()
+        for name in imported - {"ray"}:  # the Ray backend imports ray, behind its own extra
+            assert not re.search(rf"^\s*(import|from) {name}\b", text, flags=re.M), \
+                f"{path} imports {name}, which only the dev extra installs"
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower()
 
 
 def _run_psctl(line: str, db: Path) -> subprocess.CompletedProcess[str]:

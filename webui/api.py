@@ -38,7 +38,9 @@ def store(request: Request) -> Engine:
         raise HTTPException(503, str(exc)) from None
 
 
-def _run_id(request: Request, selector: str) -> tuple[Engine, str]:
+def run_of(request: Request, selector: str) -> tuple[Engine, str]:
+    """The database and the id of the run a selector names (404 when there is none, 400 when
+    it is ambiguous): every run endpoint starts here."""
     engine = store(request)
     try:
         return engine, resolve_run(engine, selector)
@@ -62,7 +64,7 @@ def runs(
 
 @router.get("/runs/{selector}", summary="One run: summary, config, per-worker statistics")
 def run(request: Request, selector: str) -> dict[str, Any]:
-    engine, run_id = _run_id(request, selector)
+    engine, run_id = run_of(request, selector)
     return run_detail(engine, run_id).to_dict()
 
 
@@ -81,7 +83,7 @@ def metric(
     """Iteration metrics come as time buckets of ``width`` seconds per worker and for all
     workers, each with its minimum and maximum where that matters (staleness, loss);
     ``points_total`` is the number of raw rows they summarise. Evaluations come raw."""
-    engine, run_id = _run_id(request, selector)
+    engine, run_id = run_of(request, selector)
     if metric in EVALUATION_METRICS:
         return _evaluation_metric(engine, run_id, metric, since)
     if metric not in METRICS:
@@ -113,19 +115,19 @@ def _evaluation_metric(engine: Engine, run_id: str, metric: str, since: float | 
 
 @router.get("/runs/{selector}/syncs", summary="ElasticBSP barriers (empty for other models)")
 def syncs(request: Request, selector: str, from_index: RowIndex = 0) -> list[dict[str, Any]]:
-    engine, run_id = _run_id(request, selector)
+    engine, run_id = run_of(request, selector)
     return series.syncs_from(engine, run_id, from_index)
 
 
 @router.get("/runs/{selector}/events", summary="Events, oldest first")
 def events(request: Request, selector: str, after_id: RowIndex = 0) -> list[dict[str, Any]]:
-    engine, run_id = _run_id(request, selector)
+    engine, run_id = run_of(request, selector)
     return series.events_since(engine, run_id, after_id)
 
 
 @router.get("/runs/{selector}/staleness", summary="Staleness histogram per worker")
 def staleness(request: Request, selector: str) -> list[dict[str, int]]:
-    engine, run_id = _run_id(request, selector)
+    engine, run_id = run_of(request, selector)
     return [{"worker": w, "staleness": s, "count": n}
             for w, s, n in series.staleness_histogram(engine, run_id)]
 
@@ -135,7 +137,7 @@ def staleness(request: Request, selector: str) -> list[dict[str, int]]:
 
 @router.get("/runs/{selector}/iterations.{fmt}", summary="Every iteration row (csv or json)")
 def iterations_download(request: Request, selector: str, fmt: str) -> StreamingResponse:
-    engine, run_id = _run_id(request, selector)
+    engine, run_id = run_of(request, selector)
     rows = series.iter_iterations(engine, run_id)
     return _download(series.ITERATION_COLUMNS, rows, fmt, f"{run_id}-iterations")
 
@@ -143,7 +145,7 @@ def iterations_download(request: Request, selector: str, fmt: str) -> StreamingR
 @router.get("/runs/{selector}/series/{metric}/full.{fmt}",
             summary="One metric at full fidelity: one value per iteration or evaluation")
 def metric_download(request: Request, selector: str, metric: str, fmt: str) -> StreamingResponse:
-    engine, run_id = _run_id(request, selector)
+    engine, run_id = run_of(request, selector)
     if metric in EVALUATION_METRICS:
         column = "accuracy" if metric == "accuracy" else "loss"
         evals = series.evaluations_since(engine, run_id)

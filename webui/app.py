@@ -30,7 +30,7 @@ from sqlalchemy import Engine
 from engine.db import open_engine
 from engine.db.queries import resolve_run
 from engine.errors import PsctlError, RunNotFound
-from webui import compare_api, live, runs_api
+from webui import compare_api, live, logs_api, runs_api, user_metrics_api
 from webui.api import router
 from webui.guard import LOOPBACK_NAMES, HostOriginGuard
 
@@ -147,6 +147,8 @@ def create_app(db: Path, hosts: Sequence[str] = LOOPBACK_NAMES) -> FastAPI:
     app.include_router(router)
     app.include_router(compare_api.router)
     app.include_router(runs_api.router)
+    app.include_router(logs_api.router)
+    app.include_router(user_metrics_api.router)  # psctl.log's metrics, for the run page
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.mount("/vendor/swagger", StaticFiles(directory=swagger_assets()), name="swagger")
     _add_pages(app, engine)

@@ -4,6 +4,10 @@ The table is built by :func:`engine.analysis.compare.comparison_for`, the functi
 the page can never disagree with ``psctl compare --json`` for the same arguments (groups of
 repeated runs included). Each cell also comes formatted by the terminal table's own rules,
 so the page does not re-implement them in JavaScript.
+
+Each run also comes with its clock: when its first iteration started and the spans a resumed run
+was down (:mod:`engine.db.downtime`), so that the page's charts count training time from the
+first iteration, start-up apart, as ``psctl compare`` and ``psctl plot`` do.
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select
 
 from engine.analysis.cells import cell, json_rows, shown_columns
 from engine.analysis.compare import best_values, comparison_for
 from engine.analysis.groups import GROUP_TAG
 from engine.analysis.selection import UsageError, select_runs
+from engine.analysis.table import Comparison
+from engine.db.downtime import run_downtime
+from engine.db.metrics import RunRecord
 from engine.db.queries import quoted
+from engine.db.schema import iterations, translate_errors
 from engine.errors import AmbiguousRun, PsctlError, RunNotFound, StoreError
 from psctl import settings
 from webui.api import store
@@ -32,6 +40,7 @@ MAX_RUNS = 100
 MAX_WHERE = 20
 MAX_SORT_KEY = 64
 MAX_TOP = 10_000
+MAX_METRIC = 64  # a logged metric's name (psctl.log); longer is a mistake
 
 Selector = Annotated[str | None, Query(max_length=MAX_SELECTOR)]
 
@@ -52,10 +61,15 @@ def compare_runs(
     sort_by: str | None = Query(None, max_length=MAX_SORT_KEY),
     top: int | None = Query(None, ge=0, le=MAX_TOP),
     per_run: bool = Query(False, description="a row per run, also for runs of a group"),
+    metric: str | None = Query(None, min_length=1, max_length=MAX_METRIC,
+                               description="a metric the runs' code logged (psctl.log): its "
+                                           "final and mean value as two more columns"),
 ) -> dict[str, Any]:
     """``rows`` are exactly ``psctl compare --json``'s output for the same arguments; ``cells``
     the same rows formatted as the terminal table prints them (a group's ``mean ± std``);
-    ``runs`` the selected runs themselves, with the group each belongs to."""
+    ``runs`` the selected runs themselves, with the group each belongs to, their backend
+    (``sim``: virtual time) and their clock (``first_iteration_at``, ``startup_s``,
+    ``downtime``)."""
     selectors = _selectors(runs)
     where = where or []
     for condition in where:
@@ -67,8 +81,9 @@ def compare_runs(
     try:
         table = comparison_for(engine, selectors, where, target=target, baseline=baseline,
                                sort_by=sort_by, top=top, per_run=per_run,
-                               crash_after_s=settings.crash_after_s())
+                               crash_after_s=settings.crash_after_s(), metric=metric)
         records = select_runs(engine, selectors, where, crash_after_s=settings.crash_after_s())
+        clocks = _clocks(engine, records, table)
     except UsageError as exc:
         raise HTTPException(400, str(exc)) from None
     except AmbiguousRun as exc:  # the caller's to fix, as with an unknown key
@@ -89,9 +104,47 @@ def compare_runs(
         "target": table.target,
         "runs": [{"id": r.summary.id, "name": r.summary.name, "sync": r.summary.sync,
                   "workers": r.summary.workers, "servers": r.summary.servers,
-                  "status": r.summary.status, "group": r.tags.get(GROUP_TAG)}
+                  "status": r.summary.status, "group": r.tags.get(GROUP_TAG),
+                  "backend": backend(r), "started_at": r.summary.started_at,
+                  **clocks[r.summary.id]}
                  for r in records],
     }
+
+
+def backend(record: RunRecord) -> str:
+    """Where the run's roles ran (``sim``: the simulated cluster, whose times are virtual)."""
+    cluster = record.config.get("cluster")
+    value = cluster.get("backend") if isinstance(cluster, dict) else None
+    return value if isinstance(value, str) else "local"
+
+
+def _clocks(engine: Engine, records: list[RunRecord], table: Comparison) -> \
+        dict[str, dict[str, Any]]:
+    """run id -> when its first iteration started (None without one), its start-up seconds and
+    a resumed run's downtime spans. The table's per-run rows already measured start-up (a scan
+    of the run's iterations); only the runs it folded into a group's row are read again."""
+    measured = {str(row["id"]): row.get("startup_s") for row in table.rows
+                if "runs" not in row or row.get("runs") == 1}
+    clocks: dict[str, dict[str, Any]] = {}
+    with translate_errors("reading the runs' clocks"), engine.connect() as conn:
+        missing = [r.summary.id for r in records if r.summary.id not in measured]
+        it = iterations.c
+        firsts: dict[str, float | None] = {}
+        if missing:
+            firsts = {str(run_id): first for run_id, first in conn.execute(
+                select(it.run_id, func.min(it.started_at)).where(it.run_id.in_(missing))
+                .group_by(it.run_id))}
+        for record in records:
+            run = record.summary
+            if run.id in measured:
+                startup = measured[run.id]
+                first = None if startup is None else run.started_at + float(startup)
+            else:
+                first = firsts.get(run.id)
+                startup = None if first is None else max(0.0, first - run.started_at)
+            clocks[run.id] = {"first_iteration_at": first, "startup_s": startup,
+                              "downtime": run_downtime(conn, run.id).to_list()}
+    return clocks
 
 
 def _selectors(runs: str) -> list[str]:

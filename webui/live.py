@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,9 +27,11 @@ from engine.db.schema import process_samples
 from engine.errors import PsctlError
 from webui.metrics import RECORD_FIELDS, derive
 
-POLL_S = 0.25
+# The page redraws a live run at most once a second (webui/static/run.js): polling faster
+# would only cost this process, and the page, CPU for deltas the page merges anyway.
+POLL_S = 0.75
 ENDED_POLL_S = 1.0
-TIMELINE_EVERY_S = 1.0
+TIMELINE_EVERY_S = 2.0  # the timeline's raw rows are the largest part of a delta
 TIMELINE_WINDOW_S = 20.0  # raw iterations of the last 20 s, at most TIMELINE_LIMIT of them
 TIMELINE_LIMIT = 3000
 RESNAPSHOT_FACTOR = 2  # once a live run outgrows its buckets this many times, coarsen them
@@ -52,6 +55,13 @@ class LiveState:
     timeline_at: float = 0.0
     samples: tuple[float, int] = (0.0, 0)  # (at, rowid) of the newest process sample sent
     extra: dict[str, Any] = field(default_factory=dict)
+    # The page's tab is hidden: nothing is read or sent until it is shown again, when the next
+    # delta brings everything since (the cursors stayed where they were).
+    paused: bool = False
+    # The page shows the synchronisation timeline (it says when the chart scrolls in or out of
+    # view): its raw rows, most of a delta's bytes, are sent only then.
+    timeline_wanted: bool = True
+    clocked: bool = False  # the page has been sent the first iteration's time
 
 
 def snapshot(engine: Engine, run_id: str) -> tuple[dict[str, Any], LiveState]:
@@ -65,7 +75,9 @@ def snapshot(engine: Engine, run_id: str) -> tuple[dict[str, Any], LiveState]:
     buckets = series.iteration_buckets(engine, run_id)
     syncs = series.syncs_from(engine, run_id)
     state = LiveState(run_id, workers, buckets.width, buckets.origin, marker, cursors,
-                      unreleased_sync=_first_unreleased(syncs, 0))
+                      unreleased_sync=_first_unreleased(syncs, 0),
+                      clocked=(header["clock"]["first_iteration_at"] is not None
+                               and not header["clock"]["downtime"]))
     state.samples = _newest_sample(engine, run_id)
     message = {
         "type": "snapshot", **header, "record_fields": list(RECORD_FIELDS),
@@ -178,6 +190,12 @@ def delta(engine: Engine, state: LiveState) -> dict[str, Any] | None:
         out["evaluations"] = series.evaluations_since(engine, state.run_id, old["eval_id"])
     if marker["event_id"] != old["event_id"]:
         out["events"] = series.events_since(engine, state.run_id, old["event_id"])
+    if marker["event_id"] != old["event_id"] or (marker["iterations"] and not state.clocked):
+        # The axis's origin (the first iteration) and a resume's gap: known once they happen.
+        out["clock"] = series.run_clock(engine, state.run_id)
+        # A resumed run's span ends with its first new iteration: asked again as rows come.
+        state.clocked = (out["clock"]["first_iteration_at"] is not None
+                         and not out["clock"]["downtime"])
     if marker["syncs"] != old["syncs"]:
         out["syncs"] = series.syncs_from(engine, state.run_id, state.unreleased_sync)
         state.unreleased_sync = _first_unreleased(out["syncs"], state.unreleased_sync)
@@ -202,7 +220,7 @@ def _add_iterations(engine: Engine, state: LiveState, out: dict[str, Any], now: 
                                                                  state.workers))
     last_bucket = max((r[1] for r in tail.rows), default=0)
     out["resnapshot"] = last_bucket > RESNAPSHOT_FACTOR * series.DEFAULT_BUCKETS
-    if now - state.timeline_at >= TIMELINE_EVERY_S:
+    if state.timeline_wanted and now - state.timeline_at >= TIMELINE_EVERY_S:
         state.timeline_at = now
         out["timeline"] = _timeline(engine, state.run_id)
 
@@ -236,19 +254,44 @@ async def serve(socket: WebSocket, engine: Engine, run_id: str) -> None:
 
 async def _below_the_fold(socket: WebSocket, engine: Engine, state: LiveState) -> None:
     """What follows a snapshot once the page has drawn it."""
-    await _after_paint(socket)
+    await _after_paint(socket, state)
     for build in (staleness_message, timeline_message, processes_message):
         await socket.send_json(await run_in_threadpool(build, engine, state))
 
 
-async def _after_paint(socket: WebSocket) -> None:
+async def _after_paint(socket: WebSocket, state: LiveState | None = None) -> None:
     """Wait until the page says its first charts are drawn (or a while): the histogram scans
-    every row of the run and would otherwise compete with the browser for the CPU."""
+    every row of the run and would otherwise compete with the browser for the CPU. What else
+    the page says meanwhile is heeded."""
+    deadline = time.monotonic() + PAINT_WAIT_S
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(socket.receive_text(), PAINT_WAIT_S)
+        while (left := deadline - time.monotonic()) > 0:
+            text = await asyncio.wait_for(socket.receive_text(), left)
+            if state is not None:
+                _heed(state, text)
+            if '"painted"' in text:
+                return
 
 
-async def _idle(socket: WebSocket, seconds: float) -> None:
+def _heed(state: LiveState, text: str | None) -> None:
+    """What the page said: ``{"type": "pause"}`` when its tab was hidden, ``"resume"`` when
+    shown, ``{"type": "view", "timeline": bool}`` when the timeline came into view or left
+    it; anything else (the "painted" acknowledgement, late) needs no answer."""
+    if not text or len(text) > 200 or not text.startswith("{"):
+        return
+    with contextlib.suppress(ValueError, AttributeError):
+        said = json.loads(text)
+        kind = said.get("type")
+        if kind in ("pause", "resume"):
+            state.paused = kind == "pause"
+        elif kind == "view":
+            wanted = said.get("timeline") is True
+            if wanted and not state.timeline_wanted:
+                state.timeline_at = 0.0  # in view again: with the next delta
+            state.timeline_wanted = wanted
+
+
+async def _idle(socket: WebSocket, seconds: float, state: LiveState | None = None) -> None:
     """Wait ``seconds`` between polls, listening meanwhile: raises WebSocketDisconnect as soon
     as the page leaves or the server closes the socket (shutting down), so that a loop that
     seldom sends never outlives its connection and Ctrl-C is not held up by an open tab."""
@@ -260,19 +303,26 @@ async def _idle(socket: WebSocket, seconds: float) -> None:
             return
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
-        # anything else (a late "painted" acknowledgement) needs no answer
+        if state is not None:
+            was = state.paused
+            _heed(state, message.get("text"))
+            if was and not state.paused:
+                return  # shown again: catch up at once
 
 
 async def _push_loop(socket: WebSocket, engine: Engine, state: LiveState) -> None:
     while True:
         status = state.marker["summary"]["status"]
-        await _idle(socket, POLL_S if status == "running" else ENDED_POLL_S)
+        await _idle(socket, POLL_S if status == "running" else ENDED_POLL_S, state)
+        if state.paused:
+            continue
         change = await run_in_threadpool(delta, engine, state)
         if change is None:
             continue
         if change.get("resnapshot"):
             message, fresh = await run_in_threadpool(snapshot, engine, state.run_id)
-            state.__dict__.update(fresh.__dict__)
+            state.__dict__.update({**fresh.__dict__, "paused": state.paused,
+                                   "timeline_wanted": state.timeline_wanted})
             await socket.send_json(message)
             await _below_the_fold(socket, engine, state)
             continue

@@ -1,5 +1,6 @@
-"""The runs table's API: per-run metrics for sorting, config filters, and tag and note edits
-(written through :mod:`engine.recorder`, the one module that writes the database)."""
+"""The runs table's API: per-run metrics for sorting, config filters, grouping by a config key,
+run column or tag, and tag and note edits (written through :mod:`engine.recorder`, the one module
+that writes the database)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from sqlalchemy import Engine
 from engine.analysis.cells import cell
 from engine.analysis.compare import compare
 from engine.analysis.groups import GROUP_TAG
-from engine.analysis.selection import UsageError, flatten, select_runs
+from engine.analysis.selection import RUN_COLUMNS, UsageError, flatten, lookup, select_runs, text
 from engine.analysis.table import DEFAULT_TARGET
-from engine.db.metrics import RunMetrics, run_metrics
+from engine.db.metrics import RunMetrics, RunRecord, run_metrics
 from engine.db.queries import quoted, resolve_run
 from engine.db.schema import translate_errors
 from engine.errors import PsctlError, RunNotFound, StoreError
@@ -25,6 +26,7 @@ from engine.recorder.admin import TAG_KEY_MAX, TAG_VALUE_MAX, TAGS_MAX
 from engine.wire.records import RunStatus
 from psctl import settings
 from webui.api import store
+from webui.compare_api import backend
 from webui.guard import same_origin
 
 router = APIRouter(prefix="/api")
@@ -40,6 +42,10 @@ _ENDED = {RunStatus.FINISHED.value, RunStatus.FAILED.value, RunStatus.INTERRUPTE
 TABLE_COLUMNS = ("wall_s", "final_accuracy", "best_accuracy", "time_to_target_s", "startup_s",
                  "samples_per_s", "idle_fraction", "staleness_mean", "staleness_p95",
                  "bytes_per_sample", "oversubscribed")
+# A group's config keys that differ between its runs, for its parallel-coordinates view: more
+# axes than this are unreadable, so the rest are only counted. The run name is no setting.
+MAX_VARYING = 12
+_NOT_A_SETTING = {"name"}
 
 
 class MetricsCache:
@@ -173,20 +179,29 @@ def runs_table(
     )] = None,
     target: float = Query(DEFAULT_TARGET, gt=0, le=1, allow_inf_nan=False,
                           description="accuracy (0-1] for the time-to-target column"),
+    group_by: str | None = Query(None, min_length=1, max_length=MAX_CONDITION,
+                                 description="a config key (optimizer.lr), run column (sync) "
+                                             "or tag (tag.study): rows get its value, and "
+                                             "``groups`` the settings that vary in each group"),
 ) -> dict[str, Any]:
-    """One row per run, oldest first: its summary, tags, notes and the metrics ``psctl compare
-    --per-run`` computes (raw in ``values``, formatted as the terminal prints them in
-    ``cells``). A filter that matches nothing is an empty table with a ``message``."""
+    """One row per run, oldest first: its summary, backend (``sim``: virtual time), tags, notes
+    and the metrics ``psctl compare --per-run`` computes (raw in ``values``, formatted as the
+    terminal prints them in ``cells``). A filter that matches nothing is an empty table with a
+    ``message``. With ``group_by``, each row has its ``group_value`` and ``config`` (the
+    settings that vary within its group), and ``groups`` lists the groups, largest first."""
     conditions = _conditions(where or [])
     engine = store(request)
     try:
         records = select_runs(engine, [], conditions, crash_after_s=settings.crash_after_s())
     except RunNotFound as exc:
-        return {"target": target, "rows": [], "message": str(exc), "config_keys": []}
+        return {"target": target, "rows": [], "message": str(exc), "config_keys": [],
+                "tag_keys": [], "group_by": group_by, "groups": []}
     except UsageError as exc:
         raise HTTPException(400, str(exc)) from None
     except PsctlError as exc:
         raise HTTPException(503, str(exc)) from None
+    if group_by is not None:
+        _check_group_key(group_by, records)
     ended = {r.summary.id for r in records if r.summary.status in _ENDED}
     cache = _cache(request)
     try:
@@ -204,12 +219,59 @@ def runs_table(
             "workers": run.workers, "servers": run.servers, "dataset": run.dataset,
             "started_at": run.started_at, "iterations": run.iterations,
             "tags": record.tags, "group": record.tags.get(GROUP_TAG),
-            "notes": notes.get(run.id),
+            "backend": backend(record), "notes": notes.get(run.id),
             "values": {k: row.get(k) for k in TABLE_COLUMNS},
             "cells": {k: cell(columns[k], row) for k in TABLE_COLUMNS if k in columns},
         })
     keys = sorted({k for r in records for k in flatten(r.config)})
-    return {"target": target, "rows": rows, "message": None, "config_keys": keys}
+    tag_keys = sorted({f"tag.{k}" for r in records for k in r.tags})
+    groups = [] if group_by is None else _groups(group_by, records, rows)
+    return {"target": target, "rows": rows, "message": None, "config_keys": keys,
+            "tag_keys": tag_keys, "group_by": group_by, "groups": groups}
+
+
+def _check_group_key(key: str, records: list[RunRecord]) -> None:
+    """``group_by`` names one thing exactly: a config key some run has, a run column, or a tag
+    some run carries (no leaf-name guessing, as ``--where`` does: a group must be unambiguous)."""
+    if key in RUN_COLUMNS:
+        return
+    if key.startswith("tag."):
+        if any(key.removeprefix("tag.") in r.tags for r in records):
+            return
+        raise HTTPException(400, f"no run has the tag {quoted(key.removeprefix('tag.')[:40])}")
+    known = {k for r in records for k in flatten(r.config)}
+    if key not in known:
+        raise HTTPException(400, f"group_by takes a config key, run column or tag.KEY, got "
+                                 f"{quoted(key[:40])}; e.g. sync, optimizer.lr, tag.group")
+
+
+def _groups(key: str, records: list[RunRecord], rows: list[dict[str, Any]]) -> \
+        list[dict[str, Any]]:
+    """Each distinct value of ``key`` (runs without it together, value None), largest group
+    first: its run ids and the config keys whose values differ between them (at most
+    MAX_VARYING, alphabetical; ``more_varying`` counts the rest). Each row gets its value and
+    its own values of its group's varying keys."""
+    members: dict[str, list[tuple[RunRecord, dict[str, Any]]]] = {}
+    values: dict[str, Any] = {}
+    for record, row in zip(records, rows, strict=True):
+        found, value = lookup(record, key)
+        value = value if found else None
+        label = text(value)
+        members.setdefault(label, []).append((record, row))
+        values[label] = value
+        row["group_value"] = value
+    groups = []
+    for label, runs in sorted(members.items(), key=lambda item: -len(item[1])):
+        flats = [flatten(r.config) for r, _ in runs]
+        varying = sorted(k for k in {k for f in flats for k in f} - _NOT_A_SETTING - {key}
+                         if len({text(f.get(k)) for f in flats}) > 1)
+        shown = varying[:MAX_VARYING]
+        for flat, (_, row) in zip(flats, runs, strict=True):
+            row["config"] = {k: flat.get(k) for k in shown}
+        groups.append({"value": values[label], "label": label,
+                       "runs": [r.summary.id for r, _ in runs], "varying": shown,
+                       "more_varying": len(varying) - len(shown)})
+    return groups
 
 
 def _conditions(where: list[str]) -> list[str]:

@@ -33,6 +33,8 @@ def fmt(column: Column, value: Any) -> str:
             return f"{value:,.0f}"
         case "num":
             return f"{value:.2f}"
+        case "value":  # a metric the user's code logged: any scale, so significant digits
+            return f"{value:.4g}"
         case "speedup":
             return f"{value:.2f}×"
         case "flag" if isinstance(value, bool):

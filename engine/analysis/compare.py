@@ -170,15 +170,18 @@ def comparison_for(
     top: int | None = None,
     per_run: bool = False,
     crash_after_s: float,
+    metric: str | None = None,
 ) -> Comparison:
     """The table ``psctl compare`` prints for these arguments (the dashboard shows the same).
 
     Runs that share a group (``launch --repeat``) become one row of means and standard
     deviations unless ``per_run``; a group's rows then need a target, which defaults to
     DEFAULT_TARGET. ``crash_after_s``: seconds without a heartbeat after which a running run
-    counts as crashed (each face reads it from ``PSCTL_CRASH_AFTER_S``)."""
+    counts as crashed (each face reads it from ``PSCTL_CRASH_AFTER_S``). ``metric``: a metric
+    the runs' code logged (``psctl.log``) adds its final and mean columns."""
     from engine.analysis.groups import aggregate, has_groups
     from engine.analysis.selection import select_runs
+    from engine.analysis.user_metrics import is_user_metric, with_user_metric
     from engine.db.metrics import run_records
     from engine.db.queries import resolve_run
 
@@ -191,6 +194,8 @@ def comparison_for(
     if grouped and target is None:
         target = DEFAULT_TARGET
     table = compare(engine, records, target=target, baseline=base, show_all=show_all)
+    if is_user_metric(metric):
+        table = with_user_metric(engine, table, str(metric))
     if grouped:
         table = aggregate(table, records, base)
     return sort_rows(table, sort_by, top)

@@ -17,7 +17,7 @@ class Column:
     key: str  # the JSON / CSV field name
     header: str  # the table heading
     # how the table formats it: text, config, flag, pct, duration (H:MM:SS), secs, rate, num,
-    # int, speedup, std
+    # value (4 significant digits), int, speedup, std
     kind: str
     better: Better = None  # which end is best, for highlighting and --sort-by
 

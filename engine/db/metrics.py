@@ -4,7 +4,8 @@ Each metric is ``None`` where it is undefined (no iterations yet, no evaluation 
 target), never a misleading zero. Definitions (docs/cli.md repeats them for users):
 
 - ``time_to_target_s``: ``elapsed_s`` of the first evaluation (by time) with accuracy >= target.
-- ``samples_per_s``: samples / training wall time (first iteration start to last iteration end).
+- ``samples_per_s``: samples / training wall time (first iteration start to last iteration end,
+  less a resumed run's downtime: :mod:`engine.db.downtime`).
 - ``staleness_mean`` / ``staleness_p95``: over every iteration; p95 by nearest rank.
 - ``idle_fraction``: sum(wait_s) / sum(ended_at - started_at) over every iteration.
 - ``bytes_per_sample``: (bytes_sent + bytes_received) / samples.
@@ -20,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
+from engine.db.downtime import Downtime, run_downtime
 from engine.db.queries import (
     CRASH_AFTER_S,
     Dictable,
@@ -86,12 +88,14 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
     with translate_errors(f"measuring run {run_id}"), engine.connect() as conn:
         totals = _iteration_totals(conn, run_id)
         p95 = _staleness_p95(conn, run_id, totals["n"])
+        down = run_downtime(conn, run_id)
         reached = (None if target is None or totals["first_start"] is None
-                   else _time_to_target(conn, run_id, target, totals["first_start"]))
+                   else _time_to_target(conn, run_id, target, totals["first_start"], down))
         started = conn.execute(select(runs.c.started_at).where(runs.c.id == run_id)).scalar()
         crowded = oversubscription_note(conn, run_id)
     samples = int(totals["samples"] or 0)
-    wall = None if totals["n"] == 0 else max(0.0, totals["last_end"] - totals["first_start"])
+    wall = (None if totals["n"] == 0
+            else down.training_s(totals["first_start"], totals["last_end"]))
     traffic = (totals["bytes_sent"] or 0) + (totals["bytes_received"] or 0)
     return RunMetrics(
         run_id=run_id,
@@ -114,8 +118,8 @@ def evaluation_series(
     engine: Engine, run_id: str, metric: str = "accuracy"
 ) -> list[tuple[float, float]]:
     """(seconds of training, value) of every evaluation of a run, in time order, for plotting:
-    seconds from the run's first iteration, so that start-up is off the axis (a run without
-    iterations counts from its start)."""
+    seconds from the run's first iteration, so that start-up is off the axis, and without a
+    resumed run's downtime (a run without iterations counts from its start)."""
     if metric not in EVALUATION_METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of {EVALUATION_METRICS}")
     ev = evaluations.c
@@ -126,7 +130,8 @@ def evaluation_series(
     with translate_errors(f"reading evaluations of run {run_id}"), engine.connect() as conn:
         first = conn.execute(select(func.min(iterations.c.started_at))
                              .where(iterations.c.run_id == run_id)).scalar()
-        return [(float(elapsed if first is None else max(0.0, at - first)), float(y))
+        down = run_downtime(conn, run_id)
+        return [(float(elapsed if first is None else down.training_s(first, at)), float(y))
                 for at, elapsed, y in conn.execute(stmt)]
 
 
@@ -170,9 +175,9 @@ def _staleness_p95(conn: Connection, run_id: str, count: int) -> int | None:
 
 
 def _time_to_target(conn: Connection, run_id: str, target: float,
-                    first_start: float) -> float | None:
+                    first_start: float, down: Downtime) -> float | None:
     """Seconds of training, from the first iteration, to the first evaluation at or above
-    ``target``: start-up is not counted (it is ``startup_s``)."""
+    ``target``: start-up is not counted (it is ``startup_s``), nor a resumed run's downtime."""
     ev = evaluations.c
     stmt = (
         select(ev.at)
@@ -181,7 +186,7 @@ def _time_to_target(conn: Connection, run_id: str, target: float,
         .limit(1)
     )
     value = conn.execute(stmt).scalar()
-    return None if value is None else max(0.0, float(value) - first_start)
+    return None if value is None else down.training_s(first_start, float(value))
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -30,6 +30,7 @@ from sqlalchemy import (
     select,
 )
 
+from engine.db.downtime import Downtime, run_downtime
 from engine.db.faults import fault_timeline
 from engine.db.nodes import role_nodes
 from engine.db.schema import (
@@ -48,6 +49,7 @@ from engine.errors import AmbiguousRun, RunNotFound, StoreError
 
 CRASH_AFTER_S = 15.0
 PROGRESS_WINDOW_S = 5.0
+MIN_RATE_WINDOW_S = 1.0  # a rate over less training than this is no rate (and no ETA)
 RECENT_EVENTS = 20
 _MAX_CANDIDATES = 10
 
@@ -101,7 +103,7 @@ class WorkerStats(Dictable):
     samples: int
     first_started_at: float
     last_ended_at: float
-    wall_s: float  # last_ended_at - first_started_at
+    wall_s: float  # last_ended_at - first_started_at, less a resumed run's downtime
     compute_s_total: float
     compute_s_mean: float
     push_s_total: float
@@ -139,7 +141,9 @@ class WorkerStats(Dictable):
 class RunTotals(Dictable):
     iterations: int
     samples: int
-    wall_s: float  # last iteration end - first iteration start, over all workers
+    # Last iteration end - first iteration start, over all workers, less a resumed run's
+    # downtime (engine/db/downtime.py).
+    wall_s: float
     samples_per_s: float | None
     compute_s: float
     push_s: float
@@ -201,6 +205,8 @@ class RunDetail(Dictable):
     simulated: str | None = None
     # Its faults and recovery: (seconds since the start, event kind, what happened).
     faults: tuple[tuple[float, str, str], ...] = ()
+    # A resumed run's downtime: {start, end, seconds} per resume (unix times).
+    downtime: tuple[dict[str, float], ...] = ()
     # Where its roles ran: (node address, roles on it), from the events they joined with.
     nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -244,6 +250,9 @@ class Progress(Dictable):
     latest_evaluation: EvaluationPoint | None
     best_accuracy: float | None
     startup: Startup | None = None
+    # When its (latest) training started: the end of start-up; None until then.
+    training_started_at: float | None = None
+    startup_s: float | None = None  # from the run's start to its first training
 
 
 @dataclass(frozen=True)
@@ -500,14 +509,16 @@ def run_detail(
     now = time.time() if now is None else now
     with reading(engine, f"reading run {run_id}") as conn:
         row = fetch_run(conn, run_id)
-        workers = tuple(_worker_stats(r) for r in conn.execute(_worker_stats_select(run_id)))
+        down = run_downtime(conn, run_id)
+        workers = tuple(_worker_stats(r, down)
+                        for r in conn.execute(_worker_stats_select(run_id)))
         counts = conn.execute(_event_counts_select(run_id)).all()
         return RunDetail(
             summary=run_summary(row, now, crash_after_s),
             reason=row.reason,
             config=parse_json(row.config_json),
             workers=workers,
-            totals=_totals(workers, row.started_at),
+            totals=_totals(workers, down, row.started_at),
             evaluations=tuple(_evaluation_points(conn, run_id)),
             event_counts={str(kind): int(n) for kind, n in counts},
             recent_events=tuple(_recent_events(conn, run_id)),
@@ -518,6 +529,7 @@ def run_detail(
             simulated=simulation_note(conn, run_id),
             faults=tuple(fault_timeline(conn, run_id, row.started_at)),
             nodes=role_nodes(conn, run_id),
+            downtime=tuple(down.to_list()),
         )
 
 
@@ -657,9 +669,9 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def _worker_stats(row: Row[Any]) -> WorkerStats:
+def _worker_stats(row: Row[Any], down: Downtime) -> WorkerStats:
     m = dict(row._mapping)
-    wall = max(0.0, m["last_ended_at"] - m["first_started_at"])
+    wall = down.training_s(m["first_started_at"], m["last_ended_at"])
     return WorkerStats(
         **m,
         wall_s=wall,
@@ -668,11 +680,12 @@ def _worker_stats(row: Row[Any]) -> WorkerStats:
     )
 
 
-def _totals(workers: Sequence[WorkerStats], started_at: float | None = None) -> RunTotals:
+def _totals(workers: Sequence[WorkerStats], down: Downtime,
+            started_at: float | None = None) -> RunTotals:
     wall, startup = 0.0, None
     if workers:
         first = min(w.first_started_at for w in workers)
-        wall = max(w.last_ended_at for w in workers) - first
+        wall = down.training_s(first, max(w.last_ended_at for w in workers))
         startup = None if started_at is None else max(0.0, first - started_at)
     samples = sum(w.samples for w in workers)
     return RunTotals(
@@ -741,10 +754,16 @@ def progress(
     with reading(engine, f"reading progress of run {run_id}") as conn:
         summary = run_summary(fetch_run(conn, run_id), now, crash_after_s)
         ref = _reference_time(summary, now)
-        rates = _recent_counts(conn, run_id, ref, window_s)
+        training = _training_started(conn, run_id)
+        # Over the window, or the part of it the run has trained: a rate over a window still
+        # mostly start-up would be far too low (an ETA of minutes for a run seconds from its
+        # end). Under MIN_RATE_WINDOW_S of training there is no rate yet.
+        window = window_s if training is None else min(window_s, ref - training)
+        rates = (_recent_counts(conn, run_id, ref, window)
+                 if window >= MIN_RATE_WINDOW_S else {})
         workers = tuple(
-            _worker_progress(conn, run_id, w, rates.get(w, 0) / window_s)
-            for w in _distinct_workers(conn, run_id)
+            _worker_progress(conn, run_id, w, rates.get(w, 0) / max(window, MIN_RATE_WINDOW_S))
+            for w in distinct_workers(conn, run_id)
         )
         return Progress(
             run_id=summary.id,
@@ -760,7 +779,25 @@ def progress(
             latest_evaluation=_latest_evaluation(conn, run_id),
             best_accuracy=summary.best_accuracy,
             startup=startup(conn, run_id),
+            training_started_at=training,
+            startup_s=_startup_s(conn, run_id, summary.started_at),
         )
+
+
+def _startup_s(conn: Connection, run_id: str, started_at: float) -> float | None:
+    """From the run's start to its first training (a resume's start-up is downtime)."""
+    ec = events.c
+    at = conn.execute(select(func.min(ec.at)).where(ec.run_id == run_id,
+                                                    ec.kind == "training_started")).scalar()
+    return None if at is None else max(0.0, float(at) - started_at)
+
+
+def _training_started(conn: Connection, run_id: str) -> float | None:
+    """When training last started (a resumed run starts again), from its event."""
+    ec = events.c
+    at = conn.execute(select(func.max(ec.at)).where(
+        ec.run_id == run_id, ec.kind.in_(("training_started", "training_resumed")))).scalar()
+    return None if at is None else float(at)
 
 
 def _reference_time(summary: RunSummary, now: float) -> float:
@@ -779,7 +816,7 @@ def _recent_counts(conn: Connection, run_id: str, ref: float, window_s: float) -
     return {int(w): int(n) for w, n in conn.execute(stmt)}
 
 
-def _distinct_workers(conn: Connection, run_id: str) -> list[int]:
+def distinct_workers(conn: Connection, run_id: str) -> list[int]:
     # A skip scan over the primary key: one O(log n) MIN per worker instead of reading every row.
     it = iterations.c
     found: list[int] = []

@@ -37,7 +37,7 @@ from sqlalchemy.pool import QueuePool
 
 from engine.errors import StoreError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 BUSY_TIMEOUT_S = 5.0
 DB_ENV_VAR = "PSCTL_DB"
 
@@ -235,6 +235,23 @@ process_samples = Table(
     Index("ix_process_samples_run_at", "run_id", "at"),
 )
 
+# What the user's own code logged with psctl.log (schema 7): per process and iteration (a
+# worker's) or evaluation step (the evaluator's), the mean of the values logged under a name.
+# Clustered by name so that one metric's series is a contiguous read.
+user_metrics = Table(
+    "user_metrics",
+    metadata,
+    Column("run_id", Text, _run_fk(), primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("role", Text, primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("iteration", Integer, primary_key=True),
+    Column("at", REAL, nullable=False),
+    Column("value", REAL, nullable=False),
+    CheckConstraint("role IN ('worker', 'evaluator')", name="ck_user_metrics_role"),
+    sqlite_with_rowid=False,
+)
+
 meta = Table(
     "meta",
     metadata,
@@ -334,6 +351,8 @@ def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
             version = _migrate_from_4(conn)
         if version == 5 and not readonly:
             version = _migrate_from_5(conn)
+        if version == 6 and not readonly:
+            version = _migrate_from_6(conn)
     _check_version(version, path)
 
 
@@ -384,6 +403,12 @@ def _migrate_from_5(conn: Connection) -> int:
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN pull_bytes_saved INTEGER")
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="6"))
     return 6
+
+
+def _migrate_from_6(conn: Connection) -> int:
+    """Version 7 added user_metrics (psctl.log's values), which create_all has just made."""
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="7"))
+    return 7
 
 
 def _stored_version(conn: Connection, path: Path) -> int | None:

@@ -20,8 +20,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
 
+from engine.db.downtime import run_downtime
 from engine.db.queries import CRASH_AFTER_S as _CRASH_AFTER_S
-from engine.db.queries import fetch_run, reading, run_summary
+from engine.db.queries import distinct_workers, fetch_run, reading, run_summary
 from engine.db.schema import (
     ROLLUP_WIDTH_S,
     evaluations,
@@ -324,7 +325,29 @@ def run_header(engine: Engine, run_id: str, now: float) -> dict[str, Any]:
     with reading(engine, f"reading run {run_id}") as conn:
         row = fetch_run(conn, run_id)
         return {"summary": run_summary(row, now, _CRASH_AFTER_S).to_dict(), "reason": row.reason,
-                "config": parse_json(row.config_json)}
+                "config": parse_json(row.config_json),
+                "clock": clock(conn, run_id, float(row.started_at))}
+
+
+def run_clock(engine: Engine, run_id: str) -> dict[str, Any]:
+    """:func:`clock` in a transaction of its own (a live view asks again as rows come)."""
+    with reading(engine, f"reading the clock of run {run_id}") as conn:
+        started = conn.execute(select(runs.c.started_at).where(runs.c.id == run_id)).scalar()
+        return clock(conn, run_id, float(started or 0.0))
+
+
+def clock(conn: Connection, run_id: str, started_at: float) -> dict[str, Any]:
+    """What a chart's time axis counts from: the first iteration's start (None before it),
+    the start-up before it, and a resumed run's downtime spans. One primary-key lookup per
+    worker, never a scan of the run's rows."""
+    it = iterations.c
+    firsts = [conn.execute(select(it.started_at).where(it.run_id == run_id, it.worker == w)
+                           .order_by(it.iteration).limit(1)).scalar()
+              for w in distinct_workers(conn, run_id)]
+    first = min((float(f) for f in firsts if f is not None), default=None)
+    return {"first_iteration_at": first,
+            "startup_s": None if first is None else max(0.0, first - started_at),
+            "downtime": run_downtime(conn, run_id).to_list()}
 
 
 # -- full fidelity -------------------------------------------------------------------------------

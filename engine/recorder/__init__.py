@@ -38,6 +38,7 @@ from engine.recorder.writer import (
     MessageRequest,
     ResumeRunRequest,
     RowRequest,
+    RowsRequest,
     StartRunRequest,
     Writer,
     config_json,
@@ -50,6 +51,7 @@ from engine.wire.records import (
     ProcessSample,
     RunStatus,
     SyncRecord,
+    UserMetricRecord,
 )
 
 __all__ = [
@@ -165,6 +167,13 @@ class Recorder:
         for row in rows:
             self._queue.put(RowRequest("layer_iterations", {"run_id": run_id,
                                                             **row.model_dump()}))
+
+    def record_user_metrics(self, rows: Sequence[UserMetricRecord]) -> None:
+        """Queue what the user's code logged (``psctl.log``); never blocks on the database."""
+        run_id = self._open_run()
+        if rows:
+            self._queue.put(RowsRequest("user_metrics", tuple(
+                {"run_id": run_id, **row.model_dump()} for row in rows)))
 
     def record_sync(self, row: SyncRecord) -> None:
         """A barrier decision, or the same barrier again once completed (which updates it)."""

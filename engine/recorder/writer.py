@@ -30,6 +30,7 @@ from engine.db.schema import (
     process_samples,
     runs,
     syncs,
+    user_metrics,
 )
 from engine.errors import StoreError
 from engine.wire.records import IterationRecord, RunStatus
@@ -103,6 +104,14 @@ class RowRequest:
 
 
 @dataclass(frozen=True)
+class RowsRequest:
+    """Several rows of one table at once (``user_metrics``: up to MAX_NAMES an iteration)."""
+
+    table: str  # "user_metrics"
+    rows: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
 class FinishRequest:
     run_id: str
     status: str
@@ -121,7 +130,7 @@ class CloseRequest:
 
 
 MessageRequest = (StartRunRequest | ResumeRunRequest | IterationsRequest | RowRequest
-                  | FinishRequest | FlushRequest | CloseRequest)
+                  | RowsRequest | FinishRequest | FlushRequest | CloseRequest)
 
 
 SYNC_JSON_COLUMNS = ("base_clocks", "predicted", "chosen", "barrier_clocks", "arrivals")
@@ -160,7 +169,8 @@ class Writer:
         self._iterations: dict[str, list[tuple[Any, ...]]] = {}
         self._rows: dict[str, list[dict[str, Any]]] = {"evaluations": [], "events": [],
                                                        "process_samples": [], "syncs": [],
-                                                       "layer_iterations": []}
+                                                       "layer_iterations": [],
+                                                       "user_metrics": []}
         self._run_id: str | None = None
         self._origins: dict[str, float] = {}  # runs.started_at: rollup slots count from it
         self._last_commit = time.monotonic()
@@ -226,6 +236,8 @@ class Writer:
                 pending.extend((run_id, *_iteration_values(r)) for r in rows)
             case RowRequest(table=table, values=values):
                 self._rows[table].append(values)
+            case RowsRequest(table=table, rows=rows):
+                self._rows[table].extend(rows)
             case (StartRunRequest() | ResumeRunRequest() | FinishRequest() | FlushRequest()
                   | CloseRequest()):
                 self._write(conn, message)
@@ -278,10 +290,11 @@ class Writer:
             if self._rows[name]:
                 conn.execute(insert(table), self._rows[name])
                 self._rows[name] = []
-        if self._rows["layer_iterations"]:  # a retried report is skipped, as iterations are
-            conn.execute(sqlite_insert(layer_iterations).on_conflict_do_nothing(),
-                         self._rows["layer_iterations"])
-            self._rows["layer_iterations"] = []
+        for name, table in (("layer_iterations", layer_iterations),
+                            ("user_metrics", user_metrics)):
+            if self._rows[name]:  # a retried report is skipped, as iterations are
+                conn.execute(sqlite_insert(table).on_conflict_do_nothing(), self._rows[name])
+                self._rows[name] = []
         for values in self._rows["syncs"]:  # in order: a completion updates its decision
             conn.execute(_upsert_sync(values))
         self._rows["syncs"] = []

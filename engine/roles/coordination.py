@@ -423,6 +423,10 @@ class Coordinator:
             if any(row.worker != peer.rank for row in message.layers):
                 raise ProtocolError(f"{peer} reported layers of another worker")
             self.records.layers(message.layers)
+        if message.metrics:
+            if any(m.role != "worker" or m.rank != peer.rank for m in message.metrics):
+                raise ProtocolError(f"{peer} reported metrics of another process")
+            self.records.user_metrics(message.metrics)
 
     def _on_event(self, peer: Peer, message: Event) -> None:
         self.records.event_row(message.row)

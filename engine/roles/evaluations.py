@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from engine.errors import ProtocolError
 from engine.roles.peer import Hub, RunState
 from engine.roles.recording import Records
 from engine.wire.messages import Evaluate, Evaluation
@@ -28,6 +29,10 @@ class Evaluations:
             self.hub.fail(diverged)
             return
         self.records.evaluation(message.row)
+        if message.metrics:
+            if any(m.role != "evaluator" or m.rank != 0 for m in message.metrics):
+                raise ProtocolError("an evaluation reported metrics of another process")
+            self.records.user_metrics(message.metrics)
         self._pending = False
         self.best_accuracy = max(self.best_accuracy, message.row.accuracy)
         target = self.state.config.stop.target_accuracy

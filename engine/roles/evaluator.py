@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from engine import usermetrics
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
@@ -31,7 +32,7 @@ from engine.transport.base import Transport
 from engine.transport.control import Lost, SyncControl
 from engine.wire.messages import Evaluate, Evaluation, Event, Exit, Stop, Welcome
 from engine.wire.protocol import ANY_CLOCK, Role
-from engine.wire.records import EvaluationRecord, EventRecord
+from engine.wire.records import EvaluationRecord, EventRecord, UserMetricRecord
 from engine.worker.client import ParameterClient
 
 
@@ -51,6 +52,7 @@ class Evaluator:
         self.model.values_to_device()
         if self.calibration is not None:
             refresh_buffers(self.model.module, self.calibration)
+        forget_logged()  # the user's metrics are the test's alone (not batch-norm refreshing's)
         accuracy, loss = evaluate(self.model.module, self.inputs, self.targets)
         now = time.time()
         return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0),
@@ -121,9 +123,21 @@ def serve_requests(evaluator: Measures, control: SyncControl) -> None:
             if isinstance(evaluator, SparseEvaluator):  # how sparse the solution is, too
                 control.send(Event(row=EventRecord(at=row.at, kind="sparse_model", detail={
                     "epoch": row.epoch, "objective": row.loss, "nonzero": evaluator.nonzero})))
-            control.send(Evaluation(row=row, final=message.final))
+            control.send(Evaluation(row=row, final=message.final, metrics=logged_by(row)))
         elif not isinstance(message, Stop):
             raise RunFailed(f"the evaluator got an unexpected {message.type} message")
+
+
+def forget_logged() -> None:
+    """Drop what the user's code logged so far (outside the part being measured)."""
+    usermetrics.take_open()
+
+
+def logged_by(row: EvaluationRecord) -> list[UserMetricRecord]:
+    """What the user's code logged during the evaluation ``row``: a value per name, the mean
+    over the test set's batches, at the evaluation's step."""
+    return [UserMetricRecord(role="evaluator", rank=0, iteration=row.step, at=row.at, name=name,
+                             value=value) for name, value in usermetrics.take_open().items()]
 
 
 def run_evaluator(transport: Transport, coordinator: str, *, token: str,
@@ -150,8 +164,8 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str,
             return
         raise
     try:
-        with control.reporting(own_errors=False):  # a crash in the user's model, say
-            serve_requests(build(client), control)
+        with control.reporting(own_errors=False), usermetrics.collecting():  # a crash in the
+            serve_requests(build(client), control)  # user's model (or its psctl.log), say
     finally:
         client.close()
         control.close()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from engine.errors import StoreError
+from engine.usermetrics import MAX_NAMES
 from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
@@ -16,6 +17,7 @@ from engine.wire.records import (
     LayerRecord,
     ProcessSample,
     SyncRecord,
+    UserMetricRecord,
 )
 
 _Row = TypeVar("_Row")
@@ -37,6 +39,8 @@ class RecorderSink(Protocol):
 
     def record_layers(self, rows: list[LayerRecord]) -> None: ...
 
+    def record_user_metrics(self, rows: list[UserMetricRecord]) -> None: ...
+
 
 class Records:
     """Writes a run's rows; ``failed`` is told (once for each failed write) when one cannot
@@ -44,6 +48,9 @@ class Records:
 
     def __init__(self, sink: RecorderSink, failed: Callable[[StoreError], None]) -> None:
         self._sink, self._failed = sink, failed
+        # psctl.log's names so far: each process keeps to MAX_NAMES, and so does the run.
+        self._metric_names: set[str] = set()
+        self._refused_names: set[str] = set()
 
     def event(self, kind: str, **detail: Any) -> None:
         self.event_row(EventRecord(at=time.time(), kind=kind, detail=detail))
@@ -65,6 +72,23 @@ class Records:
 
     def layers(self, rows: list[LayerRecord]) -> None:
         self._write(self._sink.record_layers, rows)
+
+    def user_metrics(self, rows: list[UserMetricRecord]) -> None:
+        """The user's own metrics, up to MAX_NAMES names in the run: the values of names past
+        it (processes whose code logs different names) are dropped, each name said once in a
+        ``user_metrics_dropped`` event."""
+        names = self._metric_names
+        for row in rows:
+            if row.name not in names and len(names) < MAX_NAMES:
+                names.add(row.name)
+        kept = [row for row in rows if row.name in names]
+        refused = {row.name for row in rows if row.name not in names} - self._refused_names
+        if refused:
+            self._refused_names |= refused
+            self.event("user_metrics_dropped", names=sorted(refused),
+                       reason=f"a run records at most {MAX_NAMES} metric names")
+        if kept:
+            self._write(self._sink.record_user_metrics, kept)
 
     def _write(self, write: Callable[[_Row], None], row: _Row) -> None:
         try:

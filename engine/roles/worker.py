@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from engine import usermetrics
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
@@ -56,7 +57,7 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
     try:
         # A crash in the user's model (or a bug) fails the run at once with its message;
         # psctl's own errors here are the run ending, or the coordinator saying why itself.
-        with control.reporting(own_errors=False):
+        with control.reporting(own_errors=False), usermetrics.collecting():
             return Worker(welcome, rank, control, client).run(
                 shard, model, WORKER_LOOPS.get(loop_name(config)))
     finally:

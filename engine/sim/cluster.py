@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine import usermetrics
 from engine.budget import budget_of
 from engine.config import RunConfig
 from engine.errors import PsctlError, RunFailed
@@ -27,9 +28,10 @@ from engine.wire.records import (
     IterationRecord,
     RunStatus,
     SyncRecord,
+    UserMetricRecord,
     divergence,
 )
-from engine.worker.loops import Shard, shard_for
+from engine.worker.loops import Shard, logged_with, shard_for
 
 # Rows go to the recorder in batches of this many (it queues them; the writer batches again).
 FLUSH_ROWS = 512
@@ -46,6 +48,8 @@ class Sink(Protocol):
     def record_event(self, row: EventRecord) -> None: ...
 
     def record_sync(self, row: SyncRecord) -> None: ...
+
+    def record_user_metrics(self, rows: list[UserMetricRecord]) -> None: ...
 
 
 @dataclass
@@ -68,6 +72,7 @@ class SimCluster:
         self.failure: str | None = None  # set when the model diverged
         self.best_accuracy = 0.0
         self._rows: list[IterationRecord] = []
+        self._metrics: list[UserMetricRecord] = []  # what the user's code logged (psctl.log)
         self.servers: list[SimServer] = []
         # As the coordinator's budget (engine.roles.spending), in virtual time.
         self.budget = budget_of(config.stop.budget)
@@ -79,7 +84,12 @@ class SimCluster:
 
     async def run(self) -> tuple[RunStatus, str | None, float]:
         """Simulate the run; (status, reason, virtual seconds it took)."""
+        with usermetrics.collecting():
+            return await self._run()
+
+    async def _run(self) -> tuple[RunStatus, str | None, float]:
         workers = self._build()
+        usermetrics.take_open()  # what measuring the compute cost logged is no iteration's
         serving: list[asyncio.Future[Any]] = [asyncio.ensure_future(server.serve())
                                               for server in self.servers]
         timers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._evaluations()),
@@ -203,6 +213,7 @@ class SimCluster:
 
     def _record(self, row: IterationRecord) -> None:
         self._rows.append(row)
+        self._metrics.extend(logged_with(row))
         self.progress.iterations[row.worker] = row.iteration + 1
         budget = self.budget
         if budget is not None and budget.unit != "s":
@@ -219,6 +230,9 @@ class SimCluster:
         if self._rows:
             self.sink.record_iterations(self._rows)
             self._rows = []
+        if self._metrics:
+            self.sink.record_user_metrics(self._metrics)
+            self._metrics = []
 
     def _syncs(self, rows: list[SyncRecord]) -> None:
         for row in rows:
@@ -274,8 +288,10 @@ class SimCluster:
             keys = server.state.keys
             np.copyto(model.params_np[keys.start:keys.end], server.state.params)
         inputs, targets = self._test
+        usermetrics.take_open()  # only what testing logs is the evaluation's
         accuracy, loss = evaluate(model.module, torch.from_numpy(inputs),
                                   torch.from_numpy(targets))
+        logged = usermetrics.take_open()
         now = asyncio.get_running_loop().time()
         if now == self._evaluated_at:
             return None
@@ -283,6 +299,9 @@ class SimCluster:
         row = EvaluationRecord(at=self.epoch + now, elapsed_s=now, step=max(
             int(s.state.versions.max()) for s in self.servers), accuracy=accuracy, loss=loss,
             epoch=epoch)
+        self._metrics.extend(UserMetricRecord(role="evaluator", rank=0, iteration=row.step,
+                                              at=row.at, name=name, value=value)
+                             for name, value in logged.items())
         self._flush()  # the iterations before it reach the database first
         diverged = divergence(row)
         if diverged is not None:  # as the coordinator: stop, and fail the run with the reason

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine import usermetrics
 from engine.budget import epochs_to_run
 from engine.config import RunConfig
 from engine.keys import KeyLayout, KeyRange
@@ -121,6 +122,8 @@ class SimWorker:
 
     async def compute(self, batch: np.ndarray) -> tuple[float, np.ndarray]:
         loss, grads = self.ctx.shared.gradient(self.params, self.shard, batch)
+        # Before another worker computes: what the user's code logged since is this worker's.
+        usermetrics.hold(self.rank)
         await asyncio.sleep(self.ctx.compute_s * self.slowdown.factor_now())
         return loss, grads
 

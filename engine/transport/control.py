@@ -20,10 +20,12 @@ from engine.errors import (
     ConnectFailed,
     ConnectionClosed,
     LaunchError,
+    MetricError,
     ProtocolError,
     PsctlError,
 )
 from engine.transport.base import Connection, Transport
+from engine.usermetrics import cut_to_caller
 from engine.wire.messages import (
     ControlMessage,
     Fatal,
@@ -134,6 +136,9 @@ class SyncControl:
         traceback, and, with ``own_errors``, psctl's own (a bad data or model file)."""
         try:
             yield
+        except MetricError as exc:  # psctl.log refused a call in the user's own code: its crash
+            self._report(fatal(exc.with_traceback(cut_to_caller(exc.__traceback__))))
+            raise
         except PsctlError as exc:
             if own_errors:
                 self._report(Fatal(message=str(exc)))

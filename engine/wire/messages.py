@@ -13,15 +13,20 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine.errors import ProtocolError
 from engine.keys import KeyLayout, KeyRange, Segment
+from engine.usermetrics import MAX_NAMES
 from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
     IterationRecord,
     LayerRecord,
     SyncRecord,
+    UserMetricRecord,
 )
 
 MAX_CONTROL_BYTES = 8 * 2**20
+# A worker's report holds at most this many user metric values (it reports early to keep under
+# it): about 1 MiB of JSON, well inside MAX_CONTROL_BYTES.
+MAX_REPORTED_METRICS = 8192
 RoleName = Literal["server", "worker", "evaluator"]
 
 
@@ -83,12 +88,16 @@ class Iterations(Message):
     type: Literal["iterations"] = "iterations"
     rows: list[IterationRecord]
     layers: list[LayerRecord] = Field(default_factory=list)  # the scheduled loop's, per layer
+    # What the user's code logged with psctl.log, per iteration of these rows.
+    metrics: list[UserMetricRecord] = Field(default_factory=list, max_length=MAX_REPORTED_METRICS)
 
 
 class Evaluation(Message):
     type: Literal["evaluation"] = "evaluation"
     row: EvaluationRecord
     final: bool = False
+    # What the user's code logged with psctl.log while the evaluator tested (at most one a name).
+    metrics: list[UserMetricRecord] = Field(default_factory=list, max_length=MAX_NAMES)
 
 
 class Event(Message):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.usermetrics import NAME_PATTERN
 
 
 class RunStatus(StrEnum):
@@ -79,6 +81,19 @@ class LayerRecord(_Record):
     push_order: int = Field(ge=0)
     suspend_s: float = Field(ge=0, allow_inf_nan=False)
     staleness: int = Field(ge=0)
+
+
+class UserMetricRecord(_Record):
+    """A metric the user's own code logged (``psctl.log``): the mean of the values it logged
+    under ``name`` during one iteration of a worker, or one evaluation of the evaluator (whose
+    ``iteration`` is the evaluation's step: the server updates applied)."""
+
+    role: Literal["worker", "evaluator"]
+    rank: int = Field(ge=0)
+    iteration: int = Field(ge=0)
+    at: float = Field(allow_inf_nan=False)
+    name: str = Field(pattern=f"^{NAME_PATTERN}$")
+    value: float = Field(allow_inf_nan=False)
 
 
 class EvaluationRecord(_Record):

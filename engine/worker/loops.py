@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine import usermetrics
 from engine.budget import budget_of, epochs_to_run
 from engine.config import RunConfig
 from engine.datasets.sparse import SparseSplit
@@ -27,6 +28,7 @@ from engine.errors import Diverged, PsctlError, RunFailed, ShuttingDown
 from engine.keys import KeyRange
 from engine.transport.control import Lost, SyncControl
 from engine.wire.messages import (
+    MAX_REPORTED_METRICS,
     ControlMessage,
     Done,
     EpochDone,
@@ -41,7 +43,7 @@ from engine.wire.messages import (
     Welcome,
     layout_of,
 )
-from engine.wire.records import IterationRecord, LayerRecord
+from engine.wire.records import IterationRecord, LayerRecord, UserMetricRecord
 from engine.worker.cache import ReadCache, read_cache
 from engine.worker.client import (
     ParameterClient,
@@ -105,6 +107,7 @@ class Worker:
         self.layout = layout_of(welcome)
         self._pending: list[IterationRecord] = []
         self._pending_layers: list[LayerRecord] = []
+        self._pending_metrics: list[UserMetricRecord] = []  # psctl.log's, per recorded row
         self._last_iteration = -1
         self._last_report = time.monotonic()
         self._stopping: str | None = None
@@ -204,7 +207,10 @@ class Worker:
         self._last_iteration = row.iteration
         self._pending.append(row)
         self._pending_layers.extend(layers or ())
-        if time.monotonic() - self._last_report >= self.report_every_s:
+        self._pending_metrics.extend(logged_with(row))
+        # Early when the user's metrics pile up: a report must stay under the wire's bound.
+        if (time.monotonic() - self._last_report >= self.report_every_s
+                or len(self._pending_metrics) > MAX_REPORTED_METRICS - usermetrics.MAX_NAMES):
             self._flush()
 
     def epoch_done(self, epoch: int) -> None:
@@ -213,8 +219,9 @@ class Worker:
 
     def _flush(self) -> None:
         if self._pending:
-            self.control.send(Iterations(rows=self._pending, layers=self._pending_layers))
-            self._pending, self._pending_layers = [], []
+            self.control.send(Iterations(rows=self._pending, layers=self._pending_layers,
+                                         metrics=self._pending_metrics))
+            self._pending, self._pending_layers, self._pending_metrics = [], [], []
         self._last_report = time.monotonic()
 
 
@@ -514,6 +521,9 @@ def finite_loss(loss: float) -> float:
 def iteration_row(rank: int, clock: int, epoch: int, started: float, wall: float, compute: float,
                   push: float, pull: float, wait: float, pushed: PushResult | None, pulled:
                   PullResult, loss: float, samples: int) -> IterationRecord:
+    # Every loop builds a clock's row right after its gradient, even those that record it only
+    # after the next one: what the user's code logged so far belongs to this clock.
+    usermetrics.seal(rank, clock)
     sent = pulled.bytes_sent + (pushed.bytes_sent if pushed else 0)
     received = pulled.bytes_received + (pushed.bytes_received if pushed else 0)
     return IterationRecord(
@@ -522,6 +532,13 @@ def iteration_row(rank: int, clock: int, epoch: int, started: float, wall: float
         staleness=pushed.staleness if pushed else 0, loss=loss, samples=samples,
         bytes_sent=sent, bytes_received=received, lr_scale=pushed.lr_scale if pushed else None,
         **push_bytes(pushed))
+
+
+def logged_with(row: IterationRecord) -> list[UserMetricRecord]:
+    """What the user's code logged (``psctl.log``) in the iteration of ``row``."""
+    return [UserMetricRecord(role="worker", rank=row.worker, iteration=row.iteration,
+                             at=row.ended_at, name=name, value=value)
+            for name, value in usermetrics.take(row.worker, row.iteration).items()]
 
 
 def push_bytes(pushed: PushResult | None) -> dict[str, int]:

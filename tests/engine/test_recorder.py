@@ -20,6 +20,7 @@ from engine.wire.records import (
     IterationRecord,
     LayerRecord,
     RunStatus,
+    UserMetricRecord,
 )
 
 
@@ -126,6 +127,22 @@ def test_layer_rows_round_trip_and_a_retried_report_is_skipped(recorder: Recorde
     recorder.flush()
     stored = query(db, "SELECT * FROM layer_iterations ORDER BY layer")
     assert stored == [(run_id, *row.model_dump().values()) for row in rows]
+
+
+def test_user_metrics_round_trip_and_a_retried_report_is_skipped(recorder: Recorder,
+                                                                 db: Path) -> None:
+    run_id = start(recorder)
+    rows = [UserMetricRecord(role=role, rank=rank, iteration=i, at=1000.5 + i, name=name,
+                             value=0.5 * i + rank)
+            for role, rank in (("worker", 0), ("worker", 1), ("evaluator", 0))
+            for i in range(3) for name in ("grad_norm", "act/mean")]
+    recorder.record_user_metrics(rows)
+    recorder.record_user_metrics(rows[:4])  # the same report again
+    recorder.record_user_metrics([])
+    recorder.flush()
+    stored = query(db, "SELECT run_id, role, rank, iteration, at, name, value FROM user_metrics "
+                       "ORDER BY role DESC, rank, iteration, name DESC")
+    assert stored == [(run_id, r.role, r.rank, r.iteration, r.at, r.name, r.value) for r in rows]
 
 
 def test_many_small_batches_are_all_written(recorder: Recorder, db: Path) -> None:

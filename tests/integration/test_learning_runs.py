@@ -75,5 +75,5 @@ def test_rules_and_optimizers_train_end_to_end(tmp_path: Path, extra: tuple[str,
 def test_downpour_settings_outside_asp_fail_fast(tmp_path: Path) -> None:
     done = psctl("launch", "--dataset", "digits", "--sync", "bsp", "--fetch-every", "4",
                  "--no-live", db=tmp_path / "experiments.db", timeout=60)
-    assert done.returncode == 1  # a configuration error, said before anything starts
+    assert done.returncode == 2  # options refused (a usage error), before anything starts
     assert "need sync.model asp, not bsp" in done.stderr

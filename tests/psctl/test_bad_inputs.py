@@ -107,9 +107,10 @@ def test_a_project_file_that_is_not_utf8_is_named(tmp_path: Path, fresh_db: Path
     assert "psctl.toml" in message and "not UTF-8" in message
 
 
+# (--target-accuracy reads its value itself, as a fraction or a percentage: test_exit_codes.py)
 FLOAT_FLAGS = [("--lr", "optimizer.lr"), ("--momentum", "optimizer.momentum"),
                ("--clip-norm", "optimizer.clip_norm"), ("--eval-interval", "eval.interval_s"),
-               ("--max-seconds", "stop.max_seconds"), ("--target-accuracy", "stop.target_accuracy")]
+               ("--max-seconds", "stop.max_seconds")]
 
 
 @pytest.mark.parametrize(("flag", "setting", "value"), [
@@ -118,7 +119,7 @@ FLOAT_FLAGS = [("--lr", "optimizer.lr"), ("--momentum", "optimizer.momentum"),
 ])
 def test_non_finite_float_flags_are_refused_naming_the_setting(
         flag: str, setting: str, value: str, fresh_db: Path) -> None:
-    message = refused("launch", *SMALL, flag, value, db=fresh_db, code=1)
+    message = refused("launch", *SMALL, flag, value, db=fresh_db, code=2)
     assert message == (f"invalid configuration: {setting}: Input should be a finite number "
                        f"(got {value})")
     assert not fresh_db.parent.exists()
@@ -135,7 +136,7 @@ def test_non_finite_float_flags_are_refused_naming_the_setting(
 ])
 def test_huge_numbers_are_refused_naming_the_setting(flags: tuple[str, str], setting: str,
                                                      fresh_db: Path) -> None:
-    message = refused("launch", *SMALL, *flags, db=fresh_db, code=1)
+    message = refused("launch", *SMALL, *flags, db=fresh_db, code=2)
     assert message.startswith(f"invalid configuration: {setting}: ")
 
 
@@ -151,7 +152,7 @@ def test_huge_numbers_are_refused_naming_the_setting(flags: tuple[str, str], set
 ])
 def test_bad_push_filters_are_refused_saying_what_to_write(flags: tuple[str, ...], says: str,
                                                            fresh_db: Path) -> None:
-    message = refused("launch", *SMALL, *flags, db=fresh_db, code=1)
+    message = refused("launch", *SMALL, *flags, db=fresh_db, code=2)
     assert message.startswith("invalid configuration: comm") and says in message, message
     assert not fresh_db.parent.exists()
 
@@ -263,9 +264,9 @@ def test_a_long_where_key_is_quoted_briefly(db: Path) -> None:
     assert message.startswith("unknown key 'aaaa") and "…'" in message
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "100.5", "x"])
 def test_compare_target_must_be_an_accuracy(value: str, db: Path) -> None:
-    assert "--target" in refused("compare", "--target", value, db=db, code=2)
+    usage_error("compare", "--target", value, db=db, option="--target")
 
 
 def test_zipline_lookahead_is_bounded(db: Path) -> None:
@@ -314,7 +315,7 @@ def test_ui_on_a_port_in_use_is_refused(db: Path) -> None:
 ])
 def test_key_ranges_out_of_bounds_are_refused_before_anything_starts(
         flags: tuple[str, ...], says: str, fresh_db: Path) -> None:
-    message = refused("launch", *SMALL, *flags, db=fresh_db, code=1)  # the last --servers wins
+    message = refused("launch", *SMALL, *flags, db=fresh_db, code=2)  # the last --servers wins
     assert message.startswith("invalid configuration: cluster") and says in message, message
     assert not fresh_db.parent.exists()
 

@@ -28,7 +28,7 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
 
 def test_a_non_finite_flag_is_refused_naming_the_setting(tmp_path: Path) -> None:
     fresh_db = tmp_path / "fresh" / "experiments.db"
-    message = refused("launch", *SMALL, "--lr", "nan", db=fresh_db, code=1, via=psctl)
+    message = refused("launch", *SMALL, "--lr", "nan", db=fresh_db, code=2, via=psctl)
     assert message == "invalid configuration: optimizer.lr: Input should be a finite number " \
         "(got nan)"
     assert not fresh_db.parent.exists()

@@ -80,7 +80,7 @@ def _launch_offline(tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 def test_invalid_option_is_a_clear_config_error(tmp_path: Path) -> None:
     done = psctl("launch", "--workers", "0", "--dataset", "digits", db=tmp_path / "x.db")
-    assert done.returncode == 1
+    assert done.returncode == 2  # a bad option value: a usage error (docs/cli.md)
     assert "cluster.workers" in done.stderr
 
 

@@ -80,3 +80,23 @@ def test_help_loads_no_worker_server_role_or_torch_module(argv: list[str]) -> No
     loaded = done.stderr.split()
     assert "psctl.cli" in loaded and "engine.config" in loaded  # the list is the real one
     assert [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)] == []
+
+
+def _completions(words: str) -> list[str]:
+    """What bash completes for the command line ``words`` (its last word being typed)."""
+    done = CliRunner().invoke(app, [], prog_name="psctl", env={
+        "_PSCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split(" ")) - 1)})
+    assert done.exit_code == 0, done.output
+    return done.output.split()
+
+
+def test_choice_options_of_the_reading_commands_complete_their_values() -> None:
+    from engine.consistency.timings import PREDICTORS
+    from engine.db.queries import STATUSES
+    from psctl.export import FORMATS
+
+    assert _completions("psctl export x --format ") == list(FORMATS)
+    assert _completions("psctl zipline replay x --predictor ") == list(PREDICTORS)
+    assert _completions("psctl runs ls --status ") == list(STATUSES)
+    assert _completions("psctl runs ls --status c") == [s for s in STATUSES if s[0] == "c"]

@@ -6,7 +6,7 @@ the fields."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import typer.main
@@ -101,3 +101,84 @@ def test_the_help_is_grouped_by_section_with_the_policies_listed() -> None:
     assert "consistency model: bsp, asp, ssp, bounded-delay, dssp or elastic [bsp]" in text
     assert "server learning rate [the optimizer's own: sgd 0.1, adagrad 0.005" in text
     assert "worker loop: auto, plain, layered" in text
+
+
+def _help_sections() -> dict[str, str]:
+    """psctl launch --help, section title -> the text under it."""
+    from typer.testing import CliRunner
+
+    output = CliRunner().invoke(app, ["launch", "--help"], env={"COLUMNS": "200"}).output
+    sections: dict[str, str] = {}
+    title = ""
+    for line in output.splitlines():
+        if line.endswith(" options:") and not line.startswith(" "):
+            title = line.removesuffix(" options:").lower()
+        elif title:
+            sections[title] = sections.get(title, "") + line + "\n"
+    return sections
+
+
+def test_every_setting_is_in_the_panel_of_its_section() -> None:
+    import re
+
+    sections = _help_sections()
+    wanted = {option.section for option in setting_options()} | {"run"}
+    assert wanted <= set(sections) and len(wanted) >= 10  # (--straggler: "heterogeneity")
+    for option in setting_options():
+        flags = re.findall(r"^\s+(--[a-z0-9-]+)", sections[option.section], re.MULTILINE)
+        assert option.flag in flags, (option.flag, option.section)
+
+
+def _completed(flag: str, typed: str = "") -> list[str]:
+    """What a shell completes after ``psctl launch FLAG TYPED``, as bash asks for it."""
+    from typer.testing import CliRunner
+
+    done = CliRunner().invoke(app, [], prog_name="psctl", env={
+        "_PSCTL_COMPLETE": "complete_bash", "COMP_WORDS": f"psctl launch {flag} {typed}",
+        "COMP_CWORD": "3"})
+    assert done.exit_code == 0, done.output
+    return done.output.split()
+
+
+def test_choice_options_complete_their_registered_values() -> None:
+    from engine.backends import BACKENDS
+    from engine.consistency.registry import CONSISTENCY_MODELS
+    from engine.datasets.registry import DATASETS
+    from engine.models.kinds import MODELS
+    from engine.policies.optimizers import SERVER_OPTIMIZERS
+
+    assert _completed("--sync") == list(CONSISTENCY_MODELS.names())
+    assert _completed("--sync", "b") == [n for n in CONSISTENCY_MODELS.names() if n[0] == "b"]
+    assert _completed("--backend") == list(BACKENDS.names())
+    assert _completed("--optimizer") == list(SERVER_OPTIMIZERS.names())
+    assert set(DATASETS.names()) <= set(_completed("--dataset"))
+    assert _completed("--model") == list(MODELS.names())
+    assert _completed("--compress") == list(get_args(
+        RunConfig.model_fields["comm"].annotation.model_fields["compress"].annotation))
+    assert _completed("--workers") == []  # a number: nothing to offer
+
+
+def test_a_policy_registered_later_is_completed_too() -> None:
+    from engine.consistency.registry import CONSISTENCY_MODELS
+
+    with CONSISTENCY_MODELS.registered("zz-test-model", CONSISTENCY_MODELS.get("bsp"),
+                                       "a stand-in"):
+        assert "zz-test-model" in _completed("--sync", "zz")
+
+
+@pytest.mark.parametrize("given", ["0.97", "97"])
+def test_a_target_accuracy_is_a_fraction_or_a_percentage_everywhere(
+        given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the command line, in a config file and in the environment, 97 means 97 %."""
+    assert configured(["--target-accuracy", given], tmp_path).stop.target_accuracy == 0.97
+    assert RunConfig.model_validate({"stop": {"target_accuracy": float(given)}}) \
+        .stop.target_accuracy == 0.97
+    monkeypatch.setenv("PSCTL_STOP__TARGET_ACCURACY", given)
+    options = LAUNCH.make_context("psctl launch", ["--dataset", "digits"])
+    assert launch_config(options.params, tmp_path / "experiments.db").stop.target_accuracy \
+        == 0.97
+
+
+def test_a_target_past_100_percent_is_refused_in_a_config_too() -> None:
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        RunConfig.model_validate({"stop": {"target_accuracy": 101}})

@@ -60,3 +60,16 @@ def test_a_run_ended_by_a_crash_shows_the_end_of_its_traceback(tmp_path: Path) -
                           "    RuntimeError: boom"]
     # a run that ended for another reason is not explained by a crash it also had
     assert summary("the model diverged")[3].startswith("  details:")
+
+
+def test_a_simulated_run_says_its_duration_is_virtual_time(tmp_path: Path) -> None:
+    from tests.psctl.recorded import recorded_run
+
+    db = tmp_path / "runs.db"
+    for run_id, simulated in (("a" * 32, True), ("b" * 32, False)):
+        recorded_run(db, run_id, "run", simulated=simulated)
+        console = Console(record=True, width=200, no_color=True)
+        print_summary(LaunchResult(run_id, RunStatus.FINISHED, None, tmp_path), db, console)
+        duration = console.export_text().splitlines()[1]
+        assert duration.startswith("  duration ")
+        assert (" of virtual time (simulated), " in duration) is simulated, duration

@@ -1,5 +1,6 @@
-"""``psctl compare`` on a real terminal (a pseudo-terminal): a table wider than the terminal
-goes to the pager at full width; one that fits is printed in place."""
+"""``psctl compare`` on a real terminal (a pseudo-terminal): no pager unless asked for (issue
+42); a table wider than the terminal shows the columns that fit and names the others; with
+``--pager`` or ``PSCTL_PAGER=1`` the whole table goes to the pager at full width."""
 
 from __future__ import annotations
 
@@ -16,21 +17,33 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.support import query
+from tests.psctl.recorded import T0, recorded_run
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(120)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+NAMES = ("bsp-run", "asp-run")
 
 
-def compare_on_a_terminal(db: Path, columns: int, pager_file: Path) -> str:
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pager") / "experiments.db"
+    recorded_run(path, "a" * 32, NAMES[0], sync={"model": "bsp"})
+    recorded_run(path, "b" * 32, NAMES[1], sync={"model": "asp"}, started_at=T0 + 100)
+    return path
+
+
+def compare_on_a_terminal(db: Path, columns: int, pager_file: Path, *args: str,
+                          env: dict[str, str] | None = None) -> str:
     """Run ``psctl compare --all`` with a pseudo-terminal ``columns`` wide as stdin, stdout and
     stderr, and a pager that copies what it is given into ``pager_file``; return the screen."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in {"MANPAGER", "NO_COLOR", "CI"}}
-    env |= {"TERM": "xterm", "COLUMNS": str(columns), "PAGER": f"cat > '{pager_file}'"}
-    process = subprocess.Popen([sys.executable, "-m", "psctl", "compare", "--all", "--db", str(db)],
-                               stdin=follower, stdout=follower, stderr=follower, env=env, cwd=REPO)
+    clean = {k: v for k, v in os.environ.items()
+             if k not in {"MANPAGER", "NO_COLOR", "CI", "PSCTL_PAGER", "COLUMNS"}}
+    clean |= {"TERM": "xterm", "PAGER": f"cat > '{pager_file}'", **(env or {})}
+    process = subprocess.Popen([sys.executable, "-m", "psctl", "compare", "--all", "--db",
+                                str(db), *args], stdin=follower, stdout=follower,
+                               stderr=follower, env=clean, cwd=REPO)
     os.close(follower)
     screen = bytearray()
     while True:
@@ -46,21 +59,23 @@ def compare_on_a_terminal(db: Path, columns: int, pager_file: Path) -> str:
     return ANSI.sub("", screen.decode(errors="replace"))
 
 
-def test_a_table_wider_than_the_terminal_is_paged_at_full_width(compare_db: Path,
-                                                               tmp_path: Path) -> None:
+def test_a_wide_table_fits_the_terminal_without_a_pager(db: Path, tmp_path: Path) -> None:
     paged = tmp_path / "paged.txt"
-    screen = compare_on_a_terminal(compare_db, 60, paged)
+    screen = compare_on_a_terminal(db, 100, paged)
+    assert not paged.exists()
+    lines = screen.splitlines()
+    assert max(len(line) for line in lines) <= 100, screen
+    assert "…" not in screen and all(name in screen for name in NAMES)
+    assert "not shown at this width:" in " ".join(screen.split())
+
+
+@pytest.mark.parametrize(("args", "env"), [(("--pager",), {}), ((), {"PSCTL_PAGER": "1"})])
+def test_asked_for_the_pager_gets_every_column(db: Path, tmp_path: Path, args: tuple[str, ...],
+                                               env: dict[str, str]) -> None:
+    paged = tmp_path / "paged.txt"
+    screen = compare_on_a_terminal(db, 100, paged, *args, env=env)
     text = ANSI.sub("", paged.read_text())
     header = next(line for line in text.splitlines() if "┃ run" in line)
-    assert len(header) > 60 and "…" not in text
-    for name, _ in query(compare_db, "SELECT name, id FROM runs"):
-        assert name in text
+    assert len(header) > 100 and "…" not in text and "not shown" not in text
+    assert "optimizer.lr" in header and all(name in text for name in NAMES)
     assert "┃ run" not in screen  # the table went to the pager, not onto the screen
-
-
-def test_a_table_that_fits_is_printed_without_a_pager(compare_db: Path, tmp_path: Path) -> None:
-    paged = tmp_path / "paged.txt"
-    # --all lists every config key (about 60 columns): a terminal this wide holds them all.
-    screen = compare_on_a_terminal(compare_db, 4000, paged)
-    assert not paged.exists()
-    assert "┃ run" in screen and "seed-run" in screen

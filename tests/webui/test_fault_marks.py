@@ -114,9 +114,9 @@ def browser() -> Iterator[Any]:
 
 
 @contextmanager
-def _page(browser: Any, url: str) -> Iterator[Any]:
+def _page(browser: Any, url: str, width: int = 1400) -> Iterator[Any]:
     """The run page at ``url`` in UTC, once every chart is drawn; no script error on exit."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000}, timezone_id="UTC")
+    page = browser.new_page(viewport={"width": width, "height": 1000}, timezone_id="UTC")
     page.route("**/*", block_foreign)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -138,7 +138,30 @@ def _marks(page: Any, chart: str) -> int:
 
 
 def _shapes(page: Any, chart: str) -> list[dict[str, Any]]:
-    return list(page.evaluate(f"document.querySelector('#chart-{chart}').layout.shapes || []"))
+    """The chart's event lines (not the bands that shade start-up or a resume's downtime)."""
+    return list(page.evaluate(f"(document.querySelector('#chart-{chart}').layout.shapes || [])"
+                              ".filter((s) => s.name !== 'band')"))
+
+
+def _labels(page: Any, chart: str) -> list[dict[str, Any]]:
+    """The fault labels of a chart: its annotations but a "+N more labels" note."""
+    return list(page.evaluate(f"(document.querySelector('#chart-{chart}').layout.annotations "
+                              "|| []).filter(a => a.name !== 'more')"))
+
+
+def _boxes(page: Any, chart: str) -> list[dict[str, Any]]:
+    """Where each annotation of a chart is drawn, in page pixels."""
+    return list(page.evaluate(
+        f"[...document.querySelectorAll('#chart-{chart} .annotation')].map(a => {{"
+        "const r = a.getBoundingClientRect(); "
+        "return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, "
+        "text: a.textContent}; })"))
+
+
+def _overlaps(boxes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(a["text"], b["text"]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if a["left"] < b["right"] and b["left"] < a["right"]
+            and a["top"] < b["bottom"] and b["top"] < a["bottom"]]
 
 
 def _wait_marks(page: Any, chart: str, n: int) -> None:
@@ -159,15 +182,21 @@ def test_fault_events_are_marked_on_the_time_charts(browser: Any, base: str) -> 
             # Where each happened, in seconds since the start (the x-axis's default).
             assert [s["x0"] for s in shapes] == pytest.approx([e[0] for e in MARKED])
             assert all(s["line"]["dash"] == "dash" for s in shapes)
-            assert [s["label"]["text"] for s in shapes if "label" in s] == LABELS
+            labels = _labels(page, chart)
+            assert [a["text"] for a in labels] == LABELS
+            # Each label at its line, in its line's colour.
+            labelled = [s for s in shapes if s["line"]["width"] > 1]
+            assert [a["x"] for a in labels] == pytest.approx([s["x0"] for s in labelled])
+            assert [a["font"]["color"] for a in labels] == [s["line"]["color"] for s in labelled]
             # Checkpoints (and the restart of training) are thin, grey and unlabelled.
-            light = [s for s in shapes if "label" not in s]
-            assert len(light) == 6 and all(s["line"]["width"] < 1 for s in light)
-            colours = {s["label"]["text"]: s["line"]["color"] for s in shapes if "label" in s}
+            light = [s for s in shapes if s["line"]["width"] < 1]
+            assert len(light) == 6
+            colours = {a["text"]: a["font"]["color"] for a in labels}
             assert colours["kill worker 1"] == "#d62728"  # red
             assert colours["worker 1 lost"] == "#ff7f0e"  # orange
             assert colours["worker 1 rejoined"] == "#2ca02c"  # green
             assert colours["resumed from checkpoint 4"] == "#1f77b4"  # blue
+        assert _overlaps(_boxes(page, "acc")) == []
         # The labels are on the chart, as SVG text.
         text = page.locator("#chart-acc").text_content() or ""
         assert "kill worker 1" in text and "worker 1 rejoined" in text
@@ -197,6 +226,25 @@ def test_fault_events_are_marked_on_the_time_charts(browser: Any, base: str) -> 
         for chart in TOP_CHARTS:
             assert _marks(page, chart) == 0 and _shapes(page, chart) == []
         assert _marks(page, "timeline") == 4
+
+
+@pytest.mark.parametrize("width", [1400, 900])
+def test_fault_labels_close_together_never_overlap(browser: Any, base: str, width: int) -> None:
+    """Five labels within 1.4 s of a 100 s run (a server lost, its shard failed over, the server
+    back, a copy handed to it and the shard moved): each is drawn, and no two overlap, on every
+    time chart and at a narrow window too."""
+    with _page(browser, f"{base}/runs/{FAULTY}", width) as page:
+        for chart in TOP_CHARTS:
+            boxes = _boxes(page, chart)
+            shown = [b["text"] for b in boxes if not b["text"].startswith("+")]
+            assert len(shown) + int(page.get_attribute(f"#chart-{chart}", "data-labels-left-out")
+                                    or 0) == len(LABELS), chart
+            assert len(shown) >= 10, (chart, shown)
+            assert _overlaps(boxes) == [], chart
+            crowded = {"server 0 lost", "shard 0 failed over (0.04 s)", "server 0 back",
+                       "shard 0 copied to server 0", "shard 0 served by server 0"}
+            assert crowded <= set(shown), (chart, shown)
+        screenshot(page, f"run-page-fault-labels-{width}.png", full_page=False)
 
 
 def test_resumed_and_faults_banners(browser: Any, base: str) -> None:
@@ -240,8 +288,7 @@ def test_a_live_run_marks_a_fault_as_it_is_recorded(browser: Any, base: str, db:
             _wait_marks(page, "acc", 3)
             page.wait_for_selector("#faults", state="visible", timeout=10_000)
             assert "kill:worker:0@100s" in page.locator("#faults").inner_text()
-            labels = [s["label"]["text"] for s in _shapes(page, "thr") if "label" in s]
-            assert labels == ["kill worker 0", "worker 0 lost"]
+            assert [a["text"] for a in _labels(page, "thr")] == ["kill worker 0", "worker 0 lost"]
     finally:
         recorder.finish(RunStatus.FINISHED)
         recorder.close()

@@ -296,10 +296,17 @@ def test_live_run_shows_new_samples_and_barriers(browser: Any, base: str,
                          [(LIVE, at + 1, role, rank) for role, rank in PROCESSES])
         _add_sync(conn, LIVE, 0, at)
         _add_sync(conn, LIVE, 1, at + 0.5)
+    # The barriers show the ElasticBSP card at once; the CPU chart, out of view at the bottom
+    # of a live page, is not redrawn (that is what a live page saves) until it is scrolled to.
+    page.wait_for_selector("#chart-elastic", state="visible", timeout=10_000)
+    page.wait_for_function("window.__psctl.offScreen.includes('cpu')", timeout=10_000)
+    assert page.evaluate("document.querySelector('#chart-cpu').getBoundingClientRect().top "
+                         "> window.innerHeight + 200")
+    assert int(page.get_attribute("#chart-cpu", "data-points") or 0) == points
+    page.locator("#chart-cpu").scroll_into_view_if_needed()
     page.wait_for_function(
         f"Number(document.querySelector('#chart-cpu').dataset.points) === {points + 8}",
         timeout=10_000)
-    page.wait_for_selector("#chart-elastic", state="visible", timeout=10_000)
     page.close()
     assert errors == []
 

@@ -1,5 +1,6 @@
 """GET /api/table: every run with the metrics ``psctl compare --per-run --json`` prints, its
-tags and notes, filtered by any config key; ended runs are measured once.
+backend, tags and notes, filtered by any config key and grouped by any config key, run column or
+tag; ended runs are measured once.
 
 The database is written by the real recorder (no training processes), so this stays fast.
 """
@@ -84,6 +85,11 @@ def test_a_config_key_filters_the_table(client: TestClient, recorded_db: Path) -
     ({"where": [f"k{i}=1" for i in range(21)]}, 422, "where"),
     ({"target": "1.5"}, 422, "target"),
     ({"target": "nan"}, 422, "target"),
+    ({"group_by": ""}, 422, "group_by"),
+    ({"group_by": "k" * 201}, 422, "group_by"),
+    ({"group_by": "no.such.key"}, 400, "no.such.key"),
+    ({"group_by": "lr"}, 400, "group_by"),  # a leaf name is not enough: say optimizer.lr
+    ({"group_by": "tag.nosuch"}, 400, "nosuch"),
 ])
 def test_bad_parameters_get_a_short_4xx(
     client: TestClient, params: dict[str, Any], status: int, says: str
@@ -92,6 +98,39 @@ def test_bad_parameters_get_a_short_4xx(
     assert got.status_code == status, got.text
     assert says in got.json()["detail"]
     assert len(got.text) < 600
+
+
+def test_rows_group_by_a_tag_with_the_settings_that_vary(client: TestClient) -> None:
+    body = client.get("/api/table", params={"group_by": "tag.group"}).json()
+    assert body["group_by"] == "tag.group" and "tag.group" in body["tag_keys"]
+    by_id = {r["id"]: r for r in body["rows"]}
+    assert [r["group_value"] for r in body["rows"]] == [None, "g1", "g1", "g1"]
+    g1, rest = body["groups"]  # the largest group first
+    assert (g1["value"], g1["label"], g1["runs"]) == ("g1", "g1", GROUP)
+    # launch --repeat's runs differ in their seed only (their names are no setting).
+    assert g1["varying"] == ["train.seed"] and g1["more_varying"] == 0
+    assert [by_id[r]["config"] for r in GROUP] == [{"train.seed": n} for n in range(3)]
+    assert (rest["value"], rest["runs"], rest["varying"]) == (None, [SOLO], [])
+    assert all(r["backend"] == "local" for r in body["rows"])
+
+
+@pytest.mark.parametrize(("key", "values"), [
+    ("sync", {"bsp": [SOLO], "asp": GROUP}),  # a run column
+    ("optimizer.lr", {0.1: [SOLO], 0.05: GROUP}),  # a config key: the raw number
+    ("train.seed", {0: [SOLO, GROUP[0]], 1: [GROUP[1]], 2: [GROUP[2]]}),
+])
+def test_rows_group_by_a_run_column_or_config_key(
+    client: TestClient, key: str, values: dict[Any, list[str]]
+) -> None:
+    body = client.get("/api/table", params={"group_by": key}).json()
+    assert {g["value"]: g["runs"] for g in body["groups"]} == values
+    assert sum(len(g["runs"]) for g in body["groups"]) == len(body["rows"])
+
+
+def test_without_group_by_rows_have_no_group_fields(client: TestClient) -> None:
+    body = client.get("/api/table").json()
+    assert body["groups"] == [] and body["group_by"] is None
+    assert all("group_value" not in r and "config" not in r for r in body["rows"])
 
 
 def test_ended_runs_are_measured_once_and_live_runs_every_time(

@@ -4,7 +4,7 @@ const PS = {};
 PS.palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
   "#7f7f7f", "#bcbd22", "#17becf"];
 PS.color = (i) => PS.palette[((i % PS.palette.length) + PS.palette.length) % PS.palette.length];
-PS.xTitle = { elapsed: "time since start (s)", wall: "wall time", iteration: "iteration" };
+PS.xTitle = { elapsed: "time from the first iteration (s)", wall: "wall time", iteration: "iteration" };
 // x value of a point: wall time as a Date, relative seconds, or iteration number.
 PS.x = (mode, t, origin, it) => mode === "wall" ? new Date(t * 1000)
   : mode === "iteration" ? it : t - origin;
@@ -17,7 +17,28 @@ PS.layout = (title, xMode, yTitle, extra) => Object.assign({
   hovermode: "closest", uirevision: "keep",
 }, extra || {});
 PS.config = { responsive: true, displaylogo: false };
-PS.draw = (div, traces, layout) => Plotly.react(div, traces, layout, PS.config);
+// Whether any trace has a value to draw (horizontal bars keep theirs in x).
+PS.hasData = (traces) => traces.some((t) => {
+  const v = t.orientation === "h" ? t.x : t.y;
+  return Array.isArray(v) && v.some((y) => y !== null && y !== undefined && !(typeof y === "number" && Number.isNaN(y)));
+});
+// A chart with nothing to draw says so, keeping its title and axis titles (what it will show)
+// but no ticks, grid or lines: Plotly would otherwise invent a 0-4 range for the empty axes.
+// `layout.meta.empty` words the note ("no ElasticBSP barriers in this run"); default "no data".
+PS.noData = (layout) => {
+  const bare = (axis) => Object.assign({}, axis || {}, { showticklabels: false, showgrid: false,
+    zeroline: false, showline: false, ticks: "", range: [0, 1], autorange: false });
+  const out = Object.assign({}, layout, { xaxis: bare(layout.xaxis), yaxis: bare(layout.yaxis),
+    shapes: [], showlegend: false, annotations: [{ text: (layout.meta && layout.meta.empty) || "no data",
+      showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { size: 14, color: "#777" } }] });
+  if (out.yaxis2) out.yaxis2 = Object.assign({}, bare(layout.yaxis2), { visible: false });
+  return out;
+};
+PS.draw = (div, traces, layout) => {
+  const empty = !PS.hasData(traces);
+  div.dataset.empty = empty ? "1" : "0";
+  return Plotly.react(div, empty ? [] : traces, empty ? PS.noData(layout) : layout, PS.config);
+};
 // TensorBoard-style debiased exponential moving average.
 PS.ema = (ys, weight) => {
   let last = 0, n = 0;

@@ -1,37 +1,77 @@
-// The compare page: one metric of several runs overlaid (a group of repeated runs as its mean
-// with a ± standard deviation band), then the metrics table `psctl compare` prints.
+// The compare page: several metrics of several runs at once, a chart each (small multiples on
+// one x axis: seconds of training from each run's first iteration unless chosen otherwise), each
+// with its own smoothing and log scale and a cursor linked across them (chart_tools.js); a group
+// of repeated runs as its mean with a ± standard deviation band; then the metrics table
+// `psctl compare` prints, its metric columns before the settings that differ.
 "use strict";
 (() => {
   const RUNS = window.PSCTL_RUNS;
+  const T = window.psctlChartTools;
   // key: [title, series column, scale, unit, evaluation?]. Evaluations are sparse (one point
-  // every few seconds), so they are drawn as markers of the raw values and never smoothed by
-  // default: an EMA over a handful of points lags far behind them.
+  // every few seconds), so they are drawn as markers of the raw values; an EMA over a handful
+  // of points lags far behind them, so smoothing draws it over them, never instead.
   const METRICS = {
     accuracy: ["Test accuracy", "accuracy", 100, "accuracy (%)", true],
     test_loss: ["Test loss", "loss", 1, "cross-entropy", true],
     throughput: ["Throughput (all workers)", "throughput", 1, "samples/s", false],
     loss: ["Training loss (max per bucket)", "loss_max", 1, "cross-entropy", false],
     staleness: ["Staleness (max per bucket)", "staleness_max", 1, "updates since the pull", false],
-    idle_fraction: ["Idle fraction (all workers)", "idle_fraction", 100, "idle (% of wall time)", false],
+    idle_fraction: ["Wait share (all workers)", "idle_fraction", 100, "waiting (% of wall time)", false],
     bytes_sent: ["Bytes sent (all workers)", "sent_per_s", 1, "bytes/s", false],
     bytes_received: ["Bytes received (all workers)", "received_per_s", 1, "bytes/s", false],
+    push_bytes: ["Push bytes sent (all workers)", "pushed_per_s", 1, "bytes/s", false],
+    lr_scale: ["Applied learning-rate scale (max)", "lr_max", 1, "factor", false],
+  };
+  const DEFAULT_METRICS = ["accuracy", "throughput", "loss", "staleness"];
+  // A metric the runs' own code logged (psctl.log) is "user:NAME" here.
+  const USER = "user:";
+  const X_TITLE = {
+    train: "training time (s, from the first iteration)",
+    elapsed: "time since start (s, start-up included)",
+    wall: "wall time", iteration: "iteration",
   };
   const $ = (id) => document.getElementById(id);
-  const metricSel = $("metric"), xSel = $("x-axis"), smooth = $("smooth"), weight = $("weight");
-  const aggregate = $("aggregate"), targetIn = $("target"), baselineSel = $("baseline");
-  const div = $("compare-chart"), count = $("compare-count"), note = $("table-note");
-  Object.entries(METRICS).forEach(([k, v]) => metricSel.appendChild(PS.el("option", { value: k }, v[0])));
+  const xSel = $("x-axis"), aggregate = $("aggregate"), targetIn = $("target"), baselineSel = $("baseline");
+  const grid = $("compare-charts"), count = $("compare-count"), note = $("table-note");
+  const picks = $("metrics"), legendBox = $("compare-legend"), tableMetric = $("table-metric");
+  const params = new URLSearchParams(location.search);
   const cache = new Map();
-  // The user's smoothing choice per metric; until one is made, the metric's default applies.
-  const smoothChoice = new Map();
-  let runs = [];  // {id, name, sync, group, ...} from /api/compare, in RUNS order
+  const cards = new Map();  // metric -> {box, div, count, tools}
+  const userNames = new Set();
+  const hidden = new Set();  // legend keys (run id, "group:NAME") hidden on every chart
+  let userData = new Map();  // run id -> /api/runs/RUN/user-metrics body
+  let runs = [];  // {id, name, sync, group, backend, started_at, first_iteration_at, downtime...}
   const byId = new Map();
+  let cursors = null;  // chart_tools' linked-cursor group of the charts drawn so far
 
-  const isEval = (metric) => METRICS[metric][4];
-  function applySmoothDefault() {
-    const m = metricSel.value;
-    smooth.checked = smoothChoice.has(m) ? smoothChoice.get(m) : !isEval(m);
-    weight.disabled = !smooth.checked;
+  const isUser = (m) => m.startsWith(USER);
+  const info = (m) => isUser(m)
+    ? [m.slice(USER.length) + " (logged)", "value", 1, m.slice(USER.length), false]
+    : METRICS[m];
+  const isEval = (m) => info(m)[4];
+  const known = (m) => m in METRICS || (isUser(m) && userNames.has(m.slice(USER.length)));
+
+  // -- the metric picks: a checkbox each, the choice kept in the address ----------------------
+  let selected = (params.get("metrics") || "").split(",").filter(Boolean);
+  if (!selected.length) selected = DEFAULT_METRICS.slice();
+  if (params.get("x") in X_TITLE) xSel.value = params.get("x");
+  function addPick(metric) {
+    const box = PS.el("input", { type: "checkbox", name: "metric", value: metric });
+    box.checked = selected.includes(metric);
+    box.addEventListener("change", () => {
+      selected = [...picks.querySelectorAll("input[name=metric]:checked")].map((b) => b.value);
+      remember(); draw();
+    });
+    const label = PS.el("label", { class: "pick", title: info(metric)[0] });
+    label.append(box, " " + (isUser(metric) ? info(metric)[0] : METRICS[metric][0].replace(/ \(.*\)$/, "")));
+    picks.appendChild(label);
+  }
+  Object.keys(METRICS).forEach(addPick);
+  function remember() {
+    const q = new URLSearchParams(location.search);
+    q.set("metrics", selected.join(","));
+    if (xSel.value !== "train") q.set("x", xSel.value); else q.delete("x");
+    history.replaceState(null, "", "?" + q.toString().replace(/%2C/gi, ",").replace(/%3A/gi, ":"));
   }
 
   async function fetchJSON(url) {
@@ -41,9 +81,62 @@
     return body;
   }
   function fetchSeries(run, metric) {
+    if (isUser(metric)) return Promise.resolve(userSeries(run, metric.slice(USER.length)));
     const key = run + "/" + metric;
     if (!cache.has(key)) cache.set(key, fetchJSON(`/api/runs/${run}/series/${metric}`));
     return cache.get(key);
+  }
+
+  // A logged metric of one run in the shape of /api/runs/RUN/series: the workers' series
+  // averaged point by point (each is cut into the same number of buckets of its own
+  // iterations), or the evaluator's where only it logged the metric.
+  function userSeries(run, name) {
+    const body = userData.get(run);
+    const found = body && body.metrics.find((m) => m.name === name);
+    const all = { t: [], iteration: [], value: [] };
+    let rows = 0;
+    if (found) {
+      const workers = found.series.filter((s) => s.role === "worker");
+      const use = workers.length ? workers : found.series.filter((s) => s.role === "evaluator");
+      const n = Math.min(...use.map((s) => s.value.length));
+      for (let i = 0; i < n; i++) {
+        const mean = (k) => use.reduce((a, s) => a + s[k][i], 0) / use.length;
+        all.t.push(mean("at")); all.iteration.push(mean("iteration")); all.value.push(mean("value"));
+      }
+      rows = use.reduce((a, s) => a + s.rows, 0);
+    }
+    return { series: { all }, points_shown: all.t.length, points_total: rows };
+  }
+  async function loadUserMetrics() {
+    // Another page's endpoint: a server without it (or a run without logged metrics) only
+    // means there is nothing more to offer.
+    const bodies = await Promise.all(RUNS.map((r) =>
+      fetchJSON(`/api/runs/${r}/user-metrics`).catch(() => null)));
+    userData = new Map(RUNS.map((r, i) => [r, bodies[i]]));
+    const names = new Set();
+    bodies.forEach((b) => (b && Array.isArray(b.metrics) ? b.metrics : []).forEach((m) => names.add(m.name)));
+    [...names].sort().forEach((name) => {
+      if (userNames.has(name)) return;
+      userNames.add(name);
+      addPick(USER + name);
+      tableMetric.appendChild(PS.el("option", { value: name }, name));
+    });
+    $("table-metric-label").hidden = userNames.size === 0;
+  }
+
+  // -- each run's clock ------------------------------------------------------------------------
+  // Training time: seconds from the run's first iteration, less the downtime of a resumed run
+  // before that moment (the server's spans, engine/db/downtime.py), as psctl compare and plot
+  // count time to target. A run without iterations counts from its start.
+  function downWithin(run, a, b) {
+    return (run.downtime || []).reduce((s, d) => s + Math.max(0, Math.min(b, d.end) - Math.max(a, d.start)), 0);
+  }
+  function xOf(mode, run, t, it) {
+    if (mode === "wall") return t * 1000;
+    if (mode === "iteration") return it;
+    if (mode === "elapsed") return t - run.started_at;
+    const first = run.first_iteration_at ?? run.started_at;
+    return Math.max(0, t - first - downWithin(run, first, t));
   }
 
   // Groups of at least two of the compared runs (launch --repeat tags each with its group).
@@ -53,17 +146,27 @@
     return new Map([...g].filter(([, ids]) => ids.length >= 2));
   }
 
-  // A run's points as numbers (wall time in ms), sorted by x, without gaps.
-  function points(body, col, scale, mode) {
-    const s = body.series.all || { t: [], elapsed_s: [], iteration: [] };
-    const xs = mode === "wall" ? s.t.map((t) => t * 1000) : mode === "iteration" ? s.iteration : s.elapsed_s;
+  // A run's points [x, y]: numbers (wall time in ms), in time order. A resumed run's line
+  // breaks where it was down ([x, null]: Plotly leaves a gap), on every x axis.
+  function points(run, body, col, scale, mode) {
+    const s = body.series.all || { t: [], iteration: [] };
     const ys = s[col] || [];
-    const pts = [];
-    xs.forEach((x, i) => {
+    const raw = [];
+    s.t.forEach((t, i) => {
       const y = ys[i];
-      if (x !== null && y !== null && y !== undefined && Number.isFinite(y)) pts.push([x, y * scale]);
+      if (t !== null && y !== null && y !== undefined && Number.isFinite(y)) raw.push([t, y * scale, s.iteration[i]]);
     });
-    return pts.sort((a, b) => a[0] - b[0]);
+    raw.sort((a, b) => a[0] - b[0]);
+    const ends = (run.downtime || []).map((d) => d.end);
+    const pts = [];
+    raw.forEach(([t, y, it], i) => {
+      const prev = i > 0 ? raw[i - 1][0] : -Infinity;
+      if (i > 0 && ends.some((e) => e > prev && e <= t)) pts.push([xOf(mode, run, prev, it), null]);
+      pts.push([xOf(mode, run, t, it), y]);
+    });
+    // By iteration, a resumed run redoes the iterations since its checkpoint: kept in x order.
+    if (mode === "iteration") return pts.filter((p) => p[1] !== null).sort((a, b) => a[0] - b[0]);
+    return pts;
   }
   const toX = (mode, xs) => mode === "wall" ? xs.map((x) => new Date(x)) : xs;
 
@@ -81,22 +184,21 @@
   // Mean and sample standard deviation (n - 1, as `psctl compare` computes) of the runs on a
   // common grid: every x any run has inside the range all of them cover (thinned to
   // GRID_POINTS), each run's value there interpolated linearly between its own points.
-  function band(series) {
+  function band(all) {
+    const series = all.map((p) => p.filter((q) => q[1] !== null));
     if (series.some((p) => p.length === 0)) return null;
     const lo = Math.max(...series.map((p) => p[0][0])), hi = Math.min(...series.map((p) => p[p.length - 1][0]));
     if (lo > hi) return null;
-    let grid = [...new Set(series.flatMap((p) => p.map((q) => q[0])).filter((x) => x >= lo && x <= hi))]
+    let xs = [...new Set(series.flatMap((p) => p.map((q) => q[0])).filter((x) => x >= lo && x <= hi))]
       .sort((a, b) => a - b);
-    if (grid.length > GRID_POINTS) {
-      grid = Array.from({ length: GRID_POINTS }, (_, i) => lo + (hi - lo) * i / (GRID_POINTS - 1));
-    }
+    if (xs.length > GRID_POINTS) xs = Array.from({ length: GRID_POINTS }, (_, i) => lo + (hi - lo) * i / (GRID_POINTS - 1));
     const n = series.length, mean = [], std = [];
-    grid.forEach((x) => {
+    xs.forEach((x) => {
       const v = series.map((p) => interp(p, x)), m = v.reduce((a, b) => a + b, 0) / n;
       mean.push(m);
       std.push(Math.sqrt(v.reduce((a, b) => a + (b - m) ** 2, 0) / (n - 1)));
     });
-    return { x: grid, mean, std };
+    return { x: xs, mean, std };
   }
 
   function rgba(hex, alpha) {
@@ -104,95 +206,170 @@
     return `rgba(${n >> 16},${(n >> 8) & 255},${n & 255},${alpha})`;
   }
 
-  function runTraces(run, pts, i, metric, mode) {
-    const color = PS.color(i), x = toX(mode, pts.map((p) => p[0])), y = pts.map((p) => p[1]);
-    const ev = isEval(metric);
-    const raw = { type: "scatter", name: run.name, x, y, legendgroup: run.id,
+  // The smoothed line (chart_tools' debiased EMA) is an overlay, dashed and named so: the raw
+  // values stay drawn, faint for dense iteration metrics, as markers for evaluations.
+  function runTraces(run, pts, color, metric, mode, weight) {
+    const x = toX(mode, pts.map((p) => p[0])), y = pts.map((p) => p[1]), ev = isEval(metric);
+    const raw = { type: "scatter", name: run.name, x, y, legendgroup: run.id, showlegend: false,
       mode: ev ? "lines+markers" : "lines", marker: { size: 6, color }, line: { color, width: 1.5 } };
-    if (!smooth.checked) return [raw];
-    const w = Math.min(0.999, Math.max(0, Number(weight.value) || 0));
-    // The smoothed line is an overlay, dashed and named so; the raw values stay drawn.
+    if (!(weight > 0)) return [raw];
     if (!ev) Object.assign(raw, { opacity: 0.35, line: { color, width: 1 } });
-    return [raw, { type: "scatter", mode: "lines", name: `${run.name} (EMA ${w})`, x, y: PS.ema(y, w),
-      legendgroup: run.id, line: { color, width: 2, dash: "dash" } }];
+    return [raw, { type: "scatter", mode: "lines", name: `${run.name} (EMA ${weight})`, x, y: T.smooth(y, weight),
+      legendgroup: run.id, showlegend: false, line: { color, width: 2, dash: "dash" } }];
   }
 
-  function groupTraces(name, ids, b, i, metric, mode) {
-    const color = PS.color(i), x = toX(mode, b.x), group = "group:" + name;
-    const lower = b.mean.map((m, k) => m - b.std[k]), upper = b.mean.map((m, k) => m + b.std[k]);
+  function groupTraces(name, ids, b, color, metric, mode, weight) {
+    const x = toX(mode, b.x), group = "group:" + name;
+    const sm = (ys) => weight > 0 ? T.smooth(ys, weight) : ys;
+    const mean = sm(b.mean), std = sm(b.std);
+    const lower = mean.map((m, k) => m - std[k]), upper = mean.map((m, k) => m + std[k]);
+    const label = `${name} (${ids.length} runs, mean ± std${weight > 0 ? `, EMA ${weight}` : ""})`;
     return [
       { type: "scatter", mode: "lines", name: `${name} mean − std`, x, y: lower, legendgroup: group,
         showlegend: false, hoverinfo: "skip", line: { width: 0, color } },
       { type: "scatter", mode: "lines", name: `${name} mean + std`, x, y: upper, legendgroup: group,
         showlegend: false, hoverinfo: "skip", fill: "tonexty", fillcolor: rgba(color, 0.22),
         line: { width: 0, color }, meta: "band" },
-      { type: "scatter", name: `${name} (${ids.length} runs, mean ± std)`, x, y: b.mean,
-        legendgroup: group, mode: isEval(metric) ? "lines+markers" : "lines",
-        marker: { size: 5, color }, line: { color, width: 2.5 } },
+      { type: "scatter", name: label, x, y: mean, legendgroup: group, showlegend: false,
+        mode: isEval(metric) ? "lines+markers" : "lines", marker: { size: 5, color }, line: { color, width: 2.5 } },
     ];
+  }
+
+  // What is drawn: groups (aggregated) first, then the runs outside them, each with its colour,
+  // the same on every chart and in the legend above them.
+  function lines() {
+    const shownGroups = aggregate.checked ? groups() : new Map();
+    const out = [];
+    shownGroups.forEach((ids, name) => out.push({ key: "group:" + name, name, ids, group: true }));
+    const banded = new Set([...shownGroups.values()].flat());
+    RUNS.forEach((id) => {
+      if (!banded.has(id)) out.push({ key: id, name: (byId.get(id) || { name: id.slice(0, 8) }).name, ids: [id], group: false });
+    });
+    out.forEach((l, i) => { l.color = PS.color(i); });
+    return out;
+  }
+
+  function drawLegend(all) {
+    legendBox.replaceChildren(...all.map((l) => {
+      const run = l.group ? null : byId.get(l.ids[0]);
+      const text = l.group ? `${l.name} (${l.ids.length} runs, mean ± std)` : l.name;
+      const item = PS.el("button", { type: "button", class: "legend-item" + (hidden.has(l.key) ? " off" : ""),
+        "data-key": l.key, "aria-pressed": String(!hidden.has(l.key)), title: "hide or show on every chart" });
+      const swatch = PS.el("span", { class: "swatch" });
+      swatch.style.background = l.color;
+      item.append(swatch, text);
+      if (run && run.backend === "sim") item.appendChild(PS.el("span", { class: "sim", title: "virtual time" }, "sim"));
+      item.addEventListener("click", () => { hidden.has(l.key) ? hidden.delete(l.key) : hidden.add(l.key); draw(); });
+      return item;
+    }));
+  }
+
+  // -- the charts ------------------------------------------------------------------------------
+  function card(metric) {
+    if (cards.has(metric)) return cards.get(metric);
+    const [title] = info(metric);
+    const box = PS.el("section", { class: "chart-box compare-box", "data-metric": metric });
+    const head = PS.el("div", { class: "card-head" });
+    head.appendChild(PS.el("h3", {}, title));
+    const div = PS.el("div", { class: "compare-chart", id: "chart-" + metric.replace(/[^\w-]/g, "_") });
+    const c = PS.el("p", { class: "count" });
+    box.append(head, div, c);
+    // Smoothing and log scale per chart (a loss reads best on a log axis, accuracy not),
+    // remembered per metric by chart_tools.
+    const entry = { box, div, count: c, data: null };
+    entry.tools = T.controls(head, "compare-" + metric.replace(/[^\w-]/g, "_"), () => drawChart(metric));
+    cards.set(metric, entry);
+    return entry;
+  }
+
+  function drawChart(metric) {
+    const entry = cards.get(metric);
+    if (!entry || !entry.data) return;
+    const [, col, scale, unit] = info(metric), mode = xSel.value;
+    const { smoothing, log } = entry.tools.state();
+    const byRun = new Map(RUNS.map((r, i) => [r, points(byId.get(r) || { id: r, started_at: 0 }, entry.data[i], col, scale, mode)]));
+    const traces = [], notes = [];
+    lines().forEach((l) => {
+      if (hidden.has(l.key)) return;
+      if (l.group) {
+        const b = band(l.ids.map((id) => byRun.get(id)));
+        if (b === null) { notes.push(`group ${l.name}: its runs share no x range`); return; }
+        traces.push(...groupTraces(l.name, l.ids, b, l.color, metric, mode, smoothing));
+      } else {
+        traces.push(...runTraces(byId.get(l.ids[0]) || { id: l.ids[0], name: l.name }, byRun.get(l.ids[0]), l.color, metric, mode, smoothing));
+      }
+    });
+    let layout = PS.layout("", mode, unit, {
+      title: { text: "" }, showlegend: false, margin: { l: 58, r: 12, t: 8, b: 8 },
+      xaxis: { title: { text: X_TITLE[mode] }, automargin: true, type: mode === "wall" ? "date" : "linear" },
+    });
+    layout = T.logScale(layout, log);
+    entry.div.dataset.xKind = mode;
+    PS.draw(entry.div, traces, layout);
+    const shown = entry.data.reduce((a, d) => a + d.points_shown, 0), total = entry.data.reduce((a, d) => a + d.points_total, 0);
+    entry.count.textContent = [`showing ${shown.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} points`,
+      ...(log ? ["values ≤ 0 are not drawn on a log axis"] : []), ...notes].join("; ");
+    entry.div.dataset.points = String(shown);
+    entry.div.dataset.draws = String(Number(entry.div.dataset.draws || 0) + 1);
   }
 
   let drawing = Promise.resolve();
   function draw() { drawing = drawing.then(drawNow, drawNow); return drawing; }
   async function drawNow() {
-    const metric = metricSel.value, [title, col, scale, unit] = METRICS[metric], mode = xSel.value;
+    const shown = selected.filter(known);
+    [...cards.keys()].filter((m) => !shown.includes(m)).forEach((m) => { cards.get(m).box.remove(); cards.delete(m); });
+    // In the picks' order, so that the grid does not reshuffle as metrics come and go.
+    const order = [...picks.querySelectorAll("input[name=metric]")].map((b) => b.value).filter((m) => shown.includes(m));
+    order.forEach((m) => grid.appendChild(card(m).box));
     let data;
     try {
-      data = await Promise.all(RUNS.map((r) => fetchSeries(r, metric)));
+      data = await Promise.all(order.map((m) => Promise.all(RUNS.map((r) => fetchSeries(r, m)))));
     } catch (e) {
       count.textContent = `could not load the series: ${e.message}`;
       return;
     }
-    const pts = new Map(RUNS.map((r, i) => [r, points(data[i], col, scale, mode)]));
-    const traces = [], notes = [];
-    const shownGroups = aggregate.checked ? groups() : new Map();
-    const banded = new Set();
-    let colorIndex = 0;
-    shownGroups.forEach((ids, name) => {
-      const b = band(ids.map((id) => pts.get(id)));
-      if (b === null) { notes.push(`group ${name}: its runs share no x range (or one has no points), drawn one by one`); return; }
-      traces.push(...groupTraces(name, ids, b, colorIndex++, metric, mode));
-      ids.forEach((id) => banded.add(id));
-    });
-    RUNS.forEach((id) => {
-      if (banded.has(id)) return;
-      const run = byId.get(id) || { id, name: id.slice(0, 8) };
-      traces.push(...runTraces(run, pts.get(id), colorIndex++, metric, mode));
-    });
-    const layout = PS.layout(title, mode, unit, {
-      // Below the plot, and counted in the figure's height, so it never spills out of the box.
-      legend: { orientation: "h", yref: "container", y: 0, yanchor: "bottom", x: 0, font: { size: 11 } },
-      margin: { l: 58, r: 12, t: 34, b: 8 },
-      xaxis: { title: { text: PS.xTitle[mode] || mode }, automargin: true, type: mode === "wall" ? "date" : "linear" },
-    });
-    PS.draw(div, traces, layout);
-    const shown = data.reduce((a, d) => a + d.points_shown, 0), total = data.reduce((a, d) => a + d.points_total, 0);
-    if (banded.size) notes.push("a group is its mean ± sample standard deviation, interpolated over the x range all its runs cover");
-    if (smooth.checked) notes.push(`EMA weight ${weight.value}, dashed, over the raw values`);
-    count.textContent = [`showing ${shown.toLocaleString()} of ${total.toLocaleString()} points`, ...notes].join("; ");
-    div.dataset.points = String(shown);
-    div.dataset.drawn = "1";
-    div.dataset.draws = String(Number(div.dataset.draws || 0) + 1);
+    const all = lines();
+    drawLegend(all);
+    order.forEach((m, i) => { cards.get(m).data = data[i]; drawChart(m); });
+    linkCursors(order);
+    const notes = [];
+    if (all.some((l) => l.group)) notes.push("a group is its mean ± sample standard deviation, interpolated over the x range all its runs cover");
+    notes.push("smoothing (an EMA, dashed over the raw values) and log scale per chart; hover one chart to see the same moment on the others");
+    count.textContent = order.length ? notes.join("; ") : "Choose a metric above to draw it.";
+    grid.dataset.metrics = order.join(",");
+    grid.dataset.drawn = "1";
+    grid.dataset.draws = String(Number(grid.dataset.draws || 0) + 1);
     markPainted();
+  }
+
+  // Hovering one chart shows the same x on every other (all share the x axis kind). A chart
+  // is linked once, after its first draw; a removed one is skipped (it is no longer shown).
+  function linkCursors(order) {
+    if (!cursors) cursors = T.attachLinkedCursor([]);
+    order.forEach((m) => cursors.add(cards.get(m).div));
   }
 
   // -- the metrics table: what `psctl compare --json` prints, formatted as its terminal table --
   const NUMERIC = (kind) => !["text", "config", "flag"].includes(kind);
-  let tableSeq = 0;
+  const pctText = (fraction) => `${+(100 * fraction).toFixed(2)} %`;
+  let tableSeq = 0, lastBody = null;
   function tableParams() {
     const p = new URLSearchParams({ runs: RUNS.join(",") });
-    const t = Number(targetIn.value);
-    if (!(targetIn.value !== "" && t > 0 && t <= 1)) throw new Error("the target accuracy is a number in (0, 1]");
-    p.set("target", String(t));
+    const pct = Number(targetIn.value);
+    if (!(targetIn.value !== "" && pct > 0 && pct <= 100)) throw new Error("the target accuracy is a percentage in (0, 100]");
+    p.set("target", String(+(pct / 100).toFixed(6)));
     if (baselineSel.value) p.set("baseline", baselineSel.value);
+    if (tableMetric.value) p.set("metric", tableMetric.value);
     // Groups shown as one band are one row too; unaggregated, a row per run (--per-run).
     if (!aggregate.checked) p.set("per_run", "true");
     return p;
   }
+  // The command that prints the same table. Its target in percent too, as the page shows it
+  // (psctl reads a value above 1 as a percentage; 1 % and below only as a fraction).
   function cliCommand(p) {
-    const sel = RUNS.map((r) => r.slice(0, 8)).join(" ");
-    return `psctl compare ${sel} --target ${p.get("target")}` + (p.get("baseline") ? ` --baseline ${p.get("baseline").slice(0, 8)}` : "")
-      + (p.get("per_run") ? " --per-run" : "");
+    const sel = RUNS.map((r) => r.slice(0, 8)).join(" "), t = Number(p.get("target"));
+    return `psctl compare ${sel} --target ${t > 0.01 ? +(100 * t).toFixed(4) : t}` + (p.get("baseline") ? ` --baseline ${p.get("baseline").slice(0, 8)}` : "")
+      + (p.get("metric") ? ` --metric ${p.get("metric")}` : "") + (p.get("per_run") ? " --per-run" : "");
   }
 
   async function loadTable() {
@@ -210,34 +387,57 @@
     if (seq !== tableSeq) return null;
     note.classList.remove("error");
     $("compare-cli").textContent = cliCommand(p);
+    lastBody = body;
     renderTable(body);
     $("compare-table").dataset.seq = String(seq);
     return body;
   }
 
+  // A cell of a group's row, "mean ± std", on two lines: the table stays narrow enough for
+  // every metric to fit a 1,400 px window.
+  function fill(td, text) {
+    const at = text.indexOf(" ± ");
+    if (at < 0 || $("cli-columns").checked) { td.textContent = text; return; }
+    td.append(text.slice(0, at), PS.el("span", { class: "spread" }, text.slice(at)));
+  }
+
   function renderTable(body) {
-    const table = $("compare-table"), cols = body.columns.filter((c) => c.kind !== "std" && c.kind !== "ci");
+    const table = $("compare-table"), asCli = $("cli-columns").checked;
+    const shown = body.columns.filter((c) => c.kind !== "std" && c.kind !== "ci");
+    const settings = shown.filter((c) => c.kind === "config");
+    // Folded: the run, then the metrics, then one column of the settings that differ.
+    const cols = asCli ? shown : [...shown.filter((c) => c.kind !== "config"), ...(settings.length ? [{ key: "@settings", header: "settings that differ", kind: "settings" }] : [])];
     const grouped = body.columns.some((c) => c.kind === "std");
     note.textContent = `${body.rows.length} ${grouped ? "row" : "run"}(s)` +
       (grouped ? "; a group of repeated runs shows mean ± standard deviation (a speedup paired by seed: its 95 % interval)" : "") +
-      (body.target !== null ? `; time to target: to ${(100 * body.target).toFixed(1)} % test accuracy` : "") +
+      (body.target !== null ? `; time to target: to ${pctText(body.target)} test accuracy, from the first iteration` : "") +
       "; the best value of each column is bold";
+    // Folded, the headers may say more (the target) and break where a word is long.
+    const header = (c) => asCli ? c.header
+      : c.key === "time_to_target_s" && body.target !== null ? `to ${pctText(body.target)} (s)`
+      : c.header.replace("oversubscribed", "over\u00adsubscribed");
     const head = PS.el("tr");
-    cols.forEach((c) => head.appendChild(PS.el("th", { class: NUMERIC(c.kind) ? "num" : "", title: c.key }, c.header)));
+    cols.forEach((c) => head.appendChild(PS.el("th", { class: NUMERIC(c.kind) && c.kind !== "settings" ? "num" : "", title: c.key, "data-key": c.key }, header(c))));
     const tbody = PS.el("tbody");
     body.rows.forEach((row, i) => {
       const tr = PS.el("tr", { "data-id": String(row.id) });
       cols.forEach((c) => {
-        const text = body.cells[i][c.key], cls = [];
-        if (NUMERIC(c.kind)) cls.push("num");
+        const text = c.kind === "settings" ? "" : body.cells[i][c.key], cls = [];
+        if (NUMERIC(c.kind) && c.kind !== "settings") cls.push("num");
         if (c.key in body.best && row[c.key] === body.best[c.key]) cls.push("best");
         if (c.key === "status") cls.push("status", String(row.status));
         const td = PS.el("td", { class: cls.join(" "), "data-key": c.key });
-        if (c.key === "id" && byId.has(row.id)) td.appendChild(PS.el("a", { href: `/runs/${row.id}`, title: row.id }, text));
+        if (c.kind === "settings") {
+          td.classList.add("settings");
+          settings.forEach((s) => {
+            const value = body.cells[i][s.key];
+            if (value !== "") td.appendChild(PS.el("span", { class: "setting", title: `${s.key}=${value}` }, `${s.key}=${value}`));
+          });
+        } else if (c.key === "id" && byId.has(row.id)) td.appendChild(PS.el("a", { href: `/runs/${row.id}`, title: row.id }, text));
         else if (c.key === "id" && row.runs > 1) {
           td.classList.add("group");
           td.appendChild(PS.el("a", { href: `/compare?group=${encodeURIComponent(row.id)}` }, text));
-        } else td.textContent = text;
+        } else fill(td, text);
         tr.appendChild(td);
       });
       tbody.appendChild(tr);
@@ -246,24 +446,34 @@
     thead.appendChild(head);
     table.replaceChildren(thead, tbody);
     table.dataset.loaded = "1";
+    table.dataset.layout = asCli ? "cli" : "folded";
     markPainted();
   }
 
   function markPainted() {
-    if (div.dataset.drawn === "1" && $("compare-table").dataset.loaded) document.body.dataset.painted = "1";
+    if (grid.dataset.drawn === "1" && $("compare-table").dataset.loaded) document.body.dataset.painted = "1";
   }
 
   function describeRuns() {
     $("compare-runs").textContent = runs.map((r) =>
-      `${r.name} (${r.sync}, ${r.workers}×${r.servers}${r.group !== null ? `, group ${r.group}` : ""})`).join(" · ");
+      `${r.name} (${r.sync}, ${r.workers}×${r.servers}${r.group !== null ? `, group ${r.group}` : ""}` +
+      `${r.backend === "sim" ? ", simulated: virtual time" : ""})`).join(" · ");
+    // Start-up is kept apart from the x axis (and from time to target): said here instead.
+    const startup = runs.map((r) => `${r.name} ${r.startup_s === null ? "–" : r.startup_s.toFixed(1) + " s"}`);
+    const resumed = runs.filter((r) => (r.downtime || []).length);
+    $("compare-clock").textContent = "Time counts from each run's first iteration; start-up before it: " + startup.join(", ") +
+      (resumed.length ? `; ${resumed.map((r) => r.name).join(", ")} resumed: the downtime is left out of training time and drawn as a gap` : "") +
+      (runs.some((r) => r.backend === "sim") ? "; sim runs count virtual time" : "") + ".";
   }
 
   async function start() {
-    applySmoothDefault();
     let body;
     try {
-      // Per run (per_run): the runs' names and groups, whatever the aggregation.
-      body = await fetchJSON(`/api/compare?${new URLSearchParams({ runs: RUNS.join(","), per_run: "true" })}`);
+      // Per run (per_run): the runs' names, groups and clocks, whatever the aggregation.
+      [body] = await Promise.all([
+        fetchJSON(`/api/compare?${new URLSearchParams({ runs: RUNS.join(","), per_run: "true" })}`),
+        loadUserMetrics(),
+      ]);
     } catch (e) {
       $("compare-runs").textContent = `could not load the runs: ${e.message}`;
       return;
@@ -271,6 +481,7 @@
     runs = body.runs;
     runs.forEach((r) => byId.set(r.id, r));
     runs.forEach((r) => baselineSel.appendChild(PS.el("option", { value: r.id }, r.name)));
+    picks.querySelectorAll("input[name=metric]").forEach((b) => { b.checked = selected.includes(b.value); });
     describeRuns();
     if (groups().size) { $("aggregate-label").hidden = false; aggregate.checked = true; }
     await Promise.all([draw(), loadTable()]);
@@ -278,7 +489,7 @@
   }
 
   // Live: the runs list is pushed over a websocket; when a compared run has new iterations,
-  // evaluations or a new status, its series are fetched again, the chart redrawn and the
+  // evaluations or a new status, its series are fetched again, the charts redrawn and the
   // table measured again.
   const seen = new Map();
   let retry = 500;
@@ -296,19 +507,15 @@
         }
         seen.set(r.id, key);
       });
-      if (changed) { draw(); loadTable(); }
+      if (changed) { loadUserMetrics().then(draw); loadTable(); }
     };
     ws.onclose = () => { setTimeout(listen, retry); retry = Math.min(retry * 2, 5000); };
   }
 
-  metricSel.addEventListener("change", () => { applySmoothDefault(); draw(); });
-  smooth.addEventListener("change", () => { smoothChoice.set(metricSel.value, smooth.checked); weight.disabled = !smooth.checked; draw(); });
-  [xSel, weight].forEach((e) => e.addEventListener("change", draw));
+  xSel.addEventListener("change", () => { remember(); draw(); });
   aggregate.addEventListener("change", () => { draw(); loadTable(); });
-  [targetIn, baselineSel].forEach((e) => e.addEventListener("change", loadTable));
+  [targetIn, baselineSel, tableMetric].forEach((e) => e.addEventListener("change", loadTable));
+  $("cli-columns").addEventListener("change", () => { if (lastBody) renderTable(lastBody); });
   if (RUNS.length) start();
-  else {
-    applySmoothDefault();
-    $("compare-runs").textContent = "Select runs on the Runs page to compare them.";
-  }
+  else $("compare-runs").textContent = "Select runs on the Runs page to compare them.";
 })();

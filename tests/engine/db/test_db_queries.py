@@ -385,3 +385,17 @@ def test_progress_rates_of_an_ended_run_are_measured_up_to_its_end(
     snap = progress(reader, RUN_A, now=t + 3600)
     assert snap.status == "finished"
     assert snap.workers[0].iterations_per_s == 2 / 5
+
+
+def test_a_rate_counts_only_the_training_in_its_window(db: Path, reader: Engine) -> None:
+    """Two seconds into training, the 5 s window holds 3 s of start-up: the rate is over the
+    2 s trained, not 5 (which made the first ETA minutes long); under 1 s there is none."""
+    now = float(int(time.time()))
+    rows = [it(0, i, now - 2 + 0.5 * i, now - 1.5 + 0.5 * i) for i in range(4)]
+    started = EventRecord(at=now - 2, kind="training_started", detail={"total_iterations": 40})
+    record_run(db, RUN_A, "young", now - 30, status=None, iterations=rows, events=[started])
+    snap = progress(reader, RUN_A, now=now)
+    assert snap.training_started_at == now - 2
+    assert snap.workers[0].iterations_per_s == 4 / 2
+    early = progress(reader, RUN_A, now=now - 1.5)
+    assert early.iterations_per_s == 0.0  # 0.5 s of training: no rate yet

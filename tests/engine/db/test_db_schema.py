@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import OperationalError
 
-from engine.db.schema import SCHEMA_VERSION, meta, open_engine, runs
+from engine.db.schema import SCHEMA_VERSION, meta, open_engine, runs, translate_errors
 from engine.errors import StoreError
 
 TABLES = {"runs", "iterations", "evaluations", "events", "tags", "meta", "syncs",
-          "iteration_rollups", "process_samples", "layer_iterations"}
+          "iteration_rollups", "process_samples", "layer_iterations", "user_metrics"}
 
 
 def _run_values(run_id: str = "a" * 32) -> dict[str, object]:
@@ -237,6 +237,49 @@ def test_a_version_5_database_gains_the_bytes_a_cache_saved(tmp_path: Path) -> N
             row = conn.execute(text("SELECT iteration, pull_bytes_saved FROM iterations")).one()
             assert tuple(row) == (7, None)
             version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-            assert version.scalar() == "6"
+            assert version.scalar() == str(SCHEMA_VERSION)
+    finally:
+        engine.dispose()
+
+
+def test_a_version_6_database_gains_the_users_own_metrics(tmp_path: Path) -> None:
+    path = tmp_path / "v6.db"
+    open_engine(path).dispose()
+    with sqlite3.connect(path) as conn:  # as version 6 left it: no user_metrics
+        conn.execute("DROP TABLE user_metrics")
+        conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+        conn.execute("INSERT INTO runs (id, name, status, started_at, heartbeat_at, config_json, "
+                     "sync, workers, servers, dataset) VALUES ('r1', 'n', 'finished', 1, 1, "
+                     "'{}', 'bsp', 1, 1, 'digits')")
+    with pytest.raises(StoreError, match="upgraded by a writer"):
+        open_engine(path, readonly=True)
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        assert "user_metrics" in inspect(engine).get_table_names()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT id FROM runs")).scalar() == "r1"
+            assert conn.execute(text("SELECT count(*) FROM user_metrics")).scalar() == 0
+            version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            assert version.scalar() == "7" == str(SCHEMA_VERSION)
+    finally:
+        engine.dispose()
+
+
+def test_user_metrics_keep_one_value_per_process_iteration_and_name(tmp_path: Path) -> None:
+    engine = open_engine(tmp_path / "x.db")
+    try:
+        with engine.begin() as conn:
+            conn.execute(runs.insert().values(_run_values()))
+            insert = ("INSERT INTO user_metrics (run_id, name, role, rank, iteration, at, value) "
+                      "VALUES (:run, 'g', :role, 0, 3, 1.0, 2.0)")
+            conn.execute(text(insert), {"run": "a" * 32, "role": "worker"})
+            conn.execute(text(insert), {"run": "a" * 32, "role": "evaluator"})
+        for role in ("worker", "server"):  # the same key again; a role psctl.log never has
+            with pytest.raises(StoreError), translate_errors("inserting"), engine.begin() as conn:
+                conn.execute(text(insert), {"run": "a" * 32, "role": role})
+        with engine.begin() as conn:
+            conn.execute(runs.delete())
+            assert conn.execute(text("SELECT count(*) FROM user_metrics")).scalar() == 0
     finally:
         engine.dispose()

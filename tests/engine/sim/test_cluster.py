@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import statistics
 import threading
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from engine.config import RunConfig
@@ -13,7 +15,7 @@ from engine.errors import ConfigError
 from engine.plan import build_config
 from engine.sim.clock import run_virtual
 from engine.sim.cluster import SimCluster
-from engine.wire.records import IterationRecord, RunStatus
+from engine.wire.records import IterationRecord, RunStatus, UserMetricRecord
 from tests.engine.test_cluster_memory import Sink as MemorySink
 
 EPOCH = 1_000_000.0
@@ -376,3 +378,67 @@ def test_a_budget_ends_a_run_whose_workers_wait_at_a_barrier(sync: dict[str, Any
     assert virtual_s == pytest.approx(12.0, abs=1.0)
     ends = [max(r.pushed_at for r in sink.rows if r.worker == w) for w in range(4)]
     assert max(ends) - min(ends) < 2 * 0.3 + 0.1  # within two of the straggler's iterations
+
+
+class LoggingSink(Sink):
+    """Also what the user's code logged (psctl.log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: list[UserMetricRecord] = []
+
+    def record_user_metrics(self, rows: list[UserMetricRecord]) -> None:
+        self.metrics.extend(rows)
+
+
+LOGGING_MODEL = '''
+import math
+
+from torch import nn
+
+import psctl
+
+
+class Summing(nn.Module):
+    def __init__(self, inputs: int, classes: int) -> None:
+        super().__init__()
+        self.layer = nn.Linear(inputs, classes)
+
+    def forward(self, x):
+        psctl.log("input_sum", x.sum())  # which batch this forward pass saw
+        return self.layer(x.flatten(1))
+
+
+def build(shape, classes):
+    return Summing(math.prod(shape), classes)
+'''
+
+
+@pytest.mark.parametrize("overrides", [{}, {"sync.model": "asp", "train.overlap": True,
+                                            "heterogeneity.stragglers": [
+                                                {"rank": 0, "factor": 2.5}]}])
+def test_each_simulated_workers_iteration_gets_what_its_own_batch_logged(
+        tmp_path: Path, overrides: dict[str, Any]) -> None:
+    from engine.datasets import load_dataset
+    from engine.worker.loops import shard_for
+
+    model = tmp_path / "summing.py"
+    model.write_text(LOGGING_MODEL)
+    cfg = config(**{"model.name": f"{model}:build", "cluster.servers": 1, **overrides})
+    sink = LoggingSink()
+    status, _, _ = run_virtual(SimCluster(cfg, sink, epoch=EPOCH,
+                                          interrupted=threading.Event()).run())
+    assert status is RunStatus.FINISHED
+    data = load_dataset("digits", None)
+    logged = {(m.rank, m.iteration): m for m in sink.metrics if m.role == "worker"}
+    assert sorted(logged) == sorted((r.worker, r.iteration) for r in sink.rows)
+    for row in sink.rows:
+        shard = shard_for(data.train_x, data.train_y, rank=row.worker, workers=4,
+                          seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+        batch = shard.batches(np.random.default_rng([cfg.train.seed, row.worker, row.epoch]))[
+            row.iteration - row.epoch * shard.iterations_per_epoch]
+        metric = logged[(row.worker, row.iteration)]
+        assert metric.value == pytest.approx(float(shard.inputs[batch].sum()), rel=1e-4)
+        assert metric.at == row.ended_at
+    steps = sorted({e.step for e in sink.evaluations})
+    assert sorted(m.iteration for m in sink.metrics if m.role == "evaluator") == steps
