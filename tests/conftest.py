@@ -86,11 +86,15 @@ _MOST_WORKERS = 4
 # minutes of a parallel run are spent on short tests on both workers, not on one long module
 # while the other worker idles. Only the order depends on this list, never what runs.
 SLOW_FIRST = (
-    "tests/test_fault_tolerance_doc.py", "tests/integration/test_sync_models.py",
-    "tests/integration/test_fault_tolerance.py", "tests/test_readme.py",
-    "tests/integration/test_sandblaster.py", "tests/integration/test_pipeline.py",
-    "tests/integration/test_slow_reader.py", "tests/integration/test_role_failures.py",
-    "tests/integration/test_learning_runs.py", "tests/integration/test_ray_backend.py",
+    "tests/test_studies.py", "tests/test_fault_tolerance_doc.py",
+    "tests/integration/test_sync_models.py", "tests/integration/test_fault_tolerance.py",
+    "tests/psctl/test_study_tune.py", "tests/test_readme.py",
+    "tests/integration/test_slow_reader.py", "tests/integration/test_sandblaster.py",
+    "tests/webui/test_compare_page.py", "tests/test_cluster_doc.py",
+    "tests/integration/test_role_failures.py", "tests/integration/test_pipeline.py",
+    "tests/integration/test_learning_runs.py", "tests/bench/test_sim_validation.py",
+    "tests/test_docs_cli.py", "tests/test_studies_doc.py", "tests/psctl/test_study_pool.py",
+    "tests/integration/test_ray_backend.py",
 )
 
 
