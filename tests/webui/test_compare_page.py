@@ -9,14 +9,13 @@ this machine is aborted; screenshots land in test-artifacts/.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import psctl
-from tests.webui.chromium import checked_page, chromium, needs_chromium, screenshot, serving
+from tests.webui.chromium import needs_chromium, screenshot
 from tests.webui.test_compare_api import (
     GROUP,
     RESUMED,
@@ -41,24 +40,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = seed_compare_db(tmp_path_factory.mktemp("compare-page") / "experiments.db")
     record_resumed(path, RESUMED, start=RESUMED_START)
     return path
-
-
-@pytest.fixture(scope="module")
-def base(db: Path) -> Iterator[str]:
-    with serving(db) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    with checked_page(browser) as opened:
-        yield opened
 
 
 def _open(page: Any, url: str) -> None:

@@ -20,7 +20,7 @@ import pytest
 from engine.config import RunConfig
 from engine.recorder import Recorder
 from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
-from tests.webui.chromium import block_foreign, chromium, needs_chromium, screenshot, serving
+from tests.webui.chromium import block_foreign, needs_chromium, screenshot
 
 pytestmark = [pytest.mark.integration, needs_chromium, pytest.mark.timeout(180)]
 
@@ -99,18 +99,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _record(path, FAULTY, START, EVENTS)
     _record(path, PLAIN, START, [(0.5, "training_started", {"total_iterations": 200})])
     return path
-
-
-@pytest.fixture(scope="module")
-def base(db: Path) -> Iterator[str]:
-    with serving(db) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
 
 
 @contextmanager

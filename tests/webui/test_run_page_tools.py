@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 
 from engine.db import open_engine
 from engine.recorder import REBUILD_ROLLUPS_SQL
-from tests.webui.chromium import checked_page, chromium, needs_chromium, serving
+from tests.webui.chromium import checked_page, needs_chromium
 from tests.webui.test_compare_api import record_resumed
 from tests.webui.test_run_page import _seed
 
@@ -69,18 +68,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     conn.close()
     record_resumed(path, RESUMED, start=time.time() - 600)
     return path
-
-
-@pytest.fixture(scope="module")
-def base(db: Path) -> Iterator[str]:
-    with serving(db) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
 
 
 def _open(page: Any, url: str) -> None:

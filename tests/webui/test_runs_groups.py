@@ -8,14 +8,13 @@ test-artifacts/.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.recorder import set_notes, set_tags
-from tests.webui.chromium import checked_page, chromium, needs_chromium, screenshot, serving
+from tests.webui.chromium import needs_chromium, screenshot
 from tests.webui.test_compare_api import GROUP, SOLO, record_run, seed_compare_db
 
 pytestmark = [
@@ -43,24 +42,6 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                 "verdict": "a rather long verdict about this run"}, [])
         set_notes(path, run_id, NOTE)
     return path
-
-
-@pytest.fixture(scope="module")
-def base(db: Path) -> Iterator[str]:
-    with serving(db) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    with checked_page(browser) as opened:
-        yield opened
 
 
 def _open(page: Any, url: str, grouped_by: str = "") -> None:
