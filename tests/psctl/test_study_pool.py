@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -85,6 +86,13 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _recorded_runs(db: Path) -> int:
+    try:
+        return len(query(db, "SELECT id FROM runs")) if db.exists() else 0
+    except sqlite3.OperationalError:  # the file exists before the recorder's tables do
+        return 0
+
+
 def test_ctrl_c_stops_every_parallel_run_and_leaves_no_process(tmp_path: Path) -> None:
     study, db = tmp_path / "together.toml", tmp_path / "experiments.db"
     study.write_text(STUDY.format(epochs=200))  # far longer than the test waits
@@ -94,8 +102,7 @@ def test_ctrl_c_stops_every_parallel_run_and_leaves_no_process(tmp_path: Path) -
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline, seen = time.monotonic() + 120, set()
     try:
-        while time.monotonic() < deadline and len(query(db, "SELECT id FROM runs")
-                                                  if db.exists() else []) < 2:
+        while time.monotonic() < deadline and _recorded_runs(db) < 2:
             seen |= _children(parent.pid)
             time.sleep(0.2)
         seen |= _children(parent.pid)
