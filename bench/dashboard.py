@@ -75,7 +75,8 @@ def build(db: Path, workers: int, per_worker: int) -> float:
     # The recorder keeps the per-second rollups as it inserts; here they are built in one go.
     conn.execute(REBUILD_ROLLUPS_SQL, {"run": RUN, "origin": t0, "lo": 0, "hi": 10**9})
     # What the coordinator samples: every process of the run, once a second.
-    conn.executemany("INSERT INTO process_samples VALUES (?, ?, ?, ?, ?, ?, ?)",
+    conn.executemany("INSERT INTO process_samples (run_id, at, role, rank, pid, cpu_percent, "
+                     "rss_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
                      [(RUN, t0 + s, role, rank, 1000 + n, 50 + 40 * rng.random(),
                        200_000_000 + 1000 * s) for s in range(int(last - t0))
                       for n, (role, rank) in enumerate(PROCESSES)])

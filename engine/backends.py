@@ -38,25 +38,30 @@ class RunHandle(Protocol):
 
 
 class Backend(Protocol):
-    def __call__(self, config: RunConfig, *, db: Path) -> RunHandle: ...
+    def __call__(self, config: RunConfig, *, db: Path,
+                 requested_at: float | None = None) -> RunHandle:
+        """``requested_at``: when the user asked for the run (wall clock), from which its
+        start-up is measured."""
+        ...
 
 
-def _local(config: RunConfig, *, db: Path) -> RunHandle:
+def _local(config: RunConfig, *, db: Path, requested_at: float | None = None) -> RunHandle:
     from engine.launcher import Launcher
 
-    return Launcher(config, db=db)
+    return Launcher(config, db=db, requested_at=requested_at)
 
 
-def _ray(config: RunConfig, *, db: Path) -> RunHandle:
+def _ray(config: RunConfig, *, db: Path, requested_at: float | None = None) -> RunHandle:
     from engine.hosts.ray_cluster import RayHosts
     from engine.launcher import Launcher
 
-    return Launcher(config, db=db, hosts=RayHosts(config))
+    return Launcher(config, db=db, hosts=RayHosts(config), requested_at=requested_at)
 
 
-def _sim(config: RunConfig, *, db: Path) -> RunHandle:
+def _sim(config: RunConfig, *, db: Path, requested_at: float | None = None) -> RunHandle:
     from engine.sim.launcher import SimLauncher
 
+    del requested_at  # its processes start in virtual time: no start-up to measure
     return SimLauncher(config, db=db)
 
 

@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.config import RunConfig
 from engine.datasets.sources import label
 from engine.db.schema import open_engine
 from engine.errors import LaunchError, PsctlError, RunFailed, RunNotFound, StoreError
-from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess
+from engine.hosts import NODE, Hosts, RoleEnv, RoleProcess, roles_own_environment
 from engine.hosts.local import LocalHosts
 from engine.hosts.template import TemplateHosts, template_available
 from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
@@ -39,15 +39,11 @@ from engine.roles.checkpoints import checkpoint_folder
 from engine.transport.admission import credential
 from engine.transport.attach import Attachment
 from engine.transport.control import Lost
-from engine.wire.messages import Joined, RoleEnded, RunEnded, StartRoles
+from engine.wire.messages import MAX_START_S, Joined, RoleEnded, RunEnded, StartRoles, StartUp
 from engine.wire.records import RunStatus
 
 ANNOUNCE_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 3.0
-# Roles start in waves of this many per core: a hundred processes importing torch at once on two
-# cores all take minutes to say hello, where waves join one after the other.
-WAVE_PER_CPU = 2
-MIN_WAVE = 4
 # The longest a wave may take to join before the next starts anyway (a role that dies before it
 # joins must not hold the others back; the coordinator's join deadline reports it).
 WAVE_JOIN_WAIT_S = 10.0
@@ -56,11 +52,6 @@ _POLL_S = 0.1
 # (it reads the database without it).
 LAST_WORD_WAIT_S = 2.0
 _WHY_CHARS = 2000  # RoleEnded.why's bound
-# The environment a role is started with names its own secret and place, never the launcher's.
-_NOT_PASSED_ON = ("PSCTL_TOKEN", "PSCTL_CREDENTIAL", "PSCTL_COORDINATOR", "PSCTL_RANK")
-# Measured on this machine kind: glibc returning and re-faulting 4 MB frames costs ~2 ms per
-# round trip; keeping large blocks mapped raised push/pull throughput by 25-47 %.
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
 # Signals a process dies of by its own fault (not kill -9 or the OOM killer): the same one twice
 # with the same last words is a crash a restart meets again.
 _CRASH_SIGNALS = frozenset(-s for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
@@ -124,7 +115,11 @@ class NewRun:
     """What every backend gives a run it starts: its config, database, a fresh id, its name
     and its log folder (``psctl-logs/<run id>`` beside the database unless ``logs_root``)."""
 
-    def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None) -> None:
+    def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None,
+                 requested_at: float | None = None) -> None:
+        """``requested_at``: when the user asked for the run (the command's start), from which
+        its start-up is measured; when the launcher starts it, if not given."""
+        self.requested_at = requested_at
         self.config = config
         self.db = db.resolve()
         self.run_id = uuid.uuid4().hex
@@ -148,8 +143,9 @@ class Launcher(NewRun):
     restarts the ones the run lets it, and makes sure none outlives the run."""
 
     def __init__(self, config: RunConfig, *, db: Path, logs_root: Path | None = None,
-                 resume: ResumePoint | None = None, hosts: Hosts | None = None) -> None:
-        super().__init__(config, db=db, logs_root=logs_root)
+                 resume: ResumePoint | None = None, hosts: Hosts | None = None,
+                 requested_at: float | None = None) -> None:
+        super().__init__(config, db=db, logs_root=logs_root, requested_at=requested_at)
         self.resume = resume
         if resume is not None:  # the same run, its rows and logs going on
             self.run_id, self.name, self.logs = resume.run_id, resume.name, resume.folder
@@ -162,11 +158,14 @@ class Launcher(NewRun):
         self._joined = 0  # processes the coordinator admitted, as it told
         self._wanted: dict[str, list[int]] = {"worker": [], "server": []}  # psctl scale's ranks
         self._end: RunEnded | None = None  # how the run ended, as the coordinator told
+        self._start_up = StartUpClock(requested_at)
 
     def _local_hosts(self, *, append: bool) -> Hosts:
         if self.config.cluster.template and template_available():
+            data = self.config.data
             return TemplateHosts(self.config.cluster.host, self._shared_environment(),
-                                 self.logs, append=append)
+                                 self.logs, data=(data.dataset, data.data_dir,
+                                                  data.train_limit), append=append)
         return LocalHosts(self.config.cluster.host, append=append)
 
     @property
@@ -176,6 +175,7 @@ class Launcher(NewRun):
 
     def start(self) -> None:
         """Start the coordinator, then the servers, the evaluator and the workers, in waves."""
+        self._start_up.mark("launcher")
         self.hosts.open(self.run_id)
         self.logs.mkdir(parents=True, exist_ok=True)
         config_path = self.logs / "config.json"
@@ -186,6 +186,7 @@ class Launcher(NewRun):
             "coordinator", "--config", str(config_path), "--run-id", self.run_id,
             "--name", self.name, "--db", str(self.db), "--host", NODE, *resume], announce=True)
         address = self._address = self._await_announcement(coordinator)
+        self._start_up.mark("coordinator")
         self._link = self._attach(coordinator, address)
         try:
             self._start_roles(address)
@@ -196,12 +197,14 @@ class Launcher(NewRun):
     def _start_roles(self, address: str) -> None:
         roles = [("server", r) for r in range(self.config.cluster.servers)]
         roles += [("evaluator", 0)] + [("worker", r) for r in range(self.config.cluster.workers)]
-        size = wave_size()
+        size = self.hosts.wave()
+        self._start_up.roles = len(roles)
         for first in range(0, len(roles), size):
             if first and not self._await_joined(first):
                 return  # the coordinator ended: wait() reports why
             for role, rank in roles[first:first + size]:
                 self._spawn(role, rank, self._role_args(role, rank, address))
+        self._start_up.mark("roles_started")
 
     def _role_args(self, role: str, rank: int, address: str) -> list[str]:
         return [role, "--coordinator", address, "--rank", str(rank), "--host", NODE,
@@ -242,11 +245,23 @@ class Launcher(NewRun):
                 return
             if isinstance(message, Joined):
                 self._joined = max(self._joined, message.count)
+                self._report_start_up()
             elif isinstance(message, StartRoles):
                 self._wanted = {"worker": message.workers, "server": message.servers}
             elif isinstance(message, RunEnded):
                 self._end = message
             message = link.next(0)
+
+    def _report_start_up(self) -> None:
+        """Once every role started first has joined, tell the coordinator where start-up went
+        (it records it as the run's ``start_up`` event)."""
+        clock = self._start_up
+        if clock.told or not clock.roles or self._joined < clock.roles or self._link is None:
+            return
+        clock.mark("joined")
+        clock.told = True
+        with contextlib.suppress(PsctlError):  # it is gone: the run's end says why
+            self._link.send(clock.report(self.hosts.start_up()))
 
     def _tell_ended(self, child: Child, why: str) -> None:
         """Tell the coordinator that ``child`` will not come back, and why."""
@@ -476,14 +491,9 @@ class Launcher(NewRun):
 
     def _shared_environment(self) -> RoleEnv:
         """Every role's environment but its secret (the template's, too)."""
-        own = dict(_MALLOC_ENV)
-        # Settings meant for the roles travel with them to whichever host runs them (the data
-        # folder, the log level), never the run's secrets.
-        own.update({key: value for key, value in os.environ.items()
-                    if key.startswith("PSCTL_") and key not in _NOT_PASSED_ON})
-        own["PYTHONUNBUFFERED"] = "1"
         threads = str(self.config.train.torch_threads)
-        return RoleEnv(own, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+        return RoleEnv(roles_own_environment(),
+                       {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
 
     def _await_announcement(self, coordinator: Child) -> str:
         address = self.hosts.announcement(coordinator.process, ANNOUNCE_TIMEOUT_S)
@@ -503,10 +513,30 @@ def signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def wave_size() -> int:
-    """How many roles start at once: a few per core this process may run on."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(MIN_WAVE, WAVE_PER_CPU * cpus)
+@dataclass
+class StartUpClock:
+    """The moments of a run's start-up, from the command's start (``origin``)."""
+
+    origin: float | None
+    moments: dict[str, float] = field(default_factory=dict)
+    roles: int = 0  # how many roles the launcher starts first (they must all join)
+    told: bool = False
+
+    def mark(self, moment: str) -> None:
+        now = time.time()
+        if self.origin is None:
+            self.origin = now
+        self.moments[moment] = now
+
+    def report(self, hosts: dict[str, Any]) -> StartUp:
+        origin = self.origin if self.origin is not None else time.time()
+        at = {**hosts.get("at", {}), **self.moments}
+        note = hosts.get("note")
+        return StartUp.model_validate({
+            "mode": hosts["mode"], "note": str(note)[:1000] if note else None, "origin": origin,
+            "at": {name: _seconds(when - origin) for name, when in at.items()},
+            "took": {name: _seconds(float(span)) for name, span in hosts.get("took", {}).items()}})
+
+
+def _seconds(value: float) -> float:
+    return round(min(max(value, 0.0), MAX_START_S), 4)

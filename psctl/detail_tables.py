@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.analysis.cells import fmt_seconds
+from engine.db.memory import MemoryPeak
 from engine.db.queries import EvaluationPoint, RunDetail, WorkerStats
 from psctl.tables import Col, FitTable
 
@@ -26,6 +27,28 @@ def rate(value: float | None) -> str:
 
 def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def fmt_bytes(count: float) -> str:
+    """Binary units, three significant digits: 3.21 GiB, 31.4 GiB, 22.0 MiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.{2 if value < 10 else 1 if value < 100 else 0}f} {unit}"
+    return f"{count:.0f} B"
+
+
+def memory_line(peak: MemoryPeak) -> str:
+    """The run's summed PSS at its peak, beside the RSS the same processes summed to then."""
+    per_role = ", ".join(f"per {role} {fmt_bytes(peak.pss_by_role[role])}"
+                         for role in ("worker", "server") if role in peak.pss_by_role)
+    return (f"memory at the peak ({fmt_seconds(peak.at)} after the start): "
+            f"{fmt_bytes(peak.peak_pss_bytes)} proportional (PSS) over {peak.processes} "
+            f"process{'' if peak.processes == 1 else 'es'} (RSS summed "
+            f"{fmt_bytes(peak.rss_bytes)}, counting shared pages in each)"
+            + (f"; {per_role}" if per_role else "")
+            + (f"; {peak.unread} more had no PSS reading yet, not counted" if peak.unread
+               else ""))
 
 
 LAYER_COLUMNS = (Col("layer"), Col("pulls", rank=1), Col("suspend mean", short="suspend"),

@@ -18,6 +18,7 @@ from psctl.detail_tables import (
     STALENESS,
     evaluations_table,
     layers_table,
+    memory_line,
     ms,
     rate,
     workers_table,
@@ -166,6 +167,10 @@ def detail_view(detail: RunDetail) -> Group:
     if detail.totals.startup_s is not None:  # training times count from the first iteration
         lines.append(Text(f"start-up {fmt_seconds(detail.totals.startup_s)} before the first "
                           f"iteration, then {fmt_seconds(detail.totals.wall_s)} of training"))
+    if detail.start_up is not None:
+        lines.append(Text(detail.start_up.describe()))
+    if detail.memory is not None:  # runs recorded before schema 8 read no PSS
+        lines.append(Text(memory_line(detail.memory)))
     if detail.reason:
         lines.append(Text(f"reason: {detail.reason}", style="yellow"))
     if detail.oversubscribed:

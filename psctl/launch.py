@@ -100,11 +100,21 @@ def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:
     return group, runs
 
 
+def command_started_at() -> float:
+    """When this command's process started (wall clock)."""
+    from engine.proctime import process_started_at
+
+    return process_started_at()
+
+
 def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
                tags: dict[str, str] | None = None,
-               launcher: RunHandle | None = None) -> LaunchResult:
-    """Start a run (or the ``launcher`` given: a resumed one) and wait for its end."""
-    launcher = launcher or BACKENDS.get(config.cluster.backend)(config, db=db)
+               launcher: RunHandle | None = None,
+               requested_at: float | None = None) -> LaunchResult:
+    """Start a run (or the ``launcher`` given: a resumed one) and wait for its end;
+    ``requested_at``: when the user asked for it (its start-up is measured from then)."""
+    launcher = launcher or BACKENDS.get(config.cluster.backend)(config, db=db,
+                                                                requested_at=requested_at)
     # A run name or path is the user's text, never markup: "[/x]" must print as itself.
     console.print(f"[bold]psctl[/] run [cyan]{launcher.run_id}[/] ({escape(launcher.name)}) → "
                   f"{escape(str(db))}", highlight=False)

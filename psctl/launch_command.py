@@ -17,9 +17,14 @@ from psctl.launch_options import launch_config, signature
 
 def launch(**options: Any) -> None:
     """Train a model on shard servers and workers started on this machine, recording the run."""
+    path, repeat = settings.database_path(options["db"]), options["repeat"]
+    if options["backend"] in (None, "local") and options["template"] is not False:
+        from engine.hosts.template import start_early
+
+        # It imports torch while this process imports the rest and checks the run's settings.
+        start_early()
     from psctl.launch import repeats
 
-    path, repeat = settings.database_path(options["db"]), options["repeat"]
     try:
         resolved = launch_config(options, path)
         group, configs = repeats(resolved, repeat) if repeat > 1 else (None, [resolved])
@@ -39,6 +44,10 @@ def launch(**options: Any) -> None:
                 dashboard.stop()
     except PsctlError as exc:
         raise _fail(exc) from None
+    finally:
+        from engine.hosts.template import discard_early
+
+        discard_early()  # started early for a run that did not take it
     statuses = {result.status.value for result in results}
     if statuses == {"finished"}:
         raise typer.Exit(settings.EXIT_OK)
@@ -67,7 +76,7 @@ def _run_all(configs: list[Any], group: str | None, path: Path, *, live: bool) -
 
 def _run_each(configs: list[Any], group: str | None, path: Path, *, live: bool,
               results: list[Any]) -> None:
-    from psctl.launch import print_summary, run_launch
+    from psctl.launch import command_started_at, print_summary, run_launch
 
     for index, one in enumerate(configs):
         tags = None if group is None else {"group": group}
@@ -75,7 +84,9 @@ def _run_each(configs: list[Any], group: str | None, path: Path, *, live: bool,
             err.print(f"group {group}: run {index + 1} of {len(configs)}, seed "
                       f"{one.train.seed}", highlight=False, markup=False)
         try:
-            result = run_launch(one, path, err, live=live, tags=tags)
+            # The first run's start-up counts from this command's start (the user's wait).
+            requested_at = command_started_at() if index == 0 else None
+            result = run_launch(one, path, err, live=live, tags=tags, requested_at=requested_at)
             print_summary(result, path, err)
         except KeyboardInterrupt:  # Ctrl-C again while the run stopped: it stops at once
             err.print("interrupted again while the run was stopping; its processes end with "

@@ -108,15 +108,17 @@ def processes_message(engine: Engine, state: LiveState) -> dict[str, Any]:
     """Every process's CPU and memory samples up to the snapshot (sent after the first paint;
     deltas carry the newer ones)."""
     samples, width = process_snapshot(engine, state.run_id, upto=state.samples)
-    return {"type": "processes", "fields": ["role", "rank", "at", "cpu_percent", "rss_bytes"],
+    return {"type": "processes",
+            "fields": ["role", "rank", "at", "cpu_percent", "rss_bytes", "pss_bytes"],
             "samples": samples, "width_s": width}
 
 
 def process_snapshot(engine: Engine, run_id: str, upto: tuple[float, int] | None = None
                      ) -> tuple[list[list[Any]], float]:
-    """Every process's CPU and memory samples as [role, rank, at, cpu %, rss bytes], averaged
-    into equal time slots (RSS: the slot's maximum) when there are more than PROCESS_POINTS
-    per process; also the slot width in seconds (0 when the samples are sent as recorded)."""
+    """Every process's CPU and memory samples as [role, rank, at, cpu %, rss bytes, pss bytes
+    or None], averaged into equal time slots (RSS and PSS: the slot's maximum; PSS None in a
+    slot without a reading) when there are more than PROCESS_POINTS per process; also the slot
+    width in seconds (0 when the samples are sent as recorded)."""
     pc = process_samples.c
     where = [pc.run_id == run_id]
     if upto is not None:
@@ -130,15 +132,16 @@ def process_snapshot(engine: Engine, run_id: str, upto: tuple[float, int] | None
             select(func.count()).select_from(select(pc.role, pc.rank).where(*where)
                                              .distinct().subquery())).scalar() or 1
         if count <= PROCESS_POINTS * processes:
-            stmt = (select(pc.role, pc.rank, pc.at, pc.cpu_percent, pc.rss_bytes)
+            stmt = (select(pc.role, pc.rank, pc.at, pc.cpu_percent, pc.rss_bytes, pc.pss_bytes)
                     .where(*where).order_by(pc.at, pc.role, pc.rank))
             return [list(r) for r in conn.execute(stmt)], 0.0
         width = float(math.ceil((hi - lo) / PROCESS_POINTS)) or 1.0
         slot = func.cast((pc.at - lo) / width, process_samples.c.rank.type)
         stmt = (select(pc.role, pc.rank, func.avg(pc.at), func.avg(pc.cpu_percent),
-                       func.max(pc.rss_bytes))
+                       func.max(pc.rss_bytes), func.max(pc.pss_bytes))
                 .where(*where).group_by(pc.role, pc.rank, slot).order_by(func.avg(pc.at)))
-        return [[r[0], r[1], r[2], r[3], int(r[4])] for r in conn.execute(stmt)], width
+        return [[r[0], r[1], r[2], r[3], int(r[4]), None if r[5] is None else int(r[5])]
+                for r in conn.execute(stmt)], width
 
 
 def _rowid() -> ColumnClause[int]:
@@ -161,14 +164,15 @@ def _new_samples(engine: Engine, state: LiveState) -> list[list[Any]]:
     """
     pc = process_samples.c
     at, rowid = state.samples
-    stmt = (select(pc.role, pc.rank, pc.at, pc.cpu_percent, pc.rss_bytes, _rowid())
+    stmt = (select(pc.role, pc.rank, pc.at, pc.cpu_percent, pc.rss_bytes, pc.pss_bytes,
+                   _rowid())
             .where(pc.run_id == state.run_id, pc.at >= at - PROCESS_LATE_S, _rowid() > rowid)
             .order_by(pc.at, _rowid()))
     with reading(engine, f"reading process samples of run {state.run_id}") as conn:
         rows = [list(r) for r in conn.execute(stmt)]
     if rows:
-        state.samples = (max(at, max(float(r[2]) for r in rows)), max(int(r[5]) for r in rows))
-    return [r[:5] for r in rows]
+        state.samples = (max(at, max(float(r[2]) for r in rows)), max(int(r[6]) for r in rows))
+    return [r[:6] for r in rows]
 
 
 

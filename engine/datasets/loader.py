@@ -20,8 +20,10 @@ from engine.datasets.dataset import Dataset
 from engine.datasets.idx import read_idx
 from engine.datasets.registry import DatasetSpec, get_spec
 from engine.datasets.resolve import find_files
+from engine.datasets.shared import key, recall, remember
 from engine.datasets.sources import (
     check_source,
+    generate_sparse,
     is_user_source,
     load_user_source,
     locate_user_source,
@@ -75,7 +77,11 @@ def load_dataset(
     allow_download: bool = True,
     train_limit: int | None = None,
 ) -> Dataset:
-    """Load, verify and normalise ``name``; ``train_limit`` keeps the first N training samples."""
+    """Load, verify and normalise ``name``; ``train_limit`` keeps the first N training samples.
+    In a role forked from the warm template, the template's copy (``preload``)."""
+    kept = recall(key(name, data_dir, train_limit))
+    if isinstance(kept, Dataset):
+        return kept
     if is_user_source(name):
         return load_user_source(name, train_limit=_check_limit(train_limit))
     if is_sparse_synthetic(name):
@@ -103,6 +109,21 @@ def load_dataset(
         pixel_mean=mean,
         pixel_std=std,
     )
+
+
+def preload(name: str, data_dir: Path | None, train_limit: int | None) -> bool:
+    """Load ``name`` into this process for the processes it will fork (the warm template);
+    whether it did. A user's data set is not: loading it runs the user's code, which belongs in
+    the roles (where its errors are reported)."""
+    if is_user_source(name):
+        return False
+    if is_sparse_synthetic(name):
+        remember(key(name, None, train_limit),
+                        generate_sparse(name, train_limit))
+        return True
+    remember(key(name, data_dir, train_limit),
+                    load_dataset(name, data_dir, allow_download=False, train_limit=train_limit))
+    return True
 
 
 def _check_limit(train_limit: int | None) -> int | None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.datasets.dataset import Dataset
 from engine.datasets.registry import DatasetSpec
+from engine.datasets.shared import key, recall
 from engine.datasets.sparse import (
     PREFIX,
     SparseSplit,
@@ -248,6 +249,13 @@ def load_sparse(text: str, *, train_limit: int | None = None) -> SparseDataset:
     """The sparse data set ``text`` names, generated from its seed."""
     if not is_sparse_synthetic(text):
         raise ConfigError(f"{text!r} is not a sparse data set (sparse-synthetic:...)")
+    kept = recall(key(text, None, train_limit))
+    if isinstance(kept, SparseDataset):  # generated once, in the warm template
+        return kept
+    return generate_sparse(text, train_limit)
+
+
+def generate_sparse(text: str, train_limit: int | None) -> SparseDataset:
     train, test, _ = generate(parse(text))
     if train_limit is not None and train_limit < len(train):
         train = train.rows(np.arange(train_limit))

@@ -32,6 +32,7 @@ from sqlalchemy import (
 
 from engine.db.downtime import Downtime, run_downtime
 from engine.db.faults import fault_timeline
+from engine.db.memory import MemoryPeak, memory_peak
 from engine.db.nodes import role_nodes
 from engine.db.schema import (
     STORED_STATUSES,
@@ -45,6 +46,7 @@ from engine.db.schema import (
     tags,
 )
 from engine.db.schema import translate_errors as _translate_errors
+from engine.db.startup import StartUp, run_start_up
 from engine.errors import AmbiguousRun, RunNotFound, StoreError
 
 CRASH_AFTER_S = 15.0
@@ -209,6 +211,10 @@ class RunDetail(Dictable):
     downtime: tuple[dict[str, float], ...] = ()
     # Where its roles ran: (node address, roles on it), from the events they joined with.
     nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Its memory at the peak, proportional (PSS); None for runs before schema 8.
+    memory: MemoryPeak | None = None
+    # Where its start-up went (engine.db.startup); None for runs no launcher told it of.
+    start_up: StartUp | None = None
 
 
 @dataclass(frozen=True)
@@ -530,6 +536,8 @@ def run_detail(
             faults=tuple(fault_timeline(conn, run_id, row.started_at)),
             nodes=role_nodes(conn, run_id),
             downtime=tuple(down.to_list()),
+            memory=memory_peak(conn, run_id),
+            start_up=run_start_up(conn, run_id),
         )
 
 

@@ -37,7 +37,7 @@ from sqlalchemy.pool import QueuePool
 
 from engine.errors import StoreError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 BUSY_TIMEOUT_S = 5.0
 DB_ENV_VAR = "PSCTL_DB"
 
@@ -221,7 +221,8 @@ tags = Table(
     Column("value", Text, nullable=False),
 )
 
-# Every second, each process of the run: CPU (percent of one core) and resident memory.
+# Every second, each process of the run: CPU (percent of one core), resident memory and, for a
+# few processes in turn, proportional memory.
 process_samples = Table(
     "process_samples",
     metadata,
@@ -232,6 +233,9 @@ process_samples = Table(
     Column("pid", Integer, nullable=False),
     Column("cpu_percent", REAL, nullable=False),
     Column("rss_bytes", Integer, nullable=False),
+    # Proportional memory (schema 8): shared pages split among their sharers. Read for a few
+    # processes per sample in turn, so NULL in most rows of a large run (and in older runs).
+    Column("pss_bytes", Integer),
     Index("ix_process_samples_run_at", "run_id", "at"),
 )
 
@@ -353,6 +357,8 @@ def _prepare(engine: Engine, path: Path, *, readonly: bool) -> None:
             version = _migrate_from_5(conn)
         if version == 6 and not readonly:
             version = _migrate_from_6(conn)
+        if version == 7 and not readonly:
+            version = _migrate_from_7(conn)
     _check_version(version, path)
 
 
@@ -409,6 +415,15 @@ def _migrate_from_6(conn: Connection) -> int:
     """Version 7 added user_metrics (psctl.log's values), which create_all has just made."""
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="7"))
     return 7
+
+
+def _migrate_from_7(conn: Connection) -> int:
+    """Version 8 added process_samples.pss_bytes (proportional memory); older rows keep NULL."""
+    columns = {row[1] for row in conn.exec_driver_sql("PRAGMA table_info(process_samples)")}
+    if "pss_bytes" not in columns:
+        conn.exec_driver_sql("ALTER TABLE process_samples ADD COLUMN pss_bytes INTEGER")
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value="8"))
+    return 8
 
 
 def _stored_version(conn: Connection, path: Path) -> int | None:

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from engine.hosts import RoleEnv, RoleProcess, read_announcement, tail, with_node
+from engine.hosts import RoleEnv, RoleProcess, fresh_wave, read_announcement, tail, with_node
 
 
 @dataclass
@@ -66,6 +67,12 @@ class LocalHosts:
 
     def close(self) -> None:
         return None
+
+    def wave(self) -> int:
+        return fresh_wave()
+
+    def start_up(self) -> dict[str, Any]:
+        return {"mode": "fresh", "note": None}
 
     def _popen(self, args: list[str], env: RoleEnv, log: Path, mode: str, *,
                announce: bool = False) -> LocalProcess:

@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.config import RunConfig
 from engine.errors import LaunchError
-from engine.hosts import RoleEnv, RoleProcess
+from engine.hosts import RoleEnv, RoleProcess, fresh_wave
 from engine.hosts.ray_host import RoleHost
 
 INSTALL_HINT = "pip install 'psctl[ray]'"
@@ -234,6 +234,12 @@ class RayHosts:
         except self.ray.exceptions.RayError as exc:
             raise LaunchError(f"the coordinator's actor could not start: {exc}") from None
         return None if address is None else str(address)
+
+    def wave(self) -> int:
+        return fresh_wave()  # each actor's process imports torch afresh
+
+    def start_up(self) -> dict[str, Any]:
+        return {"mode": "ray", "note": None}
 
     def close(self) -> None:
         """Remove the run's actors and placement groups and leave the cluster."""

@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     coordinator.add_argument("--resume-from", type=Path, default=None,
                              help="continue the run from this checkpoint folder")
     coordinator.add_argument("--resume-seq", type=int, default=0)
+    coordinator.add_argument("--announce-file", type=Path, default=None,
+                             help="say where it listens in this file instead of on stdout")
     for role in ("server", "worker", "evaluator"):
         sub = roles.add_parser(role)
         sub.add_argument("--coordinator", required=True, help="ws://host:port of the coordinator")
@@ -101,14 +103,21 @@ def _run(args: argparse.Namespace, token: str) -> int:
 def _coordinator(args: argparse.Namespace, token: str) -> int:
     from engine.config import RunConfig
     from engine.roles.coordination import Resume
-    from engine.roles.coordinator import EXIT_CODES, announce_on_stdout, coordinate
+    from engine.roles.coordinator import (
+        EXIT_CODES,
+        announce_in_file,
+        announce_on_stdout,
+        coordinate,
+    )
     from engine.transport import WebSocketTransport
 
     config = RunConfig.model_validate_json(args.config.read_text())
     transport = WebSocketTransport(max_frame_bytes=config.cluster.max_frame_bytes)
     status = asyncio.run(coordinate(config, run_id=args.run_id, name=args.name, token=token,
                                     db=args.db, transport=transport, host=args.host,
-                                    port=args.port, announce=announce_on_stdout,
+                                    port=args.port,
+                                    announce=announce_on_stdout if args.announce_file is None
+                                    else announce_in_file(args.announce_file),
                                     folder=args.config.resolve().parent,
                                     resume=None if args.resume_from is None else
                                     Resume(args.resume_from, args.resume_seq)))

@@ -32,7 +32,7 @@ from engine.errors import (
 from engine.keys import KeyLayout, Partitioner, RangePartitioner
 from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
 from engine.roles.evaluations import Evaluations
-from engine.roles.joining import join_deadline_s, join_failure, role_config
+from engine.roles.joining import join_deadline_s, join_failure, role_config, start_up
 from engine.roles.lifecycle import this_machine
 from engine.roles.liveness import open_receiver
 from engine.roles.membership import Membership, write_control_credential
@@ -377,14 +377,14 @@ class Coordinator:
             self.recovery.watch.watch(hello.rank)
             self.event("server_rejoined", rank=hello.rank, pid=hello.pid,
                        ranges=self.placement.rejoining(hello.rank), node=hello.node,
-                       machine=hello.machine)
+                       machine=hello.machine, **start_up(hello))
         elif before is not None:  # a restarted worker or evaluator takes the dead one's place
             self.event(f"{hello.role}_rejoined", role=hello.role, rank=hello.rank,
                        pid=hello.pid, restarts=self.state.restarts.get((hello.role, hello.rank), 0),
-                       node=hello.node, machine=hello.machine)
+                       node=hello.node, machine=hello.machine, **start_up(hello))
         else:
             self.event("process_joined", role=hello.role, rank=hello.rank, pid=hello.pid,
-                       node=hello.node, machine=hello.machine)
+                       node=hello.node, machine=hello.machine, **start_up(hello))
             self.parties.one_joined()
         if self.sampler is not None and peer.ours:
             self.sampler.watch(hello.role, hello.rank, hello.pid)

@@ -21,7 +21,7 @@ from engine.keys import KeyLayout
 from engine.models.spec import builtin_layout
 from engine.recorder import Recorder
 from engine.roles.coordination import Coordinator, Resume
-from engine.roles.lifecycle import this_machine
+from engine.roles.lifecycle import started, this_machine
 from engine.roles.sampling import PsutilSampler, oversubscription, usable_cores
 from engine.transport.base import Transport
 from engine.wire.messages import RunEnded
@@ -84,9 +84,11 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
         _on_signals(coordinator.interrupt)
         address = await coordinator.start(transport, host, port)
         # The pid lets `psctl runs rm --force` stop this run before deleting it.
+        began, forked = started()  # its own start-up, as each role's join says its own
         recorder.record_event(EventRecord(at=time.time(), kind="coordinator_listening", detail={
             "address": address, "pid": os.getpid(), "machine": this_machine(),
-            "folder": None if folder is None else str(folder)}))
+            "folder": None if folder is None else str(folder),
+            "start_s": round(max(time.time() - began, 0.0), 3), "forked": forked}))
         # Across a Ray cluster the roles share other machines' cores, not this one's.
         crowded = (oversubscription(config.cluster.workers, config.cluster.servers,
                                     usable_cores())
@@ -163,5 +165,20 @@ def _on_signals(handler: Callable[[], None]) -> None:
 
 def announce_on_stdout(address: str) -> None:
     """The launcher reads this line to learn where the coordinator listens."""
-    sys.stdout.write(f"PSCTL_COORDINATOR {address}\n")
+    sys.stdout.write(_announcement(address))
     sys.stdout.flush()
+
+
+def announce_in_file(path: Path) -> Callable[[str], None]:
+    """The same line, written whole into ``path`` (a coordinator forked from the warm template
+    writes its stdout to its log): written beside it and renamed, so a reader never sees half."""
+    def announce(address: str) -> None:
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(_announcement(address))
+        partial.replace(path)
+
+    return announce
+
+
+def _announcement(address: str) -> str:
+    return f"PSCTL_COORDINATOR {address}\n"

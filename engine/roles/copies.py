@@ -17,6 +17,7 @@ from engine.errors import ProtocolError
 from engine.keys import KeyLayout, KeyRange
 from engine.policies.aggregation import AGGREGATION_RULES
 from engine.replication.link import ChainLink
+from engine.roles.sampling import usable_cores
 from engine.server import checkpoint
 from engine.server.aggregation import make_aggregator
 from engine.server.learning import make_learning
@@ -71,7 +72,7 @@ class Copies:
             path = checkpoint.shard_file(restore_from, info.index)
             await asyncio.to_thread(checkpoint.restore, state, path)
         cluster = self.config.cluster
-        limits = ServerLimits.from_cluster(cluster)
+        limits = ServerLimits.from_cluster(cluster, usable_cores())
         pulls = make_pull_filter(self.config.comm.pull_filter, self.config.comm.refresh_every,
                                  cluster.workers, len(state.keys))
         server = ShardServer(state, run=self.endpoint.run, rank=self.rank,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import RunConfig
+from engine.wire.messages import Hello
 
 # Seconds of the join deadline per process of the run, on top of cluster.connect_timeout_s: a
 # machine with few cores starts processes (each imports torch) only a few at a time. Measured on
@@ -48,3 +49,12 @@ def role_config(config: RunConfig) -> dict[str, Any]:
         update={"connect_timeout_s": max(config.cluster.connect_timeout_s,
                                          join_deadline_s(config))})
     return config.model_copy(update={"cluster": patient}).to_json_dict()
+
+
+def start_up(hello: Hello) -> dict[str, object]:
+    """What a joining process's event says of its start-up: the seconds from its process's
+    start to its hello, and whether it was forked from the warm template (nothing from a role
+    too old to say)."""
+    if hello.start_s is None:
+        return {}
+    return {"start_s": round(hello.start_s, 3), "forked": hello.forked}

@@ -8,23 +8,43 @@ import os
 import signal
 import socket
 import sys
+import time
 
+from engine.proctime import process_started_at
 from engine.transport.admission import credential
-from engine.wire.messages import Hello, RoleName
+from engine.wire.messages import MAX_START_S, Hello, RoleName
 
 _PR_SET_PDEATHSIG = 1
 # glibc's mallopt parameters, and the values the launcher gives every role in its environment
-# (engine.launcher._MALLOC_ENV: large frames stay mapped instead of being returned and faulted
+# (engine.hosts._MALLOC_ENV: large frames stay mapped instead of being returned and faulted
 # in again, measured 25-47 % more push/pull throughput).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _TRIM_BYTES, _MMAP_BYTES = 268435456, 33554432
+# When this process was forked from the warm template (engine.roles.template), if it was.
+_forked_at: float | None = None
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send ``sig`` when the launcher dies, so no role outlives it (no orphans)."""
+def mark_forked() -> None:
+    """Called first thing in a role the template forked: its start is the fork."""
+    global _forked_at
+    _forked_at = time.time()
+
+
+def started() -> tuple[float, bool]:
+    """When this process started (its fork from the template, or its own start as a fresh
+    process), and whether it was forked from the template."""
+    if _forked_at is not None:
+        return _forked_at, True
+    return process_started_at(), False
+
+
+def die_with_parent(sig: int = signal.SIGKILL, *, parent: int | None = None) -> None:
+    """Ask Linux to send ``sig`` when the launcher dies, so no role outlives it (no orphans);
+    ``parent``: the process it must die with (its parent now, if not given), which may have
+    died already."""
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
@@ -82,4 +102,6 @@ def this_machine() -> str:
 def hello(role: RoleName, rank: int, node: str) -> Hello:
     """How a role introduces itself: who, its pid, and where it runs (``node``: the address it
     binds, so that the events record which node each role ran on)."""
-    return Hello(role=role, rank=rank, pid=os.getpid(), node=node, machine=this_machine())
+    began, forked = started()
+    return Hello(role=role, rank=rank, pid=os.getpid(), node=node, machine=this_machine(),
+                 start_s=min(max(time.time() - began, 0.0), MAX_START_S), forked=forked)

@@ -24,6 +24,7 @@ from engine.wire.messages import (
     Scale,
     ScaleAnswer,
     StartRoles,
+    StartUp,
     dump_control,
     parse_control,
 )
@@ -67,6 +68,8 @@ class Parties:
                           message: object) -> None:
         if isinstance(message, RoleEnded) and attach.client == "launcher":
             self._ended_for_good(message.role, message.rank, message.why)
+        elif isinstance(message, StartUp) and attach.client == "launcher":
+            self.hub.event("start_up", **message.model_dump(exclude={"type"}))
         elif isinstance(message, Scale) and attach.client == "scale":
             kind, detail = self._scale(message.role, message.count)
             await connection.send(dump_control(ScaleAnswer.model_validate(

@@ -7,15 +7,24 @@ so the roles share those pages copy-on-write and start in milliseconds. ``multip
 forkserver does the same for its workers; this one speaks JSON lines so that the launcher's side
 (``engine.hosts.template``) needs neither pickle nor this package.
 
+It warms up in two stages: first what the coordinator needs (no torch), so that the coordinator
+is forked and listening while the template goes on to import torch and the other roles' modules;
+then it loads the run's data set (read-only arrays every forked role shares, see
+``engine.datasets.shared``). Requests are served in the order they came, but a role the template
+is not warm for yet waits (the coordinator goes ahead of the data set and the other roles).
+
 Requests on stdin, one JSON object a line::
 
+    {"preload": {"dataset": "mnist", "data_dir": "/data", "train_limit": null}}
     {"id": 1, "args": ["worker", ...], "env": {...}, "log": "/path/worker-0.log",
      "append": false}
 
-Replies on stdout: ``{"ready": PID}`` once warm, ``{"id": 1, "pid": PID}`` (or ``"error"``)
-for each request, ``{"exit": PID, "code": CODE}`` when a role ends (``CODE`` as
-``subprocess.Popen.returncode``: negative for a signal). The template ends when its stdin closes
-(the launcher let go) and dies with the launcher.
+Replies on stdout: ``{"warm": STAGE, "import_s": S}`` as each stage is done, ``{"ready": PID}``
+once warm for every role, ``{"preloaded": NAME, "data_s": S}`` (or ``"preload_error"``),
+``{"id": 1, "pid": PID}`` (or ``"error"``) for each fork, ``{"exit": PID, "code": CODE}`` when a
+role ends (``CODE`` as ``subprocess.Popen.returncode``: negative for a signal). The template ends
+when its stdin closes (the launcher let go) and dies with the launcher. It is started with
+OMP_NUM_THREADS=1 in its environment (unless set): nothing may start a thread before a fork.
 """
 
 from __future__ import annotations
@@ -30,19 +39,35 @@ import os
 import random
 import select
 import sys
+import time
 import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import setproctitle
 
 from engine.roles import lifecycle
 
-# What every role imports before its first message; the rest each role imports itself.
-WARM_MODULES = ("torch", "numpy", "engine.roles.worker", "engine.roles.server",
-                "engine.roles.evaluator", "engine.roles.coordinator",
-                "engine.transport.schemes", "engine.roles.__main__")
+# What each stage imports: the coordinator's modules (it never imports torch), then what every
+# other role imports before its first message; the rest each role imports itself.
+STAGES: tuple[tuple[str, ...], ...] = (
+    ("engine.roles.__main__", "engine.roles.coordinator", "engine.transport.schemes"),
+    ("torch", "numpy", "engine.roles.worker", "engine.roles.server", "engine.roles.evaluator"),
+)
+COORDINATOR_STAGE = 0
 _REAP_EVERY_S = 0.05
 _MAX_LINE = 1 << 20
+
+
+@dataclass
+class _State:
+    """The roles forked so far, the requests that wait for a later stage, unread input."""
+
+    children: set[int] = field(default_factory=set)
+    waiting: list[dict[str, Any]] = field(default_factory=list)
+    pending: bytes = b""
+    closed: bool = False  # stdin ended: the launcher let go
 
 
 def main() -> int:
@@ -50,49 +75,115 @@ def main() -> int:
     # Before any fork, while the environment is the process's own: setproctitle makes room
     # for longer titles by moving it (a role names itself after its own was replaced).
     setproctitle.setproctitle(" ".join([sys.executable, "-m", "engine.roles.template"]))
-    for module in WARM_MODULES:
-        importlib.import_module(module)
-    # Objects alive now live as long as the roles: out of the collector's sight, a collection
-    # in a role neither walks nor writes to (and so copies) the pages it shares.
-    gc.collect()
-    gc.freeze()
-    _reply({"ready": os.getpid()})
-    children: set[int] = set()
-    pending = b""
-    while True:
-        ready, _, _ = select.select([0], [], [], _REAP_EVERY_S)
-        if ready:
-            chunk = os.read(0, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                _serve(line, children)
-            if len(pending) > _MAX_LINE:
-                return 2
-        _reap(children)
-    while children:  # the launcher let go: the roles it started end on their own or by it
-        _reap(children, block=True)
+    state = _State()
+    for stage, modules in enumerate(STAGES):
+        began = time.perf_counter()
+        for module in modules:
+            importlib.import_module(module)
+        done = {"warm": stage, "import_s": round(time.perf_counter() - began, 4)}
+        # Objects alive now live as long as the roles: out of the collector's sight, a
+        # collection in a role neither walks nor writes to (and so copies) the pages it shares.
+        gc.collect()
+        gc.freeze()
+        _reply(done)
+        _read(state, block_s=0.0)
+        if state.closed:  # the launcher let go before it was warm: nothing more to fork
+            break
+        _serve_waiting(state, stage)
+    else:
+        _reply({"ready": os.getpid()})
+    while not state.closed:
+        _read(state, block_s=_REAP_EVERY_S)
+        _serve_waiting(state, len(STAGES) - 1)
+        _reap(state.children)
+    while state.children:  # the launcher let go: the roles it started end on their own or by it
+        _reap(state.children, block=True)
     return 0
 
 
-def _serve(line: bytes, children: set[int]) -> None:
+def _preload(what: dict[str, Any]) -> None:
+    """The run's data set, loaded for every role forked from now on, and said what it took; a
+    data set that cannot be loaded here is each role's to report (in its log, as without the
+    template)."""
+    from engine.datasets.loader import preload
+
+    began = time.perf_counter()
+    try:
+        data_dir = what["data_dir"]
+        kept = preload(what["dataset"], None if data_dir is None else Path(data_dir),
+                       what["train_limit"])
+    except Exception as exc:  # said, and left to the roles to meet again
+        _reply({"preload_error": f"{type(exc).__name__}: {exc}"[:500]})
+        return
+    gc.freeze()  # the data set's objects too: shared, never walked by a role's collector
+    _reply({"preloaded": what["dataset"] if kept else None,
+            "data_s": round(time.perf_counter() - began, 4)})
+
+
+def _read(state: _State, block_s: float) -> None:
+    ready, _, _ = select.select([0], [], [], block_s)
+    if not ready:
+        return
+    chunk = os.read(0, 65536)
+    if not chunk:
+        state.closed = True
+        return
+    state.pending += chunk
+    while b"\n" in state.pending:
+        line, state.pending = state.pending.split(b"\n", 1)
+        request = _request(line)
+        if request is not None:
+            state.waiting.append(request)
+    if len(state.pending) > _MAX_LINE:
+        _reply({"id": None, "error": "a request longer than the template reads"})
+        state.pending = b""
+
+
+def _serve_waiting(state: _State, stage: int) -> None:
+    """Fork every waiting role the template is warm for by ``stage``, in the order asked."""
+    later = []
+    for request in state.waiting:
+        if _stage_of(request) > stage:
+            later.append(request)
+        elif "preload" in request:
+            _preload(request["preload"])
+        else:
+            _serve(request, state.children)
+    state.waiting = later
+
+
+def _stage_of(request: dict[str, Any]) -> int:
+    if request.get("args", [])[:1] == ["coordinator"]:
+        return COORDINATOR_STAGE
+    return len(STAGES) - 1
+
+
+def _request(line: bytes) -> dict[str, Any] | None:
     try:
         request = json.loads(line)
-        ident = request["id"]
-        args, env = list(map(str, request["args"])), dict(request["env"])
-        log, append = str(request["log"]), bool(request["append"])
+        if "preload" in request:
+            what = dict(request["preload"])
+            limit = what.get("train_limit")
+            return {"preload": {"dataset": str(what["dataset"]),
+                                "data_dir": None if what.get("data_dir") is None
+                                else str(what["data_dir"]),
+                                "train_limit": None if limit is None else int(limit)}}
+        return {"id": request["id"], "args": list(map(str, request["args"])),
+                "env": {str(k): str(v) for k, v in dict(request["env"]).items()},
+                "log": str(request["log"]), "append": bool(request["append"])}
     except (ValueError, KeyError, TypeError) as exc:
         _reply({"id": None, "error": f"a request the template cannot read: {exc}"})
-        return
+        return None
+
+
+def _serve(request: dict[str, Any], children: set[int]) -> None:
     try:
-        pid = _fork(args, env, log, append)
+        pid = _fork(request["args"], request["env"], request["log"], request["append"])
     except OSError as exc:
-        _reply({"id": ident, "error": f"cannot fork: {exc}"})
+        _reply({"id": request["id"], "error": f"cannot fork: {exc}"})
         return
     children.add(pid)
-    _reply({"id": ident, "pid": pid})
+    _reply({"id": request["id"], "pid": pid})
 
 
 def _fork(args: list[str], env: dict[str, str], log: str, append: bool) -> int:
@@ -100,16 +191,22 @@ def _fork(args: list[str], env: dict[str, str], log: str, append: bool) -> int:
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     fd = os.open(log, flags, 0o644)
     sys.stdout.flush()
+    template = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _become_role(fd, args, env)
+        _become_role(fd, args, env, template)
     os.close(fd)
     return pid
 
 
-def _become_role(log_fd: int, args: list[str], env: dict[str, str]) -> NoReturn:
+def _become_role(log_fd: int, args: list[str], env: dict[str, str],
+                 template: int) -> NoReturn:
     code = 1
     try:
+        lifecycle.mark_forked()
+        # First: a fork does not keep the template's death signal, and a template killed before
+        # the role asks for its own would leave it running, an orphan.
+        lifecycle.die_with_parent(parent=template)
         os.setsid()  # its own session, as the launcher starts a role: Ctrl-C reaches it alone
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -122,6 +219,8 @@ def _become_role(log_fd: int, args: list[str], env: dict[str, str]) -> NoReturn:
         setproctitle.setproctitle(" ".join([sys.executable, "-m", "engine.roles", *args]))
         os.environ.clear()
         os.environ.update(env)
+        # What a fresh ``python -m engine.roles ...`` has: a user's model may read it.
+        sys.argv = [str(Path(__file__).with_name("__main__.py")), *args]
         sys.stdin = open(os.devnull)  # noqa: SIM115 -- the process's own, for its life
         sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", 0), write_through=True)
         sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0), write_through=True)

@@ -9,9 +9,10 @@ connections being closed), and waiting pulls per sender (the role and rank its a
 speak as, over all its connections) and in all.
 
 Past ``max_server_queued_bytes`` the slowest readers are disconnected first: those with more than
-one reply queued, or whose one reply has waited ``STALLED_S``, the longest waiting first. A
+one reply queued, or whose one reply has waited ``STALLED_S`` (longer on a crowded machine), the
+longest waiting first. A
 connection's one fresh reply is never a reason to disconnect it (at a BSP barrier every worker's
-reply is queued at once), so the budget may be passed by such replies for up to ``STALLED_S``.
+reply is queued at once), so the budget may be passed by such replies for that long.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ RESERVED_PULLS_PER_CONNECTION = 16
 _TRIM_EVERY_S = 1.0
 # A connection whose only queued reply has waited this long to leave this process's memory
 # counts as a slow reader once the budget is full. An honest worker takes a reply in
-# milliseconds on loopback, tens of them across a network.
+# milliseconds on loopback, tens of them across a network; on a machine with more busy
+# processes than cores it waits for a core too, so the wait is this times that ratio
+# (``ServerLimits.from_cluster``): 128 workers pulling at once on 2 cores had their one reply
+# each held over a second and were disconnected.
 STALLED_S = 1.0
 
 
@@ -52,13 +56,18 @@ class ServerLimits:
     max_pending_pulls: int = 1024  # pulls of one sender (all its connections) waiting for a clock
     max_server_pending_pulls: int = 8192  # pulls waiting for a clock at the process, in all
     warnings_per_minute: int = 10  # log lines about one peer's refused frames
+    stalled_s: float = STALLED_S  # see STALLED_S
 
     @classmethod
-    def from_cluster(cls, cluster: ClusterConfig) -> ServerLimits:
+    def from_cluster(cls, cluster: ClusterConfig, cores: int = 1) -> ServerLimits:
+        """The run's limits on a machine of ``cores`` cores (its roles' processes share them,
+        so an honest reader may wait for one)."""
+        busy = cluster.workers + cluster.servers + 1
         return cls(max_queued_bytes=cluster.max_queued_bytes,
                    max_server_queued_bytes=cluster.max_server_queued_bytes,
                    max_pending_pulls=cluster.max_pending_pulls,
-                   max_server_pending_pulls=cluster.max_server_pending_pulls)
+                   max_server_pending_pulls=cluster.max_server_pending_pulls,
+                   stalled_s=STALLED_S * max(1.0, busy / max(cores, 1)))
 
 
 class Reader(Protocol):
@@ -137,16 +146,17 @@ class ServerBudget:
     def slowest(self, sender: Reader, now: float | None = None) -> Reader | None:
         """The reader to disconnect to make room for ``sender``'s next reply, among those with
         more than their one reply queued (``sender`` counts its next) or whose one reply has
-        waited ``STALLED_S``: the one whose oldest unsent reply waits longest of those holding
-        more than a fair share of the budget (the budget over the readers), else of them all;
-        None if none. The share first: a worker descheduled for a moment on a busy machine
+        waited ``limits.stalled_s``: the one whose oldest unsent reply waits longest of those
+        holding more than a fair share of the budget (the budget over the readers), else of
+        them all; None if none. The share first: a worker descheduled for a moment on a busy machine
         holds a pull's replies, a client that stopped reading holds all the rest."""
         now = time.monotonic() if now is None else now
 
         def behind(r: Reader) -> bool:
             if not r.queued_frames:  # nothing queued: its next reply always goes
                 return False
-            return r.queued_frames + (r is sender) >= 2 or now - r.head_since >= STALLED_S
+            return (r.queued_frames + (r is sender) >= 2
+                    or now - r.head_since >= self.limits.stalled_s)
 
         candidates = [r for r in self.readers if behind(r)]
         share = self.limits.max_server_queued_bytes / max(len(self.readers), 1)

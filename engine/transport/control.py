@@ -151,9 +151,13 @@ class SyncControl:
         with contextlib.suppress(PsctlError):
             self.send_and_wait(message, timeout=REPORT_TIMEOUT_S)
 
-    def poll(self) -> list[ControlMessage | Lost]:
+    def poll(self, wait_s: float = 0.0) -> list[ControlMessage | Lost]:
+        """What has arrived; with ``wait_s``, waiting at most that long for the first of it
+        (a hundred idle workers polling every few milliseconds keep two cores busy)."""
         messages = []
         with contextlib.suppress(queue.Empty):
+            if wait_s > 0:
+                messages.append(self.inbox.get(timeout=wait_s))
             while True:
                 messages.append(self.inbox.get_nowait())
         return messages

@@ -34,6 +34,9 @@ class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+MAX_START_S = 86400.0
+
+
 class Hello(Message):
     type: Literal["hello"] = "hello"
     role: RoleName
@@ -43,6 +46,10 @@ class Hello(Message):
     # A pid means something only on its own machine: the coordinator signals none elsewhere.
     node: str = Field("", max_length=255)
     machine: str = Field("", max_length=255)
+    # From its process's start (a fresh Python, or its fork from the warm template) to this
+    # hello: its start-up, recorded with its join.
+    start_s: float | None = Field(None, ge=0.0, le=MAX_START_S)
+    forked: bool = False
 
 
 class ShardInfo(Message):
@@ -395,6 +402,25 @@ class RoleEnded(Message):
     why: str = Field(min_length=1, max_length=2000)
 
 
+# A moment or a span of a run's start-up: "coordinator", "template_stage_0_s" ...
+StartUpName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+StartUpSeconds = Annotated[float, Field(ge=0.0, le=MAX_START_S)]
+
+
+class StartUp(Message):
+    """Launcher -> coordinator, once the roles it started first have all joined: where the
+    run's start-up went. ``origin`` is when the command started (wall clock); ``at`` the moments
+    since then (the launcher began, the coordinator listened, the template was warm, the roles
+    were started, they all joined), ``took`` the spans (the template's imports, the data set)."""
+
+    type: Literal["start_up"] = "start_up"
+    mode: Literal["template", "fresh", "ray"]
+    note: str | None = Field(None, max_length=1000)
+    origin: float = Field(ge=0.0)
+    at: dict[StartUpName, StartUpSeconds] = Field(max_length=16)
+    took: dict[StartUpName, StartUpSeconds] = Field(max_length=16)
+
+
 class RunEnded(Message):
     """Coordinator -> launcher, last: how the run ended, and whether the database holds that
     (when it does not, the launcher records it, or says why it cannot)."""
@@ -460,6 +486,7 @@ ControlMessage = Annotated[
     | Joined
     | StartRoles
     | RoleEnded
+    | StartUp
     | RunEnded
     | Scale
     | ScaleAnswer,

@@ -155,3 +155,7 @@ class ProcessSample(_Record):
     pid: int = Field(ge=1)
     cpu_percent: float = Field(ge=0)  # of one core: a process busy on two cores reads 200
     rss_bytes: int = Field(ge=0)
+    # Proportional set size: each shared page split among the processes that map it, so PSS
+    # sums over processes where RSS does not. Read in turn within a budget (engine/roles/
+    # sampling.py), so None in most samples of a large run; also None where it cannot be read.
+    pss_bytes: int | None = Field(None, ge=0)

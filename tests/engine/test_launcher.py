@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.db.schema import open_engine
-from engine.launcher import MIN_WAVE, wave_size
+from engine.hosts import MIN_WAVE, fresh_wave
 from engine.stopping import run_processes, stop_run
 
 pytestmark = pytest.mark.timeout(60)
@@ -153,4 +153,22 @@ def test_a_role_forked_from_the_template_is_known_by_its_title(tmp_path: Path) -
 
 
 def test_roles_start_in_waves_of_a_few_per_core() -> None:
-    assert wave_size() >= MIN_WAVE
+    assert fresh_wave() >= MIN_WAVE
+
+
+def test_the_start_up_report_counts_from_the_command_and_says_the_templates_part() -> None:
+    from engine.launcher import StartUpClock
+
+    clock = StartUpClock(origin=1000.0)
+    clock.moments = {"launcher": 1000.5, "coordinator": 1000.9, "joined": 1002.0}
+    told = clock.report({"mode": "template", "note": None,
+                         "at": {"template_stage_1": 1001.7, "template": 999.0},
+                         "took": {"template_stage_1_s": 0.9, "data_s": 0.03}})
+    assert told.mode == "template" and told.origin == 1000.0
+    assert told.at == {"template_stage_1": 1.7, "template": 0.0,  # never before the command
+                       "launcher": 0.5, "coordinator": 0.9, "joined": 2.0}
+    assert told.took == {"template_stage_1_s": 0.9, "data_s": 0.03}
+    fresh = StartUpClock(origin=None)
+    fresh.mark("launcher")  # without the command's start, counted from the launcher's
+    assert fresh.report({"mode": "fresh", "note": "x" * 5000}).at == {"launcher": 0.0}
+    assert len(fresh.report({"mode": "fresh", "note": "x" * 5000}).note or "") == 1000

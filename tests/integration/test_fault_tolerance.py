@@ -280,6 +280,10 @@ def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
         if launch.poll() is None:
             launch.kill()
     assert query(db, "SELECT status FROM runs")[0][0] == "finished"
+    # psctl scale's servers were forked from the warm template, their start-up in their joins.
+    joined = {e["rank"]: e for e in _events_of(db, "process_joined") if e["role"] == "server"}
+    assert all(joined[rank]["forked"] is True and float(str(joined[rank]["start_s"])) < 30
+               for rank in (2, 3))
     # Each newcomer (in the order they came) took a range of the server serving most; the
     # leaver handed its range on; every chain kept its 1 + replicas copies.
     moved = [(e["index"], e["previous"], e["rank"]) for e in _events_of(db, "primary_moved")]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.db.queries import run_detail
+from engine.db.schema import open_engine
 from engine.launcher import Launcher
 from engine.roles.sampling import usable_cores
 from engine.wire.records import RunStatus
@@ -51,6 +53,17 @@ def test_bsp_two_servers_two_workers_learn_mnist_subset_and_record_everything(
     assert [(role, ranks) for role, ranks, _, _ in sampled] == [
         ("coordinator", 1), ("evaluator", 1), ("server", 2), ("worker", 2)]
     assert all(cpu >= 0 and rss > 2**20 for _, _, cpu, rss in sampled)
+    # PSS, read in turn within the sampler's CPU budget: a few processes per sample, at least
+    # one (a run of seconds may end before each had its turn). Summed at the peak, they hold
+    # less than their RSS sums to: the pages they share are counted once.
+    per_sample = query(db, "SELECT at, count(pss_bytes) FROM process_samples GROUP BY at")
+    assert per_sample and all(read >= 1 for _, read in per_sample)
+    engine = open_engine(db, readonly=True)
+    try:
+        peak = run_detail(engine, launcher.run_id).memory
+    finally:
+        engine.dispose()
+    assert peak is not None and 0 < peak.peak_pss_bytes < peak.rss_bytes
     crowded = query(db, "SELECT count(*) FROM events WHERE kind = 'oversubscribed'")[0][0]
     assert crowded == (1 if usable_cores() < 5 else 0)  # 2 workers, 2 servers, the evaluator
     assert processes_with(launcher.join_token) == []

@@ -102,6 +102,8 @@ def test_a_killed_evaluator_is_restarted_and_the_run_finishes_evaluating(tmp_pat
     assert [e["rank"] for e in _events(launcher, "evaluator_lost")] == [0]
     rejoined = query(launcher.db, "SELECT at FROM events WHERE kind = 'evaluator_rejoined'")
     assert len(rejoined) == 1
+    [again] = _events(launcher, "evaluator_rejoined")
+    assert again["forked"] is True  # restarted from the warm template
     before = query(launcher.db, "SELECT count(*) FROM evaluations WHERE at < ?", killed_at)
     after = query(launcher.db, "SELECT count(*) FROM evaluations WHERE at > ?", rejoined[0][0])
     assert before[0][0] >= 1 and after[0][0] >= 1

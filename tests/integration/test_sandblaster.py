@@ -85,6 +85,10 @@ def test_a_killed_worker_s_portions_go_to_the_others_and_it_rejoins(tmp_path: Pa
     assert done.returncode == 0, done.stdout + done.stderr
     kinds = [kind for (kind,) in query(db, "SELECT kind FROM events ORDER BY at")]
     assert "worker_lost" in kinds and "worker_rejoined" in kinds
+    # Restarted by the launcher, it was forked from the warm template, and said how long its
+    # own start took (issue 43).
+    [rejoined] = _details(db, "worker_rejoined")
+    assert rejoined["forked"] is True and 0 <= rejoined["start_s"] < 30  # type: ignore[operator]
     passes = _details(db, "lbfgs_pass")
     redone = _details(db, "lbfgs_pass_redone")
     # It trains digits' loss down to about 1e-9: it may stop converged before 150 passes, or

@@ -14,7 +14,13 @@ import pytest
 
 from engine.config import RunConfig
 from engine.recorder import Recorder
-from engine.wire.records import EvaluationRecord, EventRecord, IterationRecord, RunStatus
+from engine.wire.records import (
+    EvaluationRecord,
+    EventRecord,
+    IterationRecord,
+    ProcessSample,
+    RunStatus,
+)
 from tests.conftest import psctl_in_process as psctl
 
 T0 = 1_700_000_000.0
@@ -22,7 +28,8 @@ T0 = 1_700_000_000.0
 
 def _recorded_run(db: Path, accuracies: list[float],
                   events: Sequence[EventRecord] = (),
-                  scales: Sequence[float | None] | None = None, **fields: Any) -> str:
+                  scales: Sequence[float | None] | None = None,
+                  samples: Sequence[ProcessSample] = (), **fields: Any) -> str:
     """A finished run with one iteration and one evaluation per accuracy; ``fields`` set the
     same value in every iteration."""
     run = "e" * 32
@@ -44,6 +51,7 @@ def _recorded_run(db: Path, accuracies: list[float],
                 epoch=i / 10))
         for event in events:
             recorder.record_event(event)
+        recorder.record_process_samples(samples)
         recorder.finish(RunStatus.FINISHED)
     finally:
         recorder.close()
@@ -136,3 +144,33 @@ def test_push_bytes_before_and_after_the_filter_show_in_runs_show_and_compare(
     (row,) = json.loads(psctl("compare", "--json", db=db).stdout)
     assert row["push_reduction"] == 25.0
     assert "push reduction" in " ".join(psctl("compare", "--all", db=db).stdout.split())
+
+
+def test_memory_at_the_peak_shows_in_runs_show(tmp_path: Path) -> None:
+    """Summed PSS beside summed RSS, right after the start-up line; a run recorded before PSS
+    was read says nothing of it (and null in JSON)."""
+    old = tmp_path / "before.db"
+    plain = _recorded_run(old, [0.5, 0.6])
+    assert "memory at the peak" not in psctl("runs", "show", plain, db=old).stdout
+    assert json.loads(psctl("runs", "show", plain, "--json", db=old).stdout)["memory"] is None
+    mib = 2**20
+    processes = [("coordinator", 0, 300, 120), ("server", 0, 400, 60), ("worker", 0, 350, 22),
+                 ("worker", 1, 350, 22), ("evaluator", 0, 320, 40)]
+    samples = [ProcessSample(at=T0 + s, role=role, rank=rank, pid=10 + k, cpu_percent=5.0,
+                             rss_bytes=rss * mib, pss_bytes=pss * mib if s == 1 else None)
+               for s in range(3) for k, (role, rank, rss, pss) in enumerate(processes)]
+    db = tmp_path / "experiments.db"
+    run = _recorded_run(db, [0.5, 0.6], samples=samples)
+    shown = psctl("runs", "show", run, db=db, env={"COLUMNS": "300"})  # the line unwrapped
+    lines = [line.rstrip() for line in shown.stdout.splitlines()]
+    (start,) = [k for k, line in enumerate(lines) if line.startswith("start-up")]
+    assert lines[start + 1] == (
+        "memory at the peak (0:00:01 after the start): 264 MiB proportional (PSS) over 5 "
+        "processes (RSS summed 1.68 GiB, counting shared pages in each); per worker 22.0 MiB, "
+        "per server 60.0 MiB")
+    memory = json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["memory"]
+    assert memory == {"peak_pss_bytes": 264 * mib, "at": 1.0, "processes": 5,
+                      "rss_bytes": 1720 * mib,
+                      "pss_by_role": {"coordinator": 120 * mib, "evaluator": 40 * mib,
+                                      "server": 60 * mib, "worker": 22 * mib},
+                      "unread": 0}

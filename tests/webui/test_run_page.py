@@ -1,6 +1,6 @@
 """The run page in headless Chromium on runs seeded row by row: system metrics (CPU and memory
-per process), the oversubscription banner, the ElasticBSP card only where there are barriers,
-the timeline's worker order, and the one duration format.
+per process, PSS beside RSS where it was read), the oversubscription banner, the ElasticBSP
+card only where there are barriers, the timeline's worker order, and the one duration format.
 
 The database is written with plain SQL inserts of real rows (as bench/dashboard.py does), so
 each test knows exactly what the page must show. Every request off this machine is aborted.
@@ -38,7 +38,7 @@ BSP, ELASTIC, LIVE = "b" * 32, "e" * 32, "a" * 32
 
 def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "finished",
           oversubscribed: bool = False, syncs: int = 0, samples_s: float = DURATION_S,
-          simulated: bool = False) -> None:
+          simulated: bool = False, pss: bool = False) -> None:
     t0 = time.time() - DURATION_S - 60
     ended = None if status == "running" else t0 + DURATION_S
     heartbeat = 9e9 if status == "running" else t0 + DURATION_S
@@ -62,10 +62,12 @@ def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "fi
             t += d
     conn.executemany(f"INSERT INTO iterations VALUES ({','.join('?' * 21)})", rows)
     conn.execute(REBUILD_ROLLUPS_SQL, {"run": run_id, "origin": t0, "lo": 0, "hi": 10**9})
+    # PSS as the sampler reads it in a larger run: each process in turn, here every 4 s.
     conn.executemany(
-        "INSERT INTO process_samples (run_id, at, role, rank, pid, cpu_percent, rss_bytes) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(run_id, t0 + s, role, rank, 1000 + n, 20.0 + 10 * n, (100 + n) * 2**20)
+        "INSERT INTO process_samples (run_id, at, role, rank, pid, cpu_percent, rss_bytes, "
+        "pss_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(run_id, t0 + s, role, rank, 1000 + n, 20.0 + 10 * n, (100 + n) * 2**20,
+          (40 + n) * 2**20 if pss and s % 4 == n % 4 else None)
          for s in range(int(samples_s)) for n, (role, rank) in enumerate(PROCESSES)])
     conn.executemany("INSERT INTO evaluations (run_id, at, elapsed_s, step, epoch, accuracy, "
                      "loss) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -97,7 +99,7 @@ def run_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("run-page") / "experiments.db"
     open_engine(db).dispose()
     with sqlite3.connect(db) as conn:
-        _seed(conn, BSP, sync="bsp", oversubscribed=True)
+        _seed(conn, BSP, sync="bsp", oversubscribed=True, pss=True)
         _seed(conn, ELASTIC, sync="elastic", syncs=5, samples_s=120, simulated=True)
     return db
 
@@ -112,15 +114,19 @@ def test_process_samples_follow_the_snapshot_bounded(run_db: Path) -> None:
         message = live.processes_message(engine, state)
         samples = message["samples"]
         per_process: dict[tuple[str, int], int] = {}
-        for role, rank, _at, _cpu, _rss in samples:
+        for role, rank, _at, _cpu, _rss, _pss in samples:
             per_process[(role, rank)] = per_process.get((role, rank), 0) + 1
         # 3725 samples per process are averaged into at most PROCESS_POINTS time slots.
         assert set(per_process) == set(PROCESSES)
         assert max(per_process.values()) <= live.PROCESS_POINTS + 1
         assert message["width_s"] > 1
         assert {s[4] for s in samples if s[0] == "coordinator"} == {100 * 2**20}
+        # PSS, read every 4 s, is the slot's maximum: every slot of 7 s holds a reading.
+        assert message["fields"][5] == "pss_bytes"
+        assert {s[5] for s in samples if s[0] == "coordinator"} == {40 * 2**20}
         small = live.processes_message(engine, live.snapshot(engine, ELASTIC)[1])
         assert small["width_s"] == 0 and len(small["samples"]) == 120 * 8  # as recorded
+        assert {s[5] for s in small["samples"]} == {None}  # a run from before PSS
         assert live.delta(engine, state) is None  # nothing new
     finally:
         engine.dispose()
@@ -135,11 +141,11 @@ def test_new_samples_arrive_as_deltas(run_db: Path, tmp_path: Path) -> None:
         with sqlite3.connect(db) as conn:
             at = conn.execute("SELECT max(at) FROM process_samples WHERE run_id = ?",
                               (ELASTIC,)).fetchone()[0]
-            conn.execute("INSERT INTO process_samples VALUES (?, ?, 'worker', 0, 1, 55.0, 1)",
+            conn.execute("INSERT INTO process_samples VALUES (?, ?, 'worker', 0, 1, 55.0, 3, 2)",
                          (ELASTIC, at + 1))
         change = live.delta(engine, state)
         assert change is not None and change["process_samples"] == [
-            ["worker", 0, at + 1, 55.0, 1]]
+            ["worker", 0, at + 1, 55.0, 3, 2]]
         assert live.delta(engine, state) is None  # sent once
     finally:
         engine.dispose()
@@ -209,11 +215,21 @@ def _trace_names(page: Any, chart: str) -> list[str]:
 def test_bsp_run_page(browser: Any, base: str) -> None:
     errors: list[str] = []
     page = _open(browser, f"{base}/runs/{BSP}", errors)
-    # System metrics: one line per process, labelled by role and rank.
+    # System metrics: one line per process, labelled by role and rank; memory as RSS and, dotted
+    # in the same colour, PSS.
     assert sorted(_trace_names(page, "cpu")) == sorted(LABELS)
-    assert sorted(_trace_names(page, "mem")) == sorted(LABELS)
+    assert sorted(_trace_names(page, "mem")) == sorted(f"{label} {kind}" for label in LABELS
+                                                       for kind in ("RSS", "PSS"))
     assert _svg_text(page, "#chart-cpu .ytitle") == "CPU (% of one core)"
     assert "MB" in _svg_text(page, "#chart-mem .ytitle")
+    assert "RSS solid, PSS (shared pages split) dotted" in _svg_text(page, "#chart-mem .gtitle")
+    coordinator = page.evaluate(
+        "document.querySelector('#chart-mem').data.filter(t => t.name.startsWith('coordinator'))"
+        ".map(t => [t.name, t.line.dash || 'solid', t.line.color, Math.max(...t.y)])")
+    (_, rss_dash, rss_color, rss_mb), (_, pss_dash, pss_color, pss_mb) = sorted(
+        coordinator, key=lambda t: t[0].endswith("PSS"))
+    assert (rss_dash, pss_dash, rss_color) == ("solid", "dot", pss_color)
+    assert (rss_mb, pss_mb) == (pytest.approx(100 * 2**20 / 1e6), pytest.approx(40 * 2**20 / 1e6))
     # The oversubscription banner says how many processes shared how many cores.
     banner = page.locator("#oversubscribed")
     assert banner.is_visible()
@@ -226,7 +242,9 @@ def test_bsp_run_page(browser: Any, base: str) -> None:
         page.click("#count-cpu a.proc-csv")
     lines = Path(download.value.path()).read_text().splitlines()
     shown = int(page.get_attribute("#chart-cpu", "data-points") or 0)
-    assert lines[0] == "role,rank,at,cpu_percent,rss_bytes" and len(lines) == shown + 1
+    assert lines[0] == "role,rank,at,cpu_percent,rss_bytes,pss_bytes" and len(lines) == shown + 1
+    assert {line.split(",")[5] for line in lines[1:] if line.startswith("coordinator,")} \
+        == {str(40 * 2**20)}
     # No barriers in a bsp run: no ElasticBSP card.
     assert not page.locator("#chart-elastic").is_visible()
     # Workers 0..3 from top to bottom, although worker 3's rows come first.
@@ -274,6 +292,9 @@ def test_elastic_run_page(browser: Any, base: str) -> None:
         "Simulated cluster, virtual time: compute 100 ms per batch (given), network "
         "10gbit:50us, 2.00 ms per dense update of the whole model (measured).")
     assert len(_trace_names(page, "cpu")) == len(PROCESSES)
+    # No PSS recorded (a run from before schema 8): RSS alone, as before.
+    assert sorted(_trace_names(page, "mem")) == sorted(LABELS)
+    assert "resident memory" in _svg_text(page, "#chart-mem .ytitle")
     page.close()
     assert errors == []
 
@@ -292,7 +313,8 @@ def test_live_run_shows_new_samples_and_barriers(browser: Any, base: str,
     with sqlite3.connect(run_db) as conn:
         at = conn.execute("SELECT max(at) FROM process_samples WHERE run_id = ?",
                           (LIVE,)).fetchone()[0]
-        conn.executemany("INSERT INTO process_samples VALUES (?, ?, ?, ?, 1, 50.0, 1048576)",
+        conn.executemany("INSERT INTO process_samples VALUES (?, ?, ?, ?, 1, 50.0, 1048576, "
+                         "NULL)",
                          [(LIVE, at + 1, role, rank) for role, rank in PROCESSES])
         _add_sync(conn, LIVE, 0, at)
         _add_sync(conn, LIVE, 1, at + 0.5)

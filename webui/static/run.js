@@ -173,16 +173,18 @@
     if (m.process_samples && m.process_samples.length) addSamples(m.process_samples);
   }
 
-  // -- per-process samples: [role, rank, at, cpu %, rss bytes], one series per process --------
+  // -- per-process samples: [role, rank, at, cpu %, rss bytes, pss bytes or null], one series
+  // per process. PSS is read for a few processes per sample in turn: most rows of a large run
+  // have none, and its line joins the readings there are.
   const PROC_MAX = 1200;  // per process; past it, neighbours are averaged (a long live run)
   const ROLE_ORDER = { coordinator: 0, server: 1, worker: 2, evaluator: 3 };
   const procLabel = (role, rank) => role === "worker" || role === "server" ? `${role} ${rank}` : role;
   function addSamples(rows) {
-    for (const [role, rank, at, cpu, rss] of rows) {
+    for (const [role, rank, at, cpu, rss, pss] of rows) {
       const key = role + ":" + rank;
-      if (!S.procs.has(key)) S.procs.set(key, { role, rank, at: [], cpu: [], rss: [] });
+      if (!S.procs.has(key)) S.procs.set(key, { role, rank, at: [], cpu: [], rss: [], pss: [] });
       const p = S.procs.get(key);
-      p.at.push(at); p.cpu.push(cpu); p.rss.push(rss);
+      p.at.push(at); p.cpu.push(cpu); p.rss.push(rss); p.pss.push(pss ?? null);
       if (p.at.length > PROC_MAX) thin(p);
     }
     bump("procs");
@@ -195,7 +197,9 @@
       return out;
     };
     const mean = (a, b) => (a + b) / 2;
+    const most = (a, b) => a === null ? b : b === null ? a : Math.max(a, b);  // null: not read
     p.at = half(p.at, mean); p.cpu = half(p.cpu, mean); p.rss = half(p.rss, Math.max);
+    p.pss = half(p.pss, most);
     S.procThinned = true;
   }
   function processList() {
@@ -204,8 +208,9 @@
   let csvUrl = null;
   function processCsv() {
     if (csvUrl) URL.revokeObjectURL(csvUrl);
-    const lines = ["role,rank,at,cpu_percent,rss_bytes"];
-    for (const p of processList()) p.at.forEach((t, i) => lines.push(`${p.role},${p.rank},${t},${p.cpu[i]},${Math.round(p.rss[i])}`));
+    const lines = ["role,rank,at,cpu_percent,rss_bytes,pss_bytes"];
+    const cell = (v) => v === null ? "" : Math.round(v);
+    for (const p of processList()) p.at.forEach((t, i) => lines.push(`${p.role},${p.rank},${t},${p.cpu[i]},${Math.round(p.rss[i])},${cell(p.pss[i])}`));
     csvUrl = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
     return csvUrl;
   }
@@ -629,9 +634,31 @@
     const every = S.procThinned ? ", averaged over time" : S.procWidth > 0 ? `, averaged over ${S.procWidth} s` : "";
     drawSeries("cpu", procs.map((p, i) => trace(p, i, p.cpu)),
       layoutOf(`CPU per process${every}`, xMode, "CPU (% of one core)"), xMode);
-    drawSeries("mem", procs.map((p, i) => trace(p, i, p.rss.map((b) => b / 1e6))),
-      layoutOf(`Memory per process (RSS${every ? ", maximum" + every : ""})`, xMode, "resident memory (MB)"), xMode);
+    drawMemory(procs, trace, xMode, every);
     [cards.cpu, cards.mem].forEach((c) => { PS.setCount(c, n, n); c.div.dataset.traces = String(procs.length); });
+  }
+  // RSS per process, and where PSS was read (schema 8 on) PSS dotted in the same colour: RSS
+  // counts the pages a process shares copy-on-write with the other roles in full, PSS only its
+  // share of them, so PSS is what the processes' memory adds up to.
+  function drawMemory(procs, trace, xMode, every) {
+    const mb = (b) => b / 1e6, most = every ? ", maximum" + every : "";
+    if (!procs.some((p) => p.pss.some((v) => v !== null))) {  // a run from before PSS
+      drawSeries("mem", procs.map((p, i) => trace(p, i, p.rss.map(mb))),
+        layoutOf(`Memory per process (RSS${most})`, xMode, "resident memory (MB)"), xMode);
+      return;
+    }
+    const traces = procs.flatMap((p, i) => {
+      const name = procLabel(p.role, p.rank), read = [];
+      p.pss.forEach((v, k) => { if (v !== null) read.push(k); });
+      const rss = Object.assign(trace(p, i, p.rss.map(mb)), { name: `${name} RSS`, legendgroup: name });
+      // Markers too: a process read once (a large run's newcomer) is a point, not a line.
+      const pss = { type: "scatter", mode: "lines+markers", name: `${name} PSS`, legendgroup: name,
+        line: { color: PS.color(i), width: 1.3, dash: "dot" }, marker: { color: PS.color(i), size: 3 },
+        x: read.map((k) => PS.x(xMode, p.at[k], X0(), null)), y: read.map((k) => mb(p.pss[k])) };
+      return [rss, pss];
+    });
+    const title = `Memory per process: RSS solid, PSS (shared pages split) dotted${most ? ` (${most.slice(2)})` : ""}`;
+    drawSeries("mem", traces, layoutOf(title, xMode, "memory (MB)"), xMode);
   }
 
   // -- fault tolerance: events marked on the time charts, and banners --------------------------

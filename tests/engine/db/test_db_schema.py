@@ -261,9 +261,51 @@ def test_a_version_6_database_gains_the_users_own_metrics(tmp_path: Path) -> Non
             assert conn.execute(text("SELECT id FROM runs")).scalar() == "r1"
             assert conn.execute(text("SELECT count(*) FROM user_metrics")).scalar() == 0
             version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
-            assert version.scalar() == "7" == str(SCHEMA_VERSION)
+            assert version.scalar() == str(SCHEMA_VERSION)
     finally:
         engine.dispose()
+
+
+def _version_7_process_samples(conn: sqlite3.Connection) -> None:
+    """process_samples as schema version 7 made it (no pss_bytes), with one run's row."""
+    conn.execute("DROP TABLE process_samples")
+    conn.execute("CREATE TABLE process_samples (run_id TEXT NOT NULL REFERENCES runs (id) "
+                 "ON DELETE CASCADE, at REAL NOT NULL, role TEXT NOT NULL, rank INTEGER NOT "
+                 "NULL, pid INTEGER NOT NULL, cpu_percent REAL NOT NULL, rss_bytes INTEGER NOT "
+                 "NULL)")
+    conn.execute("CREATE INDEX ix_process_samples_run_at ON process_samples (run_id, at)")
+    conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    conn.execute("INSERT INTO runs (id, name, status, started_at, heartbeat_at, config_json, "
+                 "sync, workers, servers, dataset) VALUES ('r1', 'n', 'finished', 1, 1, "
+                 "'{}', 'bsp', 1, 1, 'digits')")
+    conn.execute("INSERT INTO process_samples VALUES ('r1', 2.0, 'worker', 0, 42, 50.0, 1000)")
+
+
+def test_a_version_7_database_gains_proportional_memory(tmp_path: Path) -> None:
+    path = tmp_path / "v7.db"
+    open_engine(path).dispose()
+    with sqlite3.connect(path) as conn:
+        _version_7_process_samples(conn)
+    conn.close()
+    with pytest.raises(StoreError, match="upgraded by a writer"):
+        open_engine(path, readonly=True)
+    open_engine(path).dispose()
+    engine = open_engine(path, readonly=True)
+    try:
+        columns = {c["name"]: c for c in inspect(engine).get_columns("process_samples")}
+        assert columns["pss_bytes"]["nullable"] and str(columns["pss_bytes"]["type"]) == "INTEGER"
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT pid, rss_bytes, pss_bytes FROM process_samples"))
+            assert tuple(row.one()) == (42, 1000, None)  # an old row: no PSS was read
+            version = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            assert version.scalar() == "8" == str(SCHEMA_VERSION)
+    finally:
+        engine.dispose()
+    open_engine(path).dispose()  # a second writer finds the column there: nothing to add
+    with sqlite3.connect(path) as conn:
+        names = [row[1] for row in conn.execute("PRAGMA table_info(process_samples)")]
+    conn.close()
+    assert names.count("pss_bytes") == 1
 
 
 def test_user_metrics_keep_one_value_per_process_iteration_and_name(tmp_path: Path) -> None:

@@ -93,12 +93,13 @@ def test_the_template_answers_garbage_with_an_error_line(tmp_path: Path) -> None
         capture_output=True, timeout=120, env=NO_SECRETS, check=False)
     replies = [json.loads(line) for line in process.stdout.splitlines()]
     assert process.returncode == 0  # its stdin closed: it ends
-    assert "ready" in replies[0]
-    assert [reply["error"].startswith("a request the template cannot read")
-            for reply in replies[1:]] == [True, True]
+    assert replies[0]["warm"] == 0
+    errors = [reply["error"] for reply in replies if "error" in reply]
+    assert len(errors) == 2
+    assert all(error.startswith("a request the template cannot read") for error in errors)
 
 
-def test_hosts_fork_every_role_but_the_announcing_coordinator_and_let_go_at_close(
+def test_hosts_fork_every_role_and_let_go_at_close(
         tmp_path: Path) -> None:
     hosts = TemplateHosts("127.0.0.1", RoleEnv(), tmp_path)
     hosts.open("run")
@@ -111,10 +112,14 @@ def test_hosts_fork_every_role_but_the_announcing_coordinator_and_let_go_at_clos
                               ["server", "--coordinator", "ws://127.0.0.1:9"], env,
                               tmp_path / "server-0.log")
         assert isinstance(again, TemplateProcess) and again.pid != server.pid
+        # The coordinator is forked too (before torch), and says where it listens in a file:
+        # this one only prints its help, so it says nowhere.
         announcing = hosts.start("coordinator", 0, ["coordinator", "--help"], env,
                                  tmp_path / "coordinator.log", announce=True)
-        assert not isinstance(announcing, TemplateProcess)
+        assert isinstance(announcing, TemplateProcess)
+        assert hosts.announcement(announcing, 30) is None
         assert announcing.wait(60) == 0
+        assert "--announce-file" in (tmp_path / "coordinator.log").read_text()
         for role in (server, again):
             role.kill()
             assert role.wait(60) == -signal.SIGKILL
@@ -154,3 +159,50 @@ def test_a_wait_on_a_role_of_a_gone_template_looks_again_shortly_not_at_once(
     finally:
         sleeper.kill()
         sleeper.wait(5)
+
+
+def test_a_template_not_warm_in_time_leaves_the_coordinator_to_a_fresh_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.hosts import template as module
+    from engine.hosts.local import LocalProcess
+
+    monkeypatch.setattr(module, "READY_TIMEOUT_S", 0.01)  # no template is warm that soon
+    hosts = TemplateHosts("127.0.0.1", RoleEnv(), tmp_path)
+    hosts.open("run")
+    try:
+        env = RoleEnv({"PSCTL_TOKEN": "the-secret"})
+        coordinator = hosts.start("coordinator", 0, ["coordinator", "--help"], env,
+                                  tmp_path / "coordinator.log", announce=True)
+        assert isinstance(coordinator, LocalProcess)  # a fresh Python, as without a template
+        assert coordinator.wait(60) == 0
+        said = hosts.start_up()
+        assert said["mode"] == "fresh" and "did not start the coordinator" in said["note"]
+        worker = hosts.start("worker", 0, ["worker", "--coordinator", "ws://127.0.0.1:9"],
+                             RoleEnv(), tmp_path / "worker-0.log")
+        assert isinstance(worker, LocalProcess)  # and so is every role after it
+        assert worker.wait(60) == 1
+    finally:
+        hosts.close()
+
+
+def test_roles_restarted_after_the_template_died_start_as_fresh_processes(
+        tmp_path: Path) -> None:
+    from engine.hosts.local import LocalProcess
+
+    hosts = TemplateHosts("127.0.0.1", RoleEnv(), tmp_path)
+    hosts.open("run")
+    try:
+        env = RoleEnv({"PSCTL_TOKEN": "the-secret"})
+        args = ["server", "--coordinator", "ws://127.0.0.1:9"]
+        server = hosts.start("server", 0, args, env, tmp_path / "server-0.log")
+        assert isinstance(server, TemplateProcess)
+        assert hosts._template is not None
+        hosts._template.process.kill()  # its roles die with it (they asked to)
+        assert server.wait(60) < 0
+        again = hosts.restart(server, "server", 0, args, env, tmp_path / "server-0.log")
+        assert isinstance(again, LocalProcess)
+        assert hosts.start_up()["mode"] == "fresh"
+        again.kill()
+        again.wait(60)
+    finally:
+        hosts.close()

@@ -47,6 +47,25 @@ def test_one_fresh_reply_is_never_a_reason_but_one_stalled_reply_is() -> None:
     assert budget.slowest(idle, now) is stalled
 
 
+def test_on_a_crowded_machine_one_reply_may_wait_as_long_as_a_core_is_shared() -> None:
+    """128 workers, 8 servers and the evaluator on 2 cores: a worker waits for a core as long
+    as it reads, so its one reply stalls only after 68.5 s (137 / 2 times STALLED_S), not 1 s
+    (all 128 pulled at once at the start and were disconnected)."""
+    from engine.config import ClusterConfig
+
+    crowded = ServerLimits.from_cluster(ClusterConfig(workers=128, servers=8), cores=2)
+    assert crowded.stalled_s == STALLED_S * 137 / 2
+    assert ServerLimits.from_cluster(ClusterConfig(workers=2, servers=1), cores=8).stalled_s \
+        == STALLED_S
+    budget = ServerBudget(crowded)
+    now = 100.0
+    waiting = FakeReader(queued_frames=1, head_since=now - 5.0)
+    budget.readers.add(waiting)
+    assert budget.slowest(FakeReader(), now) is None
+    waiting.head_since = now - crowded.stalled_s - 0.01
+    assert budget.slowest(FakeReader(), now) is waiting
+
+
 def test_the_longest_waiting_reader_goes_first() -> None:
     budget = ServerBudget()
     now = 100.0
