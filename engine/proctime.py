@@ -1,4 +1,4 @@
-"""When this process started, to the hundredth of a second.
+"""This process's start, to the hundredth of a second, and the cores it may run on.
 
 ``psutil.Process().create_time()`` adds the boot time, which Linux gives in whole seconds
 (``btime`` in /proc/stat), so it is off by up to a second: too coarse for a start-up that takes
@@ -25,3 +25,11 @@ def process_started_at() -> float:
     except (OSError, ValueError, IndexError):
         return time.time()
     return time.time() - max(age, 0.0)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the system says it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

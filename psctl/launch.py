@@ -22,7 +22,8 @@ from engine.launcher import LaunchResult, default_run_name
 from engine.models.device import check_here as check_device
 from engine.models.spec import builtin_layout
 from engine.plan import build_config
-from engine.roles.sampling import oversubscription, usable_cores
+from engine.proctime import usable_cores
+from engine.roles.sampling import oversubscription
 from psctl.display import (
     Plan,
     fmt_pct,

@@ -89,7 +89,7 @@ def study_command(
 def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Path | None,
          db: Path, data_dir: Path | None = None, resume: str | None = None,
          jobs: int | None = None) -> int:
-    from engine.roles.sampling import usable_cores
+    from engine.proctime import usable_cores
     from psctl.study_invocation import Invocation
     from psctl.study_run import new_study_id, plan, prepare_database
     from psctl.study_tune import SMOKE_TRIALS, check_first

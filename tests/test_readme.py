@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.roles.sampling import usable_cores
+from engine.proctime import usable_cores
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.proctime import usable_cores
+
 # Stands for the role's own address in its arguments, filled in where the role runs (the node
 # Ray placed it on, or cluster.host on this machine).
 NODE = "{node}"
@@ -133,17 +135,9 @@ def roles_own_environment() -> dict[str, str]:
     return own
 
 
-def usable_cpus() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def fresh_wave() -> int:
     """A wave of fresh processes: a few per core."""
-    return max(MIN_WAVE, WAVE_PER_CPU * usable_cpus())
+    return max(MIN_WAVE, WAVE_PER_CPU * usable_cores())
 
 
 def with_node(args: list[str], node: str) -> list[str]:

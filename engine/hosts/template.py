@@ -32,10 +32,10 @@ from engine.hosts import (
     RoleProcess,
     roles_own_environment,
     tail,
-    usable_cpus,
     with_node,
 )
 from engine.hosts.local import LocalHosts
+from engine.proctime import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +369,7 @@ class TemplateHosts(LocalHosts):
         """Forked roles start in milliseconds and share what they import: larger waves."""
         if self._usable is False:
             return super().wave()
-        return max(MIN_WAVE, FORKS_PER_CPU * usable_cpus())
+        return max(MIN_WAVE, FORKS_PER_CPU * usable_cores())
 
     def start_up(self) -> dict[str, Any]:
         """What the template did and when (wall times), for the run's start-up event."""

@@ -19,10 +19,11 @@ from engine.db.queries import reading, resume_clock
 from engine.errors import StoreError
 from engine.keys import KeyLayout
 from engine.models.spec import builtin_layout
+from engine.proctime import usable_cores
 from engine.recorder import Recorder
 from engine.roles.coordination import Coordinator, Resume
 from engine.roles.lifecycle import started, this_machine
-from engine.roles.sampling import PsutilSampler, oversubscription, usable_cores
+from engine.roles.sampling import PsutilSampler, oversubscription
 from engine.transport.base import Transport
 from engine.wire.messages import RunEnded
 from engine.wire.records import EventRecord, RunStatus

@@ -16,8 +16,8 @@ from engine.consistency.registry import make_controller
 from engine.errors import ProtocolError
 from engine.keys import KeyLayout, KeyRange
 from engine.policies.aggregation import AGGREGATION_RULES
+from engine.proctime import usable_cores
 from engine.replication.link import ChainLink
-from engine.roles.sampling import usable_cores
 from engine.server import checkpoint
 from engine.server.aggregation import make_aggregator
 from engine.server.learning import make_learning

@@ -14,7 +14,6 @@ few processes per sample, in turn, within :data:`PSS_BUDGET_S`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -126,13 +125,6 @@ class PsutilSampler:
             if pid in sampled:
                 out[pid] = self._read_pss(self._watched[pid].process)
         return out
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def oversubscription(workers: int, servers: int, cores: int) -> str | None:

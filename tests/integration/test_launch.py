@@ -10,7 +10,7 @@ import pytest
 from engine.db.queries import run_detail
 from engine.db.schema import open_engine
 from engine.launcher import Launcher
-from engine.roles.sampling import usable_cores
+from engine.proctime import usable_cores
 from engine.wire.records import RunStatus
 from tests.integration.support import config, processes_with, query
 
