@@ -18,6 +18,7 @@ from engine.datasets.sources import is_user_source
 from engine.db import open_engine
 from engine.db.queries import progress
 from engine.errors import ConfigError, PsctlError
+from engine.hosts.template import discard_early
 from engine.launcher import LaunchResult, default_run_name
 from engine.models.device import check_here as check_device
 from engine.models.spec import builtin_layout
@@ -127,6 +128,7 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
         if risky is not None:
             console.print(f"[yellow]warning:[/] {risky}", highlight=False)
     launcher.start()
+    discard_early()  # started by psctl launch for a run that did not take it (sim, ray...)
     if tags:
         _tag(db, launcher.run_id, tags, console)
     if not live:

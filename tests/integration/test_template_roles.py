@@ -128,7 +128,34 @@ def test_an_early_template_no_run_took_is_ended_and_leaves_nothing(tmp_path: Pat
                       "--no-live", db=db)
     assert simulated.returncode == 0, simulated.stdout + simulated.stderr
     assert query(db, "SELECT count(*) FROM events WHERE kind = 'start_up'")[0][0] == 0
-    templates = [p for p in psutil.process_iter(["pid", "cmdline"])
-                 if p.pid not in before and "engine.roles.template" in " ".join(
-                     p.info["cmdline"] or [])]
-    assert templates == []
+    assert _new_templates(before) == []
+
+
+def _new_templates(before: set[int]) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["pid", "cmdline"])
+            if p.pid not in before and "engine.roles.template" in " ".join(
+                p.info["cmdline"] or [])]
+
+
+def test_a_run_that_does_not_take_the_early_template_does_not_keep_it_while_it_runs(
+        tmp_path: Path) -> None:
+    """A config file that turns the template off: the run's roles start as fresh processes and
+    the template psctl launch started early is gone before the run ends."""
+    config = tmp_path / "fresh.toml"
+    config.write_text("[cluster]\ntemplate = false\n")
+    db = tmp_path / "runs.db"
+    before = {p.pid for p in psutil.process_iter()}
+    env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "psctl", "launch", "--config", str(config), "--dataset",
+         "digits", "--workers", "2", "--servers", "1", "--epochs", "500", "--no-live"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: query(db, "SELECT count(*) FROM iterations")[0][0] > 4, 120,
+                 "training")
+        assert _new_templates(before) == []
+        joins = _details(db, "process_joined")
+        assert joins and all(j["forked"] is False for j in joins)
+    finally:
+        launch.send_signal(signal.SIGINT)
+        launch.communicate(timeout=60)
