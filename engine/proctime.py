@@ -27,6 +27,20 @@ def process_started_at() -> float:
     return time.time() - max(age, 0.0)
 
 
+# A process that replaced its program without a fork (the last command of a shell's subshell,
+# `(python3 -m venv .venv && ... && psctl launch ...)`, runs so) keeps the older start: when it
+# is this much older than the program's first import, the import is the better start (it misses
+# the interpreter's own, some 0.05 s).
+EXEC_REUSE_S = 2.0
+
+
+def program_started_at(imported_at: float) -> float:
+    """When this program started: the process's start, or ``imported_at`` (its first module's
+    import) when the process is much older than that."""
+    started = process_started_at()
+    return imported_at if imported_at - started > EXEC_REUSE_S else started
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity, where the system says it)."""
     try:

@@ -103,10 +103,11 @@ def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:
 
 
 def command_started_at() -> float:
-    """When this command's process started (wall clock)."""
-    from engine.proctime import process_started_at
+    """When this command started (wall clock)."""
+    from engine.proctime import program_started_at
+    from psctl import IMPORTED_AT
 
-    return process_started_at()
+    return program_started_at(IMPORTED_AT)
 
 
 def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
