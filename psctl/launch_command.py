@@ -18,7 +18,7 @@ from psctl.launch_options import launch_config, signature
 def launch(**options: Any) -> None:
     """Train a model on shard servers and workers started on this machine, recording the run."""
     path, repeat = settings.database_path(options["db"]), options["repeat"]
-    if options["backend"] in (None, "local") and options["template"] is not False:
+    if _may_fork_here(options["backend"]) and options["template"] is not False:
         from engine.hosts.template import start_early
 
         # It imports torch while this process imports the rest and checks the run's settings.
@@ -57,6 +57,17 @@ def launch(**options: Any) -> None:
 
 # Typer reads the options from here: one per setting with a flag, and the few others.
 launch.__signature__ = signature()  # type: ignore[attr-defined]
+
+
+def _may_fork_here(backend: str | None) -> bool:
+    """Whether the flag's backend (the configured default without one) runs its roles on this
+    machine, where they may be forked from the template; a config file may still say otherwise,
+    and the run then ends the template unused."""
+    from engine.backends import BACKENDS, THIS_MACHINE
+    from engine.config import ClusterConfig
+
+    name = backend or str(ClusterConfig.model_fields["backend"].default)
+    return name in BACKENDS and BACKENDS.can(name, THIS_MACHINE)
 
 
 def _run_all(configs: list[Any], group: str | None, path: Path, *, live: bool) -> list[Any]:

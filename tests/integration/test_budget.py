@@ -47,6 +47,9 @@ def test_a_samples_budget_stops_the_run_a_few_iterations_past_it(tmp_path: Path)
     assert result.status.value == "finished" and result.reason == "budget of 3000samples spent"
     (samples,) = query(db, "SELECT sum(samples) FROM iterations WHERE run_id = ?",
                        launcher.run_id)[0]
-    assert 3000 <= samples <= 3000 + 3 * 4 * 64  # the workers report every 0.05 s
+    # The workers report every 0.05 s: a few iterations each past the budget when idle, more on
+    # a loaded machine (3,834 once in CI); how far past is a time, not a bound here. What must
+    # hold: it stopped for the budget, far before its 10 epochs' 14,370 samples.
+    assert 3000 <= samples <= 3000 + 3 * 20 * 64
     assert query(db, "SELECT count(*) FROM evaluations WHERE run_id = ?",
                  launcher.run_id)[0][0] >= 4  # three marks and the end
