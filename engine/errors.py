@@ -131,6 +131,11 @@ class DuplicatePush(ProtocolError):
     """A worker pushed a clock it has already committed on that key range; refused and counted."""
 
 
+class ShardFull(ProtocolError):
+    """A sparse shard stores as many keys as it can hold; the push that needed more was refused
+    and nothing changed."""
+
+
 class UnsafeUpdate(BadPayload):
     """A push would make the parameters (or the optimizer's state) non-finite; it was refused
     and nothing changed."""

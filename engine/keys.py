@@ -45,11 +45,14 @@ class KeyRange:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One parameter tensor's place in the flat key space."""
+    """One parameter tensor's place in the flat key space. A *sparse* segment (issue 44: a
+    hashed feature space, an embedding table) is stored by the servers only where it was
+    touched; its keys start at 0 and are pulled and pushed by key, never as a whole range."""
 
     name: str
     shape: tuple[int, ...]
     keys: KeyRange
+    sparse: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,15 @@ class KeyLayout:
                 return segment
         raise ConfigError(f"no segment named {name!r} (known: "
                           f"{', '.join(s.name for s in self.segments)})")
+
+    def sparse_on(self, shard: KeyRange) -> bool:
+        """Whether ``shard`` holds sparse keys; a shard holding both kinds is refused (its
+        dense keys would need a dense store beside the sparse one: not built yet)."""
+        kinds = {s.sparse for s in self.segments if s.keys.intersect(shard) is not None}
+        if len(kinds) > 1:
+            raise ConfigError(f"shard [{shard.start}, {shard.end}) would hold both sparse and "
+                              "dense keys; psctl stores a shard one way or the other")
+        return kinds == {True}
 
     def clock_ranges(self, shard: KeyRange) -> list[KeyRange]:
         """The pieces of segments on ``shard``, in key order; they cover it exactly."""

@@ -85,6 +85,10 @@ class FlatModel:
     def params_np(self) -> np.ndarray:
         return self.params.numpy()
 
+    def initial_values(self) -> np.ndarray | None:
+        """What worker 0 sends the servers to start from: every value, as initialised here."""
+        return self.params_np
+
     @property
     def grads_np(self) -> np.ndarray:
         return self.grads.numpy()

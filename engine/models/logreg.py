@@ -1,8 +1,13 @@
 """Sparse binary logistic regression (seed 003's workload): the model a sparse run trains, its
 gradient on a batch's working set, and the objective and accuracy the evaluator reports. numpy
-and scipy only: the worker's sparse loop (engine.worker.sparse) and the evaluator share it."""
+and scipy only: the worker's sparse loop (engine.worker.sparse) and the evaluator share it.
+
+Nothing here is as large as the feature space (issue 44: 2^40 features): a batch, and the
+evaluator, work on matrices whose columns are the keys they pulled (``local_matrix``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -10,39 +15,65 @@ from engine.datasets.sparse import SparseSplit
 
 
 class SparseLogReg:
-    """Binary logistic regression over ``features`` weights; ``params_np`` is the whole model
-    (the initial values worker 0 sends, and what the evaluator pulls into)."""
+    """Binary logistic regression over ``features`` weights, one key each. It holds no copy of
+    them: the servers store a sparse key range from 0 wherever nothing was pushed, and a batch
+    pulls the keys it needs (``engine.worker.sparse``)."""
 
     def __init__(self, features: int) -> None:
-        self.params_np = np.zeros(features, dtype=np.float32)
+        self.features = features
+
+    @staticmethod
+    def initial_values() -> np.ndarray | None:
+        """What worker 0 sends the servers to start from: nothing, as every key starts at 0."""
+        return None
 
     @staticmethod
     def gradient(rows: SparseSplit, keys: np.ndarray,
                  weights: np.ndarray) -> tuple[float, np.ndarray]:
         """(mean logistic loss, its gradient on ``keys``) for ``rows``, whose features all lie
         in ``keys`` (sorted), with ``weights`` the values of ``keys``."""
-        from scipy.sparse import csr_matrix
         from scipy.special import expit
 
-        local = np.searchsorted(keys, rows.indices)
-        matrix = csr_matrix((rows.values, local, rows.indptr), shape=(len(rows), len(keys)))
+        matrix = local_matrix(rows, keys)
         margins = matrix @ weights.astype(np.float64)
-        labels = rows.labels
-        loss = float(np.mean(np.logaddexp(0.0, margins) - labels * margins))
-        grad = matrix.T @ ((expit(margins) - labels) / len(rows))
+        loss = mean_loss(margins, rows.labels)
+        grad = matrix.T @ ((expit(margins) - rows.labels) / len(rows))
         return loss, np.asarray(grad, dtype=np.float32)
 
 
+def local_matrix(rows: SparseSplit, keys: np.ndarray) -> Any:
+    """``rows`` as a CSR matrix whose column j is feature ``keys[j]`` (``keys`` sorted, holding
+    every feature of ``rows``): as wide as the keys, not the feature space."""
+    from scipy.sparse import csr_matrix
+
+    local = np.searchsorted(keys, rows.indices)
+    return csr_matrix((rows.values, local, rows.indptr), shape=(len(rows), len(keys)))
+
+
+def mean_loss(margins: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(np.logaddexp(0.0, margins) - labels * margins))
+
+
 def objective(weights: np.ndarray, rows: SparseSplit, l1: float) -> float:
-    """Mean logistic loss over ``rows`` plus l1 * |w|_1: what the run minimises."""
-    margins = rows.matrix(len(weights)) @ weights.astype(np.float64)
-    loss = np.mean(np.logaddexp(0.0, margins) - rows.labels * margins)
-    return float(loss + l1 * np.abs(weights, dtype=np.float64).sum())
+    """Mean logistic loss over ``rows`` plus l1 * |w|_1: what the run minimises (``weights``
+    dense, one per feature)."""
+    return compact_objective(rows.matrix(len(weights)), rows.labels, weights, l1)
 
 
 def accuracy(weights: np.ndarray, rows: SparseSplit) -> float:
-    margins = rows.matrix(len(weights)) @ weights.astype(np.float64)
-    return float(np.mean((margins > 0) == (rows.labels == 1)))
+    return compact_accuracy(rows.matrix(len(weights)), rows.labels, weights)
+
+
+def compact_objective(matrix: Any, labels: np.ndarray, weights: np.ndarray, l1: float) -> float:
+    """``objective`` on ``matrix`` (one column per weight, e.g. ``local_matrix``'s). Weights left
+    out add nothing to it when they are 0."""
+    margins = matrix @ weights.astype(np.float64)
+    return mean_loss(margins, labels) + l1 * float(np.abs(weights, dtype=np.float64).sum())
+
+
+def compact_accuracy(matrix: Any, labels: np.ndarray, weights: np.ndarray) -> float:
+    margins = matrix @ weights.astype(np.float64)
+    return float(np.mean((margins > 0) == (labels == 1)))
 
 
 def working_set(rows: SparseSplit) -> np.ndarray:

@@ -138,7 +138,7 @@ def builtin_layout(model: str, hidden: tuple[int, ...], input_shape: tuple[int, 
         if not trains_sparse_rows(model) or num_classes != 2:
             raise ConfigError(f"sparse data sets train --model "
                               f"{' or '.join(MODELS.able(SPARSE_ROWS))} (binary), not {model}")
-        return KeyLayout((Segment("weight", (input_dim,), KeyRange(0, input_dim)),))
+        return KeyLayout((Segment("weight", (input_dim,), KeyRange(0, input_dim), sparse=True),))
     if model not in MODELS:
         return None
     layout: KeyLayout = MODELS.get(model).layout.load()(hidden, input_shape, num_classes)

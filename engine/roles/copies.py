@@ -25,7 +25,7 @@ from engine.server.limits import ServerBudget, ServerLimits
 from engine.server.optimizers import make_optimizer
 from engine.server.pull_filter import make_pull_filter
 from engine.server.service import ShardServer
-from engine.server.shard import ShardState
+from engine.server.shard import SPARSE_CAPACITY, ShardState, SparseKeys
 from engine.server.vectors import ShardVectors
 from engine.transport.admission import credential
 from engine.transport.base import Transport
@@ -73,8 +73,9 @@ class Copies:
             await asyncio.to_thread(checkpoint.restore, state, path)
         cluster = self.config.cluster
         limits = ServerLimits.from_cluster(cluster, usable_cores())
+        # A sparse shard is pulled by key, which no pull filter sees: it keeps no copies.
         pulls = make_pull_filter(self.config.comm.pull_filter, self.config.comm.refresh_every,
-                                 cluster.workers, len(state.keys))
+                                 cluster.workers, len(state.keys) if state.sparse is None else 0)
         server = ShardServer(state, run=self.endpoint.run, rank=self.rank,
                              max_frame_bytes=cluster.max_frame_bytes, limits=limits,
                              on_syncs=self._on_syncs if info.index == 0 else None,
@@ -168,6 +169,11 @@ class Copies:
             "rank": self.rank, **counters, "errors": errors,
             "version": min((s.state.version for s in served.values()), default=0),
             "range_versions": versions, "serves": sorted(self.primaries()),
+            # Keys with a row in this process, over every copy it holds (backups too): what its
+            # memory grows with when they are sparse.
+            "stored_keys": sum(s.state.stored for s in self.servers.values()),
+            "stored_bytes": sum(s.state.stored_bytes for s in self.servers.values()),
+            "sparse": any(s.state.sparse is not None for s in self.servers.values()),
         })
 
 
@@ -177,14 +183,23 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
     ranges = layout.clock_ranges(keys)
     workers = config.cluster.workers
     divisor = AGGREGATION_RULES.get(config.sync.push_scale)(workers)
-    learning = make_learning(config.learning, workers, divisor, len(keys))
+    sparse = sparse_keys(keys) if layout.sparse_on(keys) else None
+    size = len(keys) if sparse is None else sparse.capacity  # rows of the value arrays
+    learning = make_learning(config.learning, workers, divisor, size)
     return ShardState(
         keys,
         make_controller(config.sync, workers=workers, ranges=len(ranges)),
-        make_optimizer(config.optimizer, len(keys)),
+        make_optimizer(config.optimizer, size),
         workers=workers,
         ranges=ranges,
-        aggregator=make_aggregator(config.sync.push_scale, keys, ranges, workers),
+        aggregator=make_aggregator(config.sync.push_scale, keys, ranges, workers,
+                                   sparse_capacity=None if sparse is None else size),
         clip_norm=config.optimizer.clip_norm,
         learning=learning,
+        sparse=sparse,
     )
+
+
+def sparse_keys(keys: KeyRange) -> SparseKeys:
+    """A sparse shard of ``keys``: rows for as many keys as it has, up to the default."""
+    return SparseKeys(capacity=min(len(keys), SPARSE_CAPACITY))

@@ -25,7 +25,12 @@ from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel, calibration_sample, evaluate, refresh_buffers
-from engine.models.logreg import accuracy, objective
+from engine.models.logreg import (
+    compact_accuracy,
+    compact_objective,
+    local_matrix,
+    working_set,
+)
 from engine.roles.lifecycle import hello
 from engine.roles.worker import check_layout, connect_client
 from engine.transport.base import Transport
@@ -62,24 +67,40 @@ class Evaluator:
 
 class SparseEvaluator:
     """Sparse logistic regression: the objective the run minimises over the training set (as
-    ``loss``) and the test accuracy, from the whole weight vector."""
+    ``loss``) and the test accuracy. It pulls only the features the two splits have (sorted, in
+    pieces of at most ``PULL_KEYS``), never the whole feature space: a feature no training row
+    has is never pushed and stays 0, so the objective over these keys is the whole model's."""
 
-    def __init__(self, features: int, data: SparseDataset, l1: float, client: ParameterClient,
+    def __init__(self, data: SparseDataset, l1: float, client: ParameterClient,
                  started_at: float) -> None:
-        self.weights = np.zeros(features, dtype=np.float32)
+        self.keys = np.union1d(working_set(data.train), working_set(data.test))
+        self.weights = np.zeros(len(self.keys), dtype=np.float32)  # the values of ``keys``
+        self.train = local_matrix(data.train, self.keys)
+        self.test = local_matrix(data.test, self.keys)
         self.data, self.l1, self.client, self.started_at = data, l1, client, started_at
         self.nonzero = 0  # weights not exactly 0 at the last measurement
 
     def measure(self, epoch: float) -> EvaluationRecord:
-        pulled = self.client.wait(self.client.pull(KeyRange(0, len(self.weights)), self.weights,
-                                                   clock=ANY_CLOCK))
-        loss = objective(self.weights, self.data.train, self.l1)
+        step = self._pull()
+        loss = compact_objective(self.train, self.data.train.labels, self.weights, self.l1)
         self.nonzero = int(np.count_nonzero(self.weights))
         now = time.time()
-        return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0),
-                                step=max(pulled.versions.values()),
-                                accuracy=accuracy(self.weights, self.data.test), loss=loss,
-                                epoch=epoch)
+        return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0), step=step,
+                                accuracy=compact_accuracy(self.test, self.data.test.labels,
+                                                          self.weights),
+                                loss=loss, epoch=epoch)
+
+    def _pull(self) -> int:
+        """Pull every key into ``weights``; the newest version a shard read them at (each piece
+        is read when it reaches its shards, like one pull's shards)."""
+        pieces = range(0, len(self.keys), PULL_KEYS)
+        handles = [self.client.pull(self.keys[i:i + PULL_KEYS], self.weights[i:i + PULL_KEYS],
+                                    clock=ANY_CLOCK) for i in pieces]
+        return max(max(self.client.wait(handle).versions.values()) for handle in handles)
+
+
+# The most keys one of the evaluator's pulls asks for: 12 MiB of keys and values.
+PULL_KEYS = 1 << 20
 
 
 class Measures(Protocol):
@@ -103,8 +124,8 @@ def _evaluator(config: RunConfig, welcome: Welcome) -> Build:
 
 def _sparse_evaluator(config: RunConfig, welcome: Welcome) -> Build:
     data = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
-    return lambda client: SparseEvaluator(data.spec.input_dim, data, config.optimizer.l1,
-                                          client, welcome.started_at)
+    return lambda client: SparseEvaluator(data, config.optimizer.l1, client,
+                                          welcome.started_at)
 
 
 def serve_requests(evaluator: Measures, control: SyncControl) -> None:

@@ -77,8 +77,9 @@ def _shard_and_model(config: RunConfig, rank: int,
              "seed": config.train.seed, "batch_size": config.train.batch_size}
     if is_sparse_synthetic(config.data.dataset):
         sparse = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
-        return (shard_for(sparse.train, sparse.train.labels, **where),
-                SparseLogReg(sparse.spec.input_dim))
+        logreg = SparseLogReg(sparse.spec.input_dim)
+        check_sparse_layout(logreg, welcome)
+        return shard_for(sparse.train, sparse.train.labels, **where), logreg
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
     model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
@@ -98,6 +99,15 @@ def check_layout(model: FlatModel, welcome: Welcome) -> None:
         first = next((f"{b} here, {e} there" for b, e in zip(built, expected, strict=False)
                       if b != e), f"{len(built)} parameters here, {len(expected)} there")
         raise RunFailed(f"the model built here differs from the coordinator's: {first}")
+
+
+def check_sparse_layout(model: SparseLogReg, welcome: Welcome) -> None:
+    """A sparse model sends no starting values, so its keys must be one sparse range, one key
+    per feature, which the servers start at 0: a dense range would wait for an INIT."""
+    laid = [(tuple(s.shape), s.sparse) for s in welcome.segments]
+    if laid != [((model.features,), True)]:
+        raise RunFailed(f"the coordinator laid out {laid} (shape, sparse) for sparse logistic "
+                        f"regression, not one sparse range of {model.features} keys")
 
 
 def link_faults(config: RunConfig) -> LinkFaults | None:

@@ -40,6 +40,10 @@ class Aggregator(Protocol):
         another server carries them, so a partly pushed round is not lost)."""
         ...
 
+    def load_round(self, parts: list[np.ndarray]) -> None:
+        """Take over open rounds ``round_state`` gave (checked by the caller)."""
+        ...
+
 
 class RoundSum:
     """Sums per clock range, and per key whether anybody contributed this round."""
@@ -86,6 +90,10 @@ class RoundSum:
     def round_state(self) -> list[np.ndarray]:
         return [self._sum, self._touched, self._dense]
 
+    def load_round(self, parts: list[np.ndarray]) -> None:
+        for mine, theirs in zip(self.round_state(), parts, strict=True):
+            np.copyto(mine, theirs)
+
     def _release_one(self, r: int) -> list[Update]:
         span = self._local[r]
         if self._dense[r]:
@@ -113,6 +121,56 @@ class RoundSum:
         return bool(span.start <= local.start and local.stop <= span.stop)
 
 
+class SparseRoundSum:
+    """A sparse shard's round sums (``engine.server.shard.SparseKeys``): per row of its value
+    arrays, and the rows somebody contributed to this round, as the pushes listed them; the
+    shard is one clock range. Memory grows with the rows pushed, not with the key space."""
+
+    def __init__(self, capacity: int, divide_by: int) -> None:
+        self._sum = np.zeros(capacity, dtype=np.float32)  # zero pages until a row is pushed
+        self._pushed: list[np.ndarray] = []
+        self._divide = np.float32(divide_by)
+
+    @property
+    def weight(self) -> float:
+        return 1.0 / float(self._divide)
+
+    def immediate(self, update: Update) -> Update:
+        if self._divide == 1:
+            return update
+        return Update(update.span, update.values / self._divide, update.index, update.ranges)
+
+    def add(self, update: Update) -> None:
+        if update.index is None:
+            raise ValueError("a sparse shard's updates list their rows")
+        self._sum[update.index] += update.values
+        self._pushed.append(update.index)
+
+    def release(self, ranges: list[int]) -> list[Update]:
+        rows = self._rows()
+        self._pushed = []
+        if not ranges or len(rows) == 0:
+            return []
+        values = self._sum[rows] / self._divide
+        self._sum[rows] = 0.0
+        return [Update(slice(0, int(rows[-1]) + 1), values, rows, range(0, 1))]
+
+    def round_state(self) -> list[np.ndarray]:
+        """The open round as (rows, their sums): what a live copy carries."""
+        rows = self._rows()
+        return [rows, self._sum[rows]]
+
+    def load_round(self, parts: list[np.ndarray]) -> None:
+        rows, sums = parts
+        self._sum[rows] = sums
+        self._pushed = [rows] if len(rows) else []
+
+    def _rows(self) -> np.ndarray:
+        if not self._pushed:
+            return np.empty(0, dtype=np.int64)
+        return np.unique(np.concatenate(self._pushed))
+
+
 def _contiguous(ranges: list[int]) -> list[range]:
     """[1, 2, 3, 7] -> [range(1, 4), range(7, 8)]: one update per run of adjacent ranges."""
     runs: list[range] = []
@@ -124,6 +182,10 @@ def _contiguous(ranges: list[int]) -> list[range]:
     return runs
 
 
-def make_aggregator(rule: str, shard: KeyRange, ranges: list[KeyRange],
-                    workers: int) -> Aggregator:
-    return RoundSum(shard, ranges, AGGREGATION_RULES.get(rule)(workers))
+def make_aggregator(rule: str, shard: KeyRange, ranges: list[KeyRange], workers: int, *,
+                    sparse_capacity: int | None = None) -> Aggregator:
+    """The rule's aggregator; a sparse shard's (``sparse_capacity`` rows) sums by row."""
+    divide_by = AGGREGATION_RULES.get(rule)(workers)
+    if sparse_capacity is not None:
+        return SparseRoundSum(sparse_capacity, divide_by)
+    return RoundSum(shard, ranges, divide_by)

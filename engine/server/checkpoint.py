@@ -15,6 +15,11 @@ A *live* snapshot (``live=True``) is what a chain's tail hands a server that joi
 (``engine.roles.handoff``): it also holds the open rounds' sums and whether the shard was
 initialised, so that nothing is dropped; the copy restored from it equals the tail's, and the
 updates the tail applies after it follow down the chain.
+
+A sparse shard (issue 44) is saved as its stored keys (``stored_keys``, in row order) and their
+rows of every array: the values, the optimizer's state and, live, the open round's rows and sums;
+restoring stores exactly those keys, in the same rows, and nothing else. A file's arrays are
+sized by its ``stored_keys``, which must fit the shard's capacity.
 """
 
 from __future__ import annotations
@@ -52,14 +57,16 @@ class Snapshot:
             "format": np.array([FORMAT], dtype=np.int64),
             "seq": np.array([seq], dtype=np.int64),
             "keys": np.array([state.keys.start, state.keys.end], dtype=np.int64),
-            "params": state.params.copy(),
+            "params": _rows(state, state.params),
             "next": state.clocks.next.copy(),
             "versions": state.versions.copy(),
             "pushes": np.array([state.pushes], dtype=np.int64),
             "finished": np.array(state.finished, dtype=np.bool_),
         }
         for i, slot in enumerate(state.optimizer.slots()):
-            arrays[f"slot{i}"] = slot.copy()
+            arrays[f"slot{i}"] = _rows(state, slot)
+        if state.rows is not None:
+            arrays["stored_keys"] = state.rows.keys()
         if live:
             arrays["initialized"] = np.array([state.initialized], dtype=np.bool_)
             for i, part in enumerate(state.aggregator.round_state()):
@@ -95,21 +102,26 @@ def save(state: ShardState, folder: Path, rank: int, seq: int) -> tuple[Path, in
 def restore(state: ShardState, path: Path, *, live: bool = False) -> int:
     """Load ``path`` into a fresh ``state``; returns the checkpoint's sequence number. A live
     snapshot keeps its open rounds (nothing is pushed again)."""
-    arrays = _load(path, _shapes(state), _live_shapes(state) if live else {})
-    _check(state, arrays, path)
+    stored = _stored(state, path)
+    arrays = _load(path, _shapes(state, stored),
+                   _live_shapes(state, stored, path) if live else {})
+    _check(state, arrays, path, stored)
     if live:
-        _check_live(state, arrays, path)
-    np.copyto(state.params, arrays["params"])
+        _check_live(state, arrays, path, stored)
+    if state.rows is not None:
+        _check_stored_keys(state, arrays["stored_keys"], path)
+        state.rows.load(arrays["stored_keys"])
+    _put_rows(state, state.params, arrays["params"])
     for i, slot in enumerate(state.optimizer.slots()):
-        np.copyto(slot, arrays[f"slot{i}"])
+        _put_rows(state, slot, arrays[f"slot{i}"])
     np.copyto(state.versions, arrays["versions"])
     state.pushes = int(arrays["pushes"][0])
     state.finished = [bool(f) for f in arrays["finished"]]
     state.initialized = bool(arrays["initialized"][0]) if live else True
     clocks = arrays["next"].copy()
     if live:
-        for i, part in enumerate(state.aggregator.round_state()):
-            np.copyto(part, arrays[f"round{i}"])
+        state.aggregator.load_round([arrays[f"round{i}"]
+                                     for i in range(len(state.aggregator.round_state()))])
     elif state.controller.accumulates:  # a partial round is not in the values: push it again
         clocks[:] = clocks.min(axis=0)
     replay(state, clocks)
@@ -213,23 +225,83 @@ def _guarded(path: Path, read: Callable[[], T]) -> T:
                          "or not a checkpoint)") from None
 
 
-def _shapes(state: ShardState) -> dict[str, tuple[int, ...]]:
-    """The shape of every array a checkpoint of ``state`` holds."""
-    return {"format": (1,), "seq": (1,), "keys": (2,), "params": state.params.shape,
-            "next": state.clocks.next.shape, "versions": state.versions.shape,
-            "pushes": (1,), "finished": (state.clocks.next.shape[0],),
-            **{f"slot{i}": s.shape for i, s in enumerate(state.optimizer.slots())}}
+def _rows(state: ShardState, array: np.ndarray) -> np.ndarray:
+    """A copy of what a checkpoint keeps of a shard-sized ``array``: all of it, or a sparse
+    shard's stored rows (and the entry past its rows that an optimizer keeps a total in)."""
+    if state.rows is None:
+        return array.copy()
+    used = state.rows.used
+    return np.concatenate([array[:used], array[state.size:]])
 
 
-def _live_shapes(state: ShardState) -> LiveShapes:
+def _put_rows(state: ShardState, array: np.ndarray, saved: np.ndarray) -> None:
+    """The inverse of :func:`_rows`, into a fresh shard's ``array``."""
+    if state.rows is None:
+        np.copyto(array, saved)
+        return
+    extra = len(array) - state.size
+    used = len(saved) - extra
+    array[:used] = saved[:used]
+    array[state.size:] = saved[used:]
+
+
+def _stored(state: ShardState, path: Path) -> int:
+    """Keys with a row in the file: its ``stored_keys`` for a sparse shard (checked against the
+    shard's capacity before anything of that size is read), every key for a dense one."""
+    if state.rows is None:
+        return len(state.keys)
+    head = declared(path).get("stored_keys")
+    if head is None or len(head[0]) != 1 or head[1] != np.dtype(np.int64):
+        raise StoreError(f"checkpoint {path} does not fit this shard: its keys are sparse and "
+                         "the file has no int64 stored_keys (was the run's config changed?)")
+    stored = head[0][0]
+    if stored > state.size:
+        raise StoreError(f"checkpoint {path} stores {stored:,} keys; this shard holds at most "
+                         f"{state.size:,}")
+    return stored
+
+
+def _sized(state: ShardState, array: np.ndarray, stored: int) -> tuple[int, ...]:
+    """The shape ``array`` (shard-sized) has in a checkpoint with ``stored`` keys."""
+    return (len(array) - state.size + stored,)
+
+
+def _shapes(state: ShardState, stored: int) -> dict[str, tuple[int, ...]]:
+    """The shape of every array a checkpoint of ``state`` with ``stored`` keys holds."""
+    shapes = {"format": (1,), "seq": (1,), "keys": (2,),
+              "params": _sized(state, state.params, stored),
+              "next": state.clocks.next.shape, "versions": state.versions.shape,
+              "pushes": (1,), "finished": (state.clocks.next.shape[0],),
+              **{f"slot{i}": _sized(state, s, stored)
+                 for i, s in enumerate(state.optimizer.slots())}}
+    if state.rows is not None:
+        shapes["stored_keys"] = (stored,)
+    return shapes
+
+
+def _live_shapes(state: ShardState, stored: int, path: Path) -> LiveShapes:
+    if state.rows is not None:  # an open round's rows and sums: as many as the file has, if
+        # they fit the rows it stores (checked before either is read)
+        head = declared(path).get("round0")
+        rows = head[0] if head is not None and len(head[0]) == 1 and head[0][0] <= stored else (0,)
+        return {"initialized": ((1,), np.dtype(np.bool_)), "round0": (rows, np.dtype(np.int64)),
+                "round1": (rows, np.dtype(np.float32))}
     return {"initialized": ((1,), np.dtype(np.bool_)),
             **{f"round{i}": (p.shape, p.dtype)
                for i, p in enumerate(state.aggregator.round_state())}}
 
 
-def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None:
+def _check_stored_keys(state: ShardState, keys: np.ndarray, path: Path) -> None:
+    if keys.dtype != np.int64 or (keys < 0).any() or (keys >= len(state.keys)).any():
+        raise StoreError(f"checkpoint {path} stores keys outside this shard's "
+                         f"[{state.keys.start}, {state.keys.end})")
+    if len(np.unique(keys)) != len(keys):
+        raise StoreError(f"checkpoint {path} stores a key twice")
+
+
+def _check(state: ShardState, arrays: dict[str, np.ndarray], path: Path, stored: int) -> None:
     slots = state.optimizer.slots()
-    for name, shape in _shapes(state).items():
+    for name, shape in _shapes(state, stored).items():
         if name not in arrays or arrays[name].shape != shape:
             got = arrays[name].shape if name in arrays else "nothing"
             raise StoreError(f"checkpoint {path} does not fit this shard: {name} should have "
@@ -275,12 +347,27 @@ def _check_counts(arrays: dict[str, np.ndarray], path: Path) -> None:
                          "it records (damaged or not a checkpoint of this run)")
 
 
-def _check_live(state: ShardState, arrays: dict[str, np.ndarray], path: Path) -> None:
-    for name, (shape, dtype) in _live_shapes(state).items():
+def _check_live(state: ShardState, arrays: dict[str, np.ndarray], path: Path,
+                stored: int) -> None:
+    for name, (shape, dtype) in _live_shapes(state, stored, path).items():
         if name not in arrays or arrays[name].shape != shape or arrays[name].dtype != dtype:
             raise StoreError(f"{path} is not a live copy of this shard: {name} should be "
                              f"{dtype} of shape {shape}")
-    if not np.isfinite(arrays["round0"]).all():
+    if state.rows is not None:
+        _check_sparse_round(arrays, path, stored)
+    elif not np.isfinite(arrays["round0"]).all():
+        raise StoreError(f"{path} holds round sums that are not finite")
+
+
+def _check_sparse_round(arrays: dict[str, np.ndarray], path: Path, stored: int) -> None:
+    rows, sums = arrays.get("round0"), arrays.get("round1")
+    if (rows is None or sums is None or rows.dtype != np.int64 or sums.dtype != np.float32
+            or rows.shape != sums.shape or rows.ndim != 1):
+        raise StoreError(f"{path} is not a live copy of this shard: its open round should be "
+                         "int64 rows and float32 sums of one length")
+    if ((rows < 0) | (rows >= stored)).any() or len(np.unique(rows)) != len(rows):
+        raise StoreError(f"{path} holds an open round on rows it does not store")
+    if not np.isfinite(sums).all():
         raise StoreError(f"{path} holds round sums that are not finite")
 
 

@@ -12,21 +12,29 @@ about 1.8e19, far beyond any real gradient) is refused, and so is an update that
 parameter or an optimizer slot non-finite: it is rolled back, so the parameters stay bit-identical.
 A dense step whose optimizer bounds its result far from overflow (SGD: from the L2 norms of the
 gradient, the parameters and the momentum) cannot be such an update, and runs with no copy.
+
+A *sparse* shard (``SparseKeys``, issue 44) stores only the keys that were pushed: each gets a row
+of the value and optimizer arrays when its first push arrives (``engine.server.sparse_keys``),
+starting from its initial value, which a pull of a key never pushed also answers. Its keys are
+pulled and pushed by key; the updates the optimizer and the aggregator see address rows, so every
+optimizer works on it unchanged. It needs no INIT: it is initialised from the start.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming, RangeClocks
-from engine.errors import BadPayload, ProtocolError, UnsafeUpdate
+from engine.errors import BadPayload, ConfigError, ProtocolError, UnsafeUpdate
 from engine.keys import KeyRange, RangeIndex
 from engine.policies.optimizers import ServerOptimizer
 from engine.server.aggregation import Aggregator, make_aggregator
 from engine.server.learning import PLAIN, Learning
 from engine.server.optimizers import Proximal
+from engine.server.sparse_keys import KeyRows
 from engine.server.update import Update
 from engine.wire.codecs import widen
 from engine.wire.protocol import ANY_CLOCK
@@ -35,6 +43,22 @@ UpdateHook = Callable[[Update], None]
 # Far below float32's largest value (3.4e38): a step bounded by this cannot overflow, with room
 # for the rounding of the float32 norms the bound is computed from.
 SAFE_BOUND = 1e37
+# Rows a sparse shard reserves by default: 2^28 keys (1 GiB of address space per float32 array,
+# backed by memory only where written).
+SPARSE_CAPACITY = 1 << 28
+
+
+def zeros(keys: np.ndarray) -> np.ndarray:
+    return np.zeros(len(keys), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class SparseKeys:
+    """How a sparse shard stores its keys: at most ``capacity`` of them, each starting from
+    ``initial(keys)`` (the keys' global ids -> float32 values; the same on every server)."""
+
+    capacity: int = SPARSE_CAPACITY
+    initial: Callable[[np.ndarray], np.ndarray] = zeros
 
 
 class ShardState:
@@ -51,21 +75,29 @@ class ShardState:
         aggregator: Aggregator | None = None,
         clip_norm: float | None = None,
         learning: Learning = PLAIN,
+        sparse: SparseKeys | None = None,
     ) -> None:
         self.keys = keys
         self.clip_norm = clip_norm
         self.learning = learning
-        self.params = np.zeros(len(keys), dtype=np.float32)
+        self.sparse = sparse
+        self.rows = None if sparse is None else KeyRows(sparse.capacity)
+        self.params = np.zeros(self.size, dtype=np.float32)
         self.index = RangeIndex(ranges or [keys])
         self.controller, self.optimizer = controller, optimizer
-        self.aggregator = aggregator or make_aggregator("mean", keys, self.index.ranges, workers)
+        if sparse is not None and len(self.index) != 1:
+            raise ConfigError(f"a sparse shard is one clock range; [{keys.start}, {keys.end}) "
+                              f"would hold {len(self.index)}")
+        self.aggregator = aggregator or make_aggregator(
+            "mean", keys, self.index.ranges, workers,
+            sparse_capacity=None if sparse is None else sparse.capacity)
         self.clocks = RangeClocks(workers, len(self.index))
         self.members = set(range(workers))  # the workers of the job now (psctl scale)
         self.departed: set[int] = set()
         self._rows = np.arange(workers)  # the members' rows of the clocks, in order
         self.finished = [False] * workers  # made their last push (a FINAL one)
         self.versions = np.zeros(len(self.index), dtype=np.int64)
-        self.initialized = False
+        self.initialized = sparse is not None  # a sparse shard starts at its initial values
         self.pushes = 0
         self.hooks: list[UpdateHook] = []
         # The multiplier the last accepted push's gradient got on its way to the optimizer:
@@ -74,6 +106,24 @@ class ShardState:
         # values. The ACK carries it back, so each iteration records its lr_scale.
         self.last_scale: float | None = None
         self._saved: list[np.ndarray] = []  # rollback buffers, one per array an update changes
+
+    @property
+    def size(self) -> int:
+        """Rows of the shard's value arrays: its keys, or a sparse shard's capacity."""
+        return len(self.keys) if self.sparse is None else self.sparse.capacity
+
+    @property
+    def stored(self) -> int:
+        """Keys with a row: every key of a dense shard, the touched ones of a sparse one."""
+        return len(self.keys) if self.rows is None else self.rows.used
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes the stored keys take: their rows of the value and optimizer arrays, and a
+        sparse shard's key map (16 bytes a key); what its memory grows with."""
+        arrays = (self.params, *self.optimizer.slots())
+        per_row = sum(a.itemsize for a in arrays if len(a) >= self.size)
+        return self.stored * per_row + (0 if self.rows is None else self.rows.nbytes)
 
     @property
     def version(self) -> int:
@@ -86,6 +136,9 @@ class ShardState:
 
     def init(self, keys: KeyRange, values: np.ndarray) -> bool:
         """Set initial values; only the first complete initialisation counts. True if applied."""
+        if self.sparse is not None:
+            raise BadPayload("this shard's keys are sparse: each starts at its initial value "
+                             "when first pushed, and no INIT is taken")
         if self.initialized:
             return False
         if keys != self.keys:
@@ -157,6 +210,8 @@ class ShardState:
 
     def read(self, keys: KeyRange, index: np.ndarray | None = None) -> np.ndarray:
         self._check_owned(keys)
+        if self.rows is not None:
+            return self._read_rows(self._keyed(index))
         if isinstance(self.optimizer, Proximal):  # owes unpushed keys their penalty steps
             self.optimizer.bring_current(self.params, self.keys.local(keys),
                                          None if index is None else index - self.keys.start)
@@ -164,6 +219,25 @@ class ShardState:
             return self.params[self.keys.local(keys)]
         values: np.ndarray = self.params[index - self.keys.start]
         return values
+
+    def _read_rows(self, index: np.ndarray) -> np.ndarray:
+        """A sparse shard's values of ``index``: stored rows, or the initial values."""
+        assert self.rows is not None and self.sparse is not None
+        rows = self.rows.find(index - self.keys.start)
+        stored = rows >= 0
+        if isinstance(self.optimizer, Proximal) and stored.any():
+            self.optimizer.bring_current(self.params, slice(0, self.rows.used), rows[stored])
+        values = np.empty(len(index), dtype=np.float32)
+        values[stored] = self.params[rows[stored]]
+        if not stored.all():
+            values[~stored] = self.sparse.initial(index[~stored])
+        return values
+
+    def _keyed(self, index: np.ndarray | None) -> np.ndarray:
+        if index is None:
+            raise BadPayload(f"keys [{self.keys.start}, {self.keys.end}) are sparse: they are "
+                             "pulled and pushed by key, not as a range")
+        return index
 
     def push(self, worker: int, clock: int, keys: KeyRange, grad: np.ndarray,
              timing: PushTiming = NO_TIMING, *, index: np.ndarray | None = None,
@@ -287,10 +361,21 @@ class ShardState:
 
     def _local(self, keys: KeyRange, grad: np.ndarray, norm: float, index: np.ndarray | None,
                ranges: range) -> Update:
+        if self.rows is not None:
+            rows = self._stored_rows(self._keyed(index))
+            return Update(slice(0, self.rows.used), grad, rows, ranges, norm)
         span = self.keys.local(keys)
         if index is None:
             return Update(span, grad, None, ranges, norm)
         return Update(span, grad, index.astype(np.int64) - self.keys.start, ranges, norm)
+
+    def _stored_rows(self, index: np.ndarray) -> np.ndarray:
+        """The rows of a sparse push's keys, new ones stored at their initial values."""
+        assert self.rows is not None and self.sparse is not None
+        rows, new = self.rows.assign(index - self.keys.start)
+        if new.any():
+            self.params[rows[new]] = self.sparse.initial(index[new])
+        return rows
 
     def _snapshot(self, slot: int, array: np.ndarray, update: Update) -> np.ndarray:
         """A copy of what ``update`` may change in ``array``; dense copies reuse one buffer per
@@ -299,7 +384,7 @@ class ShardState:
             picked: np.ndarray = array[update.index]
             return picked
         while len(self._saved) <= slot:
-            self._saved.append(np.empty(len(self.keys), dtype=np.float32))
+            self._saved.append(np.empty(self.size, dtype=np.float32))
         saved = self._saved[slot][: update.span.stop - update.span.start]
         np.copyto(saved, array[update.span])
         return saved

@@ -66,6 +66,7 @@ class SegmentInfo(Message):
     shape: tuple[int, ...] = Field(max_length=8)
     start: int = Field(ge=0)
     end: int = Field(ge=1)
+    sparse: bool = False  # stored only where touched (engine.keys.Segment)
 
 
 class Welcome(Message):
@@ -513,13 +514,13 @@ def dump_control(message: Message) -> str:
 
 
 def layout_info(layout: KeyLayout) -> list[SegmentInfo]:
-    return [SegmentInfo(name=s.name, shape=s.shape, start=s.keys.start, end=s.keys.end)
-            for s in layout.segments]
+    return [SegmentInfo(name=s.name, shape=s.shape, start=s.keys.start, end=s.keys.end,
+                        sparse=s.sparse) for s in layout.segments]
 
 
 def layout_of(welcome: Welcome) -> KeyLayout:
     """The key layout a welcome describes (validated: contiguous, covering every key)."""
-    layout = KeyLayout(tuple(Segment(s.name, s.shape, KeyRange(s.start, s.end))
+    layout = KeyLayout(tuple(Segment(s.name, s.shape, KeyRange(s.start, s.end), s.sparse)
                              for s in welcome.segments))
     if layout.num_keys != welcome.num_keys:
         raise ProtocolError(f"the welcome's segments cover {layout.num_keys} keys, "

@@ -126,8 +126,11 @@ class Worker:
         """Train in ``loop_class`` (the worker registry's choice for the run) until the epochs
         are done or the coordinator says stop; returns iterations. A restarted (or resumed)
         worker starts at the clock the servers hold for it."""
-        if self.rank == 0:  # the servers keep the first INIT: a restarted worker 0's is ignored
-            self.client.wait(self.client.init(model.params_np))
+        # Worker 0 sends the starting values (the servers keep the first INIT: a restarted
+        # worker 0's is ignored); a sparse model sends none, its keys starting at 0 there.
+        initial = model.initial_values() if self.rank == 0 else None
+        if initial is not None:
+            self.client.wait(self.client.init(initial))
         loop = loop_class(self, model)  # each loop its model
         base = self.clock_base
         first = loop.resume_iteration(max(self.client.clock() - base, 0))

@@ -154,3 +154,15 @@ def test_split_pieces_tile_the_request(data: st.DataObject) -> None:
         assert piece.start == position and len(piece) > 0
         position = piece.end
     assert position == request.end
+
+
+def test_a_shard_is_sparse_when_its_segments_are_and_may_not_mix_kinds() -> None:
+    from engine.errors import ConfigError
+    from engine.keys import KeyLayout, KeyRange, Segment
+
+    layout = KeyLayout((Segment("emb", (100,), KeyRange(0, 100), sparse=True),
+                        Segment("dense", (10,), KeyRange(100, 110))))
+    assert layout.sparse_on(KeyRange(0, 100))
+    assert not layout.sparse_on(KeyRange(100, 110))
+    with pytest.raises(ConfigError, match="both sparse and dense keys"):
+        layout.sparse_on(KeyRange(50, 110))

@@ -1,5 +1,7 @@
 """The sparse logistic-regression worker's arithmetic: the gradient on a working set is the full
-gradient's restriction, the KKT filter drops exactly the keys a proximal step keeps at 0."""
+gradient's restriction, the KKT filter drops exactly the keys a proximal step keeps at 0; the
+model holds no weights, and the evaluator measures on the keys it pulled what the dense model
+gives."""
 
 from __future__ import annotations
 
@@ -8,14 +10,21 @@ import pytest
 
 from engine.datasets.sources import load_sparse
 from engine.datasets.sparse import parse
+from engine.errors import RunFailed
 from engine.models.logreg import SparseLogReg, accuracy, kkt_mask, objective, working_set
+from engine.roles.evaluator import SparseEvaluator
+from engine.roles.worker import check_sparse_layout
+from engine.wire.messages import SegmentInfo, Welcome
+from engine.wire.protocol import ANY_CLOCK
+from engine.worker.client import PullResult
 
 DATA = load_sparse("sparse-synthetic:features=2000,nnz=10,samples=400,test=100,seed=1")
 
 
 def dense_gradient(weights: np.ndarray, rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
     margins = rows @ weights.astype(np.float64)
-    return rows.T @ (1 / (1 + np.exp(-margins)) - labels) / len(labels)
+    gradient: np.ndarray = rows.T @ (1 / (1 + np.exp(-margins)) - labels) / len(labels)
+    return gradient
 
 
 def test_the_working_set_gradient_is_the_full_gradient_restricted() -> None:
@@ -50,3 +59,76 @@ def test_the_kkt_mask_keeps_nonzero_weights_and_large_gradients() -> None:
 
 def test_spec_of_the_data_used_here() -> None:
     assert parse(DATA.spec.name).features == 2000
+
+
+class DenseServers:
+    """A stand-in for the evaluator's client: answers pulls of sorted keys from a dense array,
+    each at its own version, and keeps what was asked."""
+
+    def __init__(self, weights: np.ndarray) -> None:
+        self.weights = weights
+        self.asked: list[np.ndarray] = []
+        self._answers: dict[int, PullResult] = {}
+
+    def pull(self, keys: np.ndarray, out: np.ndarray, *, clock: int) -> int:
+        assert clock == ANY_CLOCK and keys.dtype == np.int64 and (np.diff(keys) > 0).all()
+        assert out.dtype == np.float32 and out.shape == keys.shape
+        out[:] = self.weights[keys]
+        self.asked.append(keys.copy())
+        handle = len(self.asked)
+        self._answers[handle] = PullResult({0: 10 * handle, 1: handle}, 0.0, 0, 0)
+        return handle
+
+    def wait(self, handle: int) -> PullResult:
+        return self._answers.pop(handle)
+
+
+def evaluator_of(weights: np.ndarray, l1: float) -> tuple[SparseEvaluator, DenseServers]:
+    servers = DenseServers(weights)
+    return SparseEvaluator(DATA, l1, servers, started_at=0.0), servers  # type: ignore[arg-type]
+
+
+def test_the_evaluator_pulls_the_splits_features_and_measures_what_the_dense_model_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("engine.roles.evaluator.PULL_KEYS", 300)
+    rng = np.random.default_rng(4)
+    weights = np.where(rng.random(2000) < 0.3, rng.normal(0, 0.5, 2000), 0).astype(np.float32)
+    evaluator, servers = evaluator_of(weights, 1e-3)
+    row = evaluator.measure(epoch=1.5)
+    features = np.union1d(DATA.train.indices, DATA.test.indices)
+    assert all(len(keys) <= 300 for keys in servers.asked) and len(servers.asked) > 1
+    np.testing.assert_array_equal(np.concatenate(servers.asked), features)
+    dense = np.zeros(2000, dtype=np.float32)  # what the old evaluator pulled: every key
+    dense[features] = weights[features]
+    assert row.loss == pytest.approx(objective(dense, DATA.train, 1e-3), rel=1e-12, abs=0)
+    assert row.accuracy == accuracy(dense, DATA.test)
+    assert evaluator.nonzero == np.count_nonzero(dense)
+    assert row.step == 10 * len(servers.asked) and row.epoch == 1.5  # the newest piece's
+
+
+def test_the_evaluator_of_a_zero_model_reports_log_2_and_the_majority_class() -> None:
+    evaluator, servers = evaluator_of(np.zeros(2000, dtype=np.float32), 0.5)
+    row = evaluator.measure(epoch=0.0)
+    assert len(servers.asked) == 1 and evaluator.nonzero == 0
+    assert row.loss == pytest.approx(np.log(2), rel=1e-12)
+    assert row.accuracy == np.mean(DATA.test.labels == 0)
+
+
+def test_the_sparse_model_holds_no_weights_and_sends_no_initial_values() -> None:
+    model = SparseLogReg(2**40)
+    assert model.initial_values() is None and not hasattr(model, "params_np")
+
+
+def welcome_of(segment: SegmentInfo) -> Welcome:
+    return Welcome(run_id="00" * 16, config={}, num_keys=segment.end, segments=[segment],
+                   shards=[], started_at=0.0)
+
+
+def test_a_sparse_model_needs_its_keys_laid_out_as_one_sparse_range() -> None:
+    sparse = SegmentInfo(name="weight", shape=(2**40,), start=0, end=2**40, sparse=True)
+    check_sparse_layout(SparseLogReg(2**40), welcome_of(sparse))
+    with pytest.raises(RunFailed, match=r"laid out \[\(\(1099511627776,\), False\)\]"):
+        check_sparse_layout(SparseLogReg(2**40),
+                            welcome_of(sparse.model_copy(update={"sparse": False})))
+    with pytest.raises(RunFailed, match="not one sparse range of 2000 keys"):
+        check_sparse_layout(SparseLogReg(2000), welcome_of(sparse))
