@@ -45,16 +45,11 @@ class Aggregator(Protocol):
         ...
 
 
-class RoundSum:
-    """Sums per clock range, and per key whether anybody contributed this round."""
+class _Divided:
+    """What one push counts for: 1/divide_by of an update."""
 
-    def __init__(self, shard: KeyRange, ranges: list[KeyRange], divide_by: int) -> None:
-        self._local = [slice(r.start - shard.start, r.end - shard.start) for r in ranges]
-        self._sum = np.zeros(len(shard), dtype=np.float32)
-        self._touched = np.zeros(len(shard), dtype=bool)
-        self._dense = np.zeros(len(ranges), dtype=bool)  # every key of the range contributed
+    def __init__(self, divide_by: int) -> None:
         self._divide = np.float32(divide_by)
-        self._ranges = ranges
 
     @property
     def weight(self) -> float:
@@ -64,6 +59,18 @@ class RoundSum:
         if self._divide == 1:
             return update
         return Update(update.span, update.values / self._divide, update.index, update.ranges)
+
+
+class RoundSum(_Divided):
+    """Sums per clock range, and per key whether anybody contributed this round."""
+
+    def __init__(self, shard: KeyRange, ranges: list[KeyRange], divide_by: int) -> None:
+        super().__init__(divide_by)
+        self._local = [slice(r.start - shard.start, r.end - shard.start) for r in ranges]
+        self._sum = np.zeros(len(shard), dtype=np.float32)
+        self._touched = np.zeros(len(shard), dtype=bool)
+        self._dense = np.zeros(len(ranges), dtype=bool)  # every key of the range contributed
+        self._ranges = ranges
 
     def add(self, update: Update) -> None:
         if update.index is None:
@@ -121,24 +128,15 @@ class RoundSum:
         return bool(span.start <= local.start and local.stop <= span.stop)
 
 
-class SparseRoundSum:
+class SparseRoundSum(_Divided):
     """A sparse shard's round sums (``engine.server.shard.SparseKeys``): per row of its value
     arrays, and the rows somebody contributed to this round, as the pushes listed them; the
     shard is one clock range. Memory grows with the rows pushed, not with the key space."""
 
     def __init__(self, capacity: int, divide_by: int) -> None:
+        super().__init__(divide_by)
         self._sum = np.zeros(capacity, dtype=np.float32)  # zero pages until a row is pushed
         self._pushed: list[np.ndarray] = []
-        self._divide = np.float32(divide_by)
-
-    @property
-    def weight(self) -> float:
-        return 1.0 / float(self._divide)
-
-    def immediate(self, update: Update) -> Update:
-        if self._divide == 1:
-            return update
-        return Update(update.span, update.values / self._divide, update.index, update.ranges)
 
     def add(self, update: Update) -> None:
         if update.index is None:
