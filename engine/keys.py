@@ -47,12 +47,15 @@ class KeyRange:
 class Segment:
     """One parameter tensor's place in the flat key space. A *sparse* segment (issue 44: a
     hashed feature space, an embedding table) is stored by the servers only where it was
-    touched; its keys start at 0 and are pulled and pushed by key, never as a whole range."""
+    touched, and pulled and pushed by key, never as a whole range. ``init``: the rule the
+    servers start its keys from (``engine.initial``: zeros or normal:STD); None: worker 0 sends
+    them (INIT), and a sparse segment starts at zeros."""
 
     name: str
     shape: tuple[int, ...]
     keys: KeyRange
     sparse: bool = False
+    init: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,45 @@ class RangePartitioner:
             ranges.append(KeyRange(start, end))
             start = end
         return ranges
+
+
+def partition(layout: KeyLayout, shards: int,
+              partitioner: Partitioner | None = None) -> list[KeyRange]:
+    """The shard ranges of ``layout``: the partitioner's over the whole key space, or, when
+    sparse and dense segments both occur, never a shard of both kinds (a shard is stored one
+    way or the other): each run of dense segments gets one shard, the sparse runs share the
+    rest, each cut evenly by the partitioner."""
+    base = partitioner or RangePartitioner()
+    runs = _kind_runs(layout)
+    if len(runs) == 1:
+        return base.ranges(layout.num_keys, shards)
+    sparse_runs = sum(1 for _, sparse in runs if sparse)
+    spare = shards - (len(runs) - sparse_runs)
+    if spare < sparse_runs:
+        raise ConfigError(f"the model's keys alternate {len(runs)} times between sparse and "
+                          f"dense segments: it needs at least {len(runs)} key ranges (one per "
+                          f"run; --servers or cluster.ranges), not {shards}")
+    ranges: list[KeyRange] = []
+    turn = 0
+    for run, sparse in runs:
+        count = 1
+        if sparse:
+            count = spare // sparse_runs + (1 if turn < spare % sparse_runs else 0)
+            turn += 1
+        ranges += [KeyRange(run.start + r.start, run.start + r.end)
+                   for r in base.ranges(len(run), count)]
+    return ranges
+
+
+def _kind_runs(layout: KeyLayout) -> list[tuple[KeyRange, bool]]:
+    """Maximal runs of adjacent segments of one kind, as (keys, sparse)."""
+    runs: list[tuple[KeyRange, bool]] = []
+    for segment in layout.segments:
+        if runs and runs[-1][1] == segment.sparse:
+            runs[-1] = (KeyRange(runs[-1][0].start, segment.keys.end), segment.sparse)
+        else:
+            runs.append((segment.keys, segment.sparse))
+    return runs
 
 
 def split_by_shard(request: KeyRange, shards: list[KeyRange]) -> list[tuple[int, KeyRange]]:

@@ -86,6 +86,9 @@ class SyntheticSpec:
     noise: float = 0.1
     seed: int = 0
     ids: str = "auto"
+    # 0: a label is 1 when margin + noise > 0; in (0, 1): when it is in the top ``ctr`` share of
+    # both splits' margins + noise (a click data set: ctr=0.2 makes a fifth of them clicks).
+    ctr: float = 0.0
 
     def __post_init__(self) -> None:
         if not 2 <= self.features <= MAX_FEATURES:
@@ -97,6 +100,8 @@ class SyntheticSpec:
         if not 0 < self.alpha <= 3 or not 0 < self.density <= 1 or not 0 <= self.noise <= 10:
             raise ConfigError(f"{PREFIX}: alpha must be in (0, 3], density in (0, 1], noise in "
                               "[0, 10]")
+        if not 0 <= self.ctr < 1:
+            raise ConfigError(f"{PREFIX}: ctr must be in [0, 1), got {self.ctr}")
         object.__setattr__(self, "ids", _resolved_ids(self.ids, self.features))
 
 
@@ -203,7 +208,10 @@ def generate(spec: SyntheticSpec) -> tuple[SparseSplit, SparseSplit, TrueWeights
         splits = [_hashed_split(rng, spec, count, truth) for count in (spec.samples, spec.test)]
     margins = np.concatenate([m for _, m in splits])
     scale = spec.noise * float(margins.std() or 1.0)
-    labelled = [_labelled(split, margins_, rng, scale) for split, margins_ in splits]
+    scores = [margins_ + rng.normal(0.0, scale, len(margins_)) for _, margins_ in splits]
+    threshold = float(np.quantile(np.concatenate(scores), 1 - spec.ctr)) if spec.ctr else 0.0
+    labelled = [dataclasses.replace(split, labels=(score > threshold).astype(np.int64))
+                for (split, _), score in zip(splits, scores, strict=True)]
     return labelled[0], labelled[1], truth
 
 
@@ -273,12 +281,6 @@ def _split(lengths: np.ndarray, indices: np.ndarray, margins: np.ndarray) -> Row
     np.cumsum(lengths, out=indptr[1:])
     values = np.ones(len(indices), dtype=np.float32)
     return SparseSplit(indptr, indices, values, np.zeros(count, dtype=np.int64)), margins
-
-
-def _labelled(split: SparseSplit, margins: np.ndarray, rng: np.random.Generator,
-              scale: float) -> SparseSplit:
-    labels = (margins + rng.normal(0.0, scale, len(margins)) > 0).astype(np.int64)
-    return dataclasses.replace(split, labels=labels)
 
 
 # Rejection-inversion rounds before giving up: each rejects under 2 % of the draws (module

@@ -62,7 +62,10 @@ def build_module(model: str, hidden: tuple[int, ...], input_shape: tuple[int, ..
     builds it holds the same values)."""
     torch.manual_seed(seed)
     if model in MODELS:
-        built: nn.Module = MODELS.get(model).module.load()(hidden, input_shape, num_classes)
+        module = MODELS.get(model).module
+        if module is None:  # refused before any process starts (engine.models.spec)
+            raise ConfigError(f"--model {model} has no torch module: it trains sparse data sets")
+        built: nn.Module = module.load()(hidden, input_shape, num_classes)
         return built
     ref = model_file(model)
     assert ref is not None

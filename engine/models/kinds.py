@@ -11,11 +11,13 @@ from engine.registry import Lazy, Registry
 
 @dataclass(frozen=True)
 class BuiltinModel:
-    """``layout(hidden, input_shape, num_classes) -> KeyLayout`` and
-    ``module(hidden, input_shape, num_classes) -> torch.nn.Module``."""
+    """On dense samples ``layout(hidden, input_shape, num_classes) -> KeyLayout`` and
+    ``module(hidden, input_shape, num_classes) -> torch.nn.Module`` (None: it takes none); on
+    sparse samples ``sparse(features, hidden) -> engine.models.rows.RowsModel`` (numpy)."""
 
-    layout: Lazy
-    module: Lazy
+    layout: Lazy | None
+    module: Lazy | None
+    sparse: Lazy | None = None
 
 
 # A model that trains on sparse samples, one weight per feature (binary logistic regression).
@@ -28,8 +30,13 @@ MODELS.register("cnn", BuiltinModel(Lazy("engine.models.spec:cnn_layout"),
                                     Lazy("engine.models.build:cnn")),
                 "LeNet (two convolutions, 500 hidden units, dropout); images only")
 MODELS.register("logreg", BuiltinModel(Lazy("engine.models.spec:logreg_layout"),
-                                       Lazy("engine.models.build:logreg")),
+                                       Lazy("engine.models.build:logreg"),
+                                       Lazy("engine.models.logreg:sparse_model")),
                 "(multinomial) logistic regression; binary on sparse data sets",
+                capabilities=frozenset({SPARSE_ROWS}))
+MODELS.register("embedding", BuiltinModel(None, None, Lazy("engine.models.embedding:sparse_model")),
+                "a click model of sparse samples: an embedding table (a sparse key range) summed "
+                "per sample, one ReLU layer of the first model.hidden width, a logistic output",
                 capabilities=frozenset({SPARSE_ROWS}))
 
 

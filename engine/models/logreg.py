@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from engine.datasets.sparse import SparseSplit
+from engine.keys import KeyLayout, KeyRange, Segment
+from engine.models.rows import Measured
 
 
 class SparseLogReg:
@@ -21,6 +23,19 @@ class SparseLogReg:
 
     def __init__(self, features: int) -> None:
         self.features = features
+
+    def layout(self) -> KeyLayout:
+        """One weight per feature, a sparse range starting at 0 (no rule: zeros)."""
+        keys = KeyRange(0, self.features)
+        return KeyLayout((Segment("weight", (self.features,), keys, sparse=True),))
+
+    @staticmethod
+    def working_set(rows: SparseSplit) -> np.ndarray:
+        return working_set(rows)
+
+    @staticmethod
+    def evaluation(train: SparseSplit, test: SparseSplit, l1: float) -> LogRegEvaluation:
+        return LogRegEvaluation(train, test, l1)
 
     @staticmethod
     def initial_values() -> np.ndarray | None:
@@ -39,6 +54,29 @@ class SparseLogReg:
         loss = mean_loss(margins, rows.labels)
         grad = matrix.T @ ((expit(margins) - rows.labels) / len(rows))
         return loss, np.asarray(grad, dtype=np.float32)
+
+
+def sparse_model(features: int, hidden: tuple[int, ...]) -> SparseLogReg:
+    """The model of a run of ``--model logreg`` on sparse samples (engine.models.kinds)."""
+    return SparseLogReg(features)
+
+
+class LogRegEvaluation:
+    """The objective the run minimises over the training set (as the loss) and the test
+    accuracy. Only the features the two splits have are pulled, never the whole feature space:
+    a feature no training row has is never pushed and stays 0, so the objective over these keys
+    is the whole model's."""
+
+    def __init__(self, train: SparseSplit, test: SparseSplit, l1: float) -> None:
+        self.keys = np.union1d(working_set(train), working_set(test))
+        self.train, self.test = local_matrix(train, self.keys), local_matrix(test, self.keys)
+        self.labels = train.labels, test.labels
+        self.l1 = l1
+
+    def measure(self, values: np.ndarray) -> Measured:
+        return Measured(loss=compact_objective(self.train, self.labels[0], values, self.l1),
+                        accuracy=compact_accuracy(self.test, self.labels[1], values),
+                        facts={"nonzero": int(np.count_nonzero(values))})
 
 
 def local_matrix(rows: SparseSplit, keys: np.ndarray) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.errors import ConfigError
 from engine.keys import KeyLayout, KeyRange, Segment
 from engine.models.kinds import MODELS, SPARSE_ROWS, trains_sparse_rows
+from engine.models.rows import rows_model
 from engine.userfiles import FileRef, parse_file_ref
 
 
@@ -138,10 +139,14 @@ def builtin_layout(model: str, hidden: tuple[int, ...], input_shape: tuple[int, 
         if not trains_sparse_rows(model) or num_classes != 2:
             raise ConfigError(f"sparse data sets train --model "
                               f"{' or '.join(MODELS.able(SPARSE_ROWS))} (binary), not {model}")
-        return KeyLayout((Segment("weight", (input_dim,), KeyRange(0, input_dim), sparse=True),))
+        return rows_model(model, input_dim, hidden).layout()
     if model not in MODELS:
         return None
-    layout: KeyLayout = MODELS.get(model).layout.load()(hidden, input_shape, num_classes)
+    dense = MODELS.get(model).layout
+    if dense is None:
+        raise ConfigError(f"--model {model} trains sparse data sets (sparse-synthetic:...), not "
+                          "dense samples")
+    layout: KeyLayout = dense.load()(hidden, input_shape, num_classes)
     return layout
 
 

@@ -29,7 +29,7 @@ from engine.errors import (
     RunFailed,
     StoreError,
 )
-from engine.keys import KeyLayout, Partitioner, RangePartitioner
+from engine.keys import KeyLayout, Partitioner, partition
 from engine.policies.optimizers import DRIVES_TRAINING, SERVER_OPTIMIZERS
 from engine.roles.evaluations import Evaluations
 from engine.roles.joining import join_deadline_s, join_failure, role_config, start_up
@@ -115,8 +115,7 @@ class Coordinator:
         self.resume, self.sampler, self.layout = resume, sampler, layout
         self.records = Records(recorder, self.recorder_failed)
         self.num_keys = layout.num_keys
-        self.ranges = (partitioner or RangePartitioner()).ranges(self.num_keys,
-                                                                 config.cluster.ranges)
+        self.ranges = partition(layout, config.cluster.ranges, partitioner)
         self.state = RunState(
             config, run_id, folder,
             placement=Placement(self.ranges, config.cluster.replicas, config.cluster.servers),

@@ -8,9 +8,13 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from engine import initial
 from engine.config import RunConfig
 from engine.consistency.registry import make_controller
 from engine.errors import ProtocolError
@@ -183,10 +187,10 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
     ranges = layout.clock_ranges(keys)
     workers = config.cluster.workers
     divisor = AGGREGATION_RULES.get(config.sync.push_scale)(workers)
-    sparse = sparse_keys(keys) if layout.sparse_on(keys) else None
+    sparse = sparse_keys(keys, layout, config.train.seed) if layout.sparse_on(keys) else None
     size = len(keys) if sparse is None else sparse.capacity  # rows of the value arrays
     learning = make_learning(config.learning, workers, divisor, size)
-    return ShardState(
+    state = ShardState(
         keys,
         make_controller(config.sync, workers=workers, ranges=len(ranges)),
         make_optimizer(config.optimizer, size),
@@ -198,8 +202,28 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
         learning=learning,
         sparse=sparse,
     )
+    rules = [s.init for s in layout.segments if s.keys.intersect(keys) is not None]
+    if sparse is None and None not in rules:  # the servers start these keys, not worker 0
+        state.init(keys, _initial(layout, keys, config.train.seed))
+    return state
 
 
-def sparse_keys(keys: KeyRange) -> SparseKeys:
-    """A sparse shard of ``keys``: rows for as many keys as it has, up to the default."""
-    return SparseKeys(capacity=min(len(keys), SPARSE_CAPACITY))
+def sparse_keys(keys: KeyRange, layout: KeyLayout, seed: int) -> SparseKeys:
+    """A sparse shard of ``keys`` (one segment's piece): rows for as many keys as it has, up to
+    the default, each new one at its segment's initial value (zeros without a rule)."""
+    rule = next(s.init for s in layout.segments if s.keys.intersect(keys) is not None)
+    capacity = min(len(keys), SPARSE_CAPACITY)
+    if rule is None:
+        return SparseKeys(capacity=capacity)
+    return SparseKeys(capacity=capacity, initial=partial(initial.values, rule, seed=seed))
+
+
+def _initial(layout: KeyLayout, keys: KeyRange, seed: int) -> np.ndarray:
+    """Every key of a dense shard at its segment's rule."""
+    values = np.empty(len(keys), dtype=np.float32)
+    for segment in layout.segments:
+        piece = segment.keys.intersect(keys)
+        if piece is not None and segment.init is not None:
+            ids = np.arange(piece.start, piece.end, dtype=np.int64)
+            values[keys.local(piece)] = initial.values(segment.init, ids, seed)
+    return values

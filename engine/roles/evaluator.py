@@ -19,20 +19,15 @@ from engine import usermetrics
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
-from engine.datasets.sources import SparseDataset, load_sparse
+from engine.datasets.sources import load_sparse
 from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel, calibration_sample, evaluate, refresh_buffers
-from engine.models.logreg import (
-    compact_accuracy,
-    compact_objective,
-    local_matrix,
-    working_set,
-)
+from engine.models.rows import RowsEvaluation, rows_model
 from engine.roles.lifecycle import hello
-from engine.roles.worker import check_layout, connect_client
+from engine.roles.worker import check_layout, check_rows_layout, connect_client
 from engine.transport.base import Transport
 from engine.transport.control import Lost, SyncControl
 from engine.wire.messages import Evaluate, Evaluation, Event, Exit, Stop, Welcome
@@ -66,35 +61,32 @@ class Evaluator:
 
 
 class SparseEvaluator:
-    """Sparse logistic regression: the objective the run minimises over the training set (as
-    ``loss``) and the test accuracy. It pulls only the features the two splits have (sorted, in
-    pieces of at most ``PULL_KEYS``), never the whole feature space: a feature no training row
-    has is never pushed and stays 0, so the objective over these keys is the whole model's."""
+    """A model of sparse samples (engine.models.rows): pulls the keys its evaluation asks for
+    (sorted, in pieces of at most ``PULL_KEYS``), never the whole key space, and reports what
+    the evaluation computes of them; its extra numbers are logged as the evaluator's metrics."""
 
-    def __init__(self, data: SparseDataset, l1: float, client: ParameterClient,
+    def __init__(self, evaluation: RowsEvaluation, client: ParameterClient,
                  started_at: float) -> None:
-        self.keys = np.union1d(working_set(data.train), working_set(data.test))
-        self.weights = np.zeros(len(self.keys), dtype=np.float32)  # the values of ``keys``
-        self.train = local_matrix(data.train, self.keys)
-        self.test = local_matrix(data.test, self.keys)
-        self.data, self.l1, self.client, self.started_at = data, l1, client, started_at
-        self.nonzero = 0  # weights not exactly 0 at the last measurement
+        self.evaluation, self.keys = evaluation, evaluation.keys
+        self.values = np.zeros(len(self.keys), dtype=np.float32)  # the values of ``keys``
+        self.client, self.started_at = client, started_at
+        self.facts: dict[str, int] = {}  # of the last measurement, for the sparse_model event
 
     def measure(self, epoch: float) -> EvaluationRecord:
         step = self._pull()
-        loss = compact_objective(self.train, self.data.train.labels, self.weights, self.l1)
-        self.nonzero = int(np.count_nonzero(self.weights))
+        measured = self.evaluation.measure(self.values)
+        for name, value in measured.metrics.items():
+            usermetrics.log(name, value)
+        self.facts = measured.facts
         now = time.time()
         return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0), step=step,
-                                accuracy=compact_accuracy(self.test, self.data.test.labels,
-                                                          self.weights),
-                                loss=loss, epoch=epoch)
+                                accuracy=measured.accuracy, loss=measured.loss, epoch=epoch)
 
     def _pull(self) -> int:
-        """Pull every key into ``weights``; the newest version a shard read them at (each piece
+        """Pull every key into ``values``; the newest version a shard read them at (each piece
         is read when it reaches its shards, like one pull's shards)."""
         pieces = range(0, len(self.keys), PULL_KEYS)
-        handles = [self.client.pull(self.keys[i:i + PULL_KEYS], self.weights[i:i + PULL_KEYS],
+        handles = [self.client.pull(self.keys[i:i + PULL_KEYS], self.values[i:i + PULL_KEYS],
                                     clock=ANY_CLOCK) for i in pieces]
         return max(max(self.client.wait(handle).versions.values()) for handle in handles)
 
@@ -124,8 +116,10 @@ def _evaluator(config: RunConfig, welcome: Welcome) -> Build:
 
 def _sparse_evaluator(config: RunConfig, welcome: Welcome) -> Build:
     data = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
-    return lambda client: SparseEvaluator(data, config.optimizer.l1, client,
-                                          welcome.started_at)
+    model = rows_model(config.model.name, data.spec.input_dim, config.model.hidden)
+    check_rows_layout(model, welcome)
+    evaluation = model.evaluation(data.train, data.test, config.optimizer.l1)
+    return lambda client: SparseEvaluator(evaluation, client, welcome.started_at)
 
 
 def serve_requests(evaluator: Measures, control: SyncControl) -> None:
@@ -141,9 +135,9 @@ def serve_requests(evaluator: Measures, control: SyncControl) -> None:
             return
         if isinstance(message, Evaluate):
             row = evaluator.measure(message.epoch)
-            if isinstance(evaluator, SparseEvaluator):  # how sparse the solution is, too
+            if isinstance(evaluator, SparseEvaluator) and evaluator.facts:  # how sparse the
                 control.send(Event(row=EventRecord(at=row.at, kind="sparse_model", detail={
-                    "epoch": row.epoch, "objective": row.loss, "nonzero": evaluator.nonzero})))
+                    "epoch": row.epoch, "objective": row.loss, **evaluator.facts})))  # model is
             control.send(Evaluation(row=row, final=message.final, metrics=logged_by(row)))
         elif not isinstance(message, Stop):
             raise RunFailed(f"the evaluator got an unexpected {message.type} message")

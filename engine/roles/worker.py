@@ -18,12 +18,12 @@ from engine.faults import FaultPlan
 from engine.keys import KeyRange
 from engine.models import device as devices
 from engine.models.flat import FlatModel
-from engine.models.logreg import SparseLogReg
+from engine.models.rows import RowsModel, rows_model
 from engine.policies.loops import ANY_ROWS, WORKER_LOOPS, loop_name
 from engine.roles.lifecycle import hello
 from engine.transport.base import Transport
 from engine.transport.control import SyncControl
-from engine.wire.messages import Event, Replicas, Welcome
+from engine.wire.messages import Event, Replicas, Welcome, layout_info
 from engine.wire.protocol import Role
 from engine.wire.records import EventRecord
 from engine.worker.client import (
@@ -71,15 +71,15 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
 
 
 def _shard_and_model(config: RunConfig, rank: int,
-                     welcome: Welcome) -> tuple[Shard, FlatModel | SparseLogReg]:
+                     welcome: Welcome) -> tuple[Shard, FlatModel | RowsModel]:
     # A worker that joined a scaled job may have a rank past the count it was given.
     where = {"rank": rank % config.cluster.workers, "workers": config.cluster.workers,
              "seed": config.train.seed, "batch_size": config.train.batch_size}
     if is_sparse_synthetic(config.data.dataset):
         sparse = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
-        logreg = SparseLogReg(sparse.spec.input_dim)
-        check_sparse_layout(logreg, welcome)
-        return shard_for(sparse.train, sparse.train.labels, **where), logreg
+        rows = rows_model(config.model.name, sparse.spec.input_dim, config.model.hidden)
+        check_rows_layout(rows, welcome)
+        return shard_for(sparse.train, sparse.train.labels, **where), rows
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
     dataset = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
     model = FlatModel.for_run(config.model, dataset.spec, seed=config.train.seed,
@@ -101,13 +101,16 @@ def check_layout(model: FlatModel, welcome: Welcome) -> None:
         raise RunFailed(f"the model built here differs from the coordinator's: {first}")
 
 
-def check_sparse_layout(model: SparseLogReg, welcome: Welcome) -> None:
-    """A sparse model sends no starting values, so its keys must be one sparse range, one key
-    per feature, which the servers start at 0: a dense range would wait for an INIT."""
-    laid = [(tuple(s.shape), s.sparse) for s in welcome.segments]
-    if laid != [((model.features,), True)]:
-        raise RunFailed(f"the coordinator laid out {laid} (shape, sparse) for sparse logistic "
-                        f"regression, not one sparse range of {model.features} keys")
+def check_rows_layout(model: RowsModel, welcome: Welcome) -> None:
+    """The model of sparse samples built here must lay out the coordinator's keys: its sparse
+    ranges and rules decide what the servers store and start from, and nobody sends values."""
+    ours = layout_info(model.layout())
+    if ours != welcome.segments:
+        first = next((f"{a} here, {b} there" for a, b in zip(ours, welcome.segments,
+                                                              strict=False) if a != b),
+                     f"{len(ours)} segments here, {len(welcome.segments)} there")
+        raise RunFailed(f"the model of sparse samples built here lays out other keys than the "
+                        f"coordinator's: {first}")
 
 
 def link_faults(config: RunConfig) -> LinkFaults | None:

@@ -67,6 +67,7 @@ class SegmentInfo(Message):
     start: int = Field(ge=0)
     end: int = Field(ge=1)
     sparse: bool = False  # stored only where touched (engine.keys.Segment)
+    init: str | None = Field(None, max_length=64)  # the servers' rule (engine.initial)
 
 
 class Welcome(Message):
@@ -515,13 +516,13 @@ def dump_control(message: Message) -> str:
 
 def layout_info(layout: KeyLayout) -> list[SegmentInfo]:
     return [SegmentInfo(name=s.name, shape=s.shape, start=s.keys.start, end=s.keys.end,
-                        sparse=s.sparse) for s in layout.segments]
+                        sparse=s.sparse, init=s.init) for s in layout.segments]
 
 
 def layout_of(welcome: Welcome) -> KeyLayout:
     """The key layout a welcome describes (validated: contiguous, covering every key)."""
-    layout = KeyLayout(tuple(Segment(s.name, s.shape, KeyRange(s.start, s.end), s.sparse)
-                             for s in welcome.segments))
+    layout = KeyLayout(tuple(Segment(s.name, s.shape, KeyRange(s.start, s.end), s.sparse,
+                                     s.init) for s in welcome.segments))
     if layout.num_keys != welcome.num_keys:
         raise ProtocolError(f"the welcome's segments cover {layout.num_keys} keys, "
                             f"not {welcome.num_keys}")

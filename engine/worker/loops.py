@@ -57,7 +57,7 @@ from engine.worker.heterogeneity import Slowdown
 
 if TYPE_CHECKING:  # torch is imported by the worker role, not by whoever lists the loops
     from engine.models.flat import FlatModel
-    from engine.models.logreg import SparseLogReg
+    from engine.models.rows import RowsModel
 
 REPORT_EVERY_S = 0.5
 # Under a budget of samples or updates the coordinator counts what the workers report, so they
@@ -121,7 +121,7 @@ class Worker:
         self.report_every_s = (COUNTED_REPORT_EVERY_S if budget is not None and budget.unit != "s"
                                else REPORT_EVERY_S)
 
-    def run(self, shard: Shard, model: FlatModel | SparseLogReg,
+    def run(self, shard: Shard, model: FlatModel | RowsModel,
             loop_class: Callable[[Worker, Any], PlainLoop]) -> int:
         """Train in ``loop_class`` (the worker registry's choice for the run) until the epochs
         are done or the coordinator says stop; returns iterations. A restarted (or resumed)

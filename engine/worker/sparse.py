@@ -30,7 +30,8 @@ import numpy as np
 from engine.consistency.registry import CONSISTENCY_MODELS, OWN_DELAY, asynchronous
 from engine.datasets.sparse import SparseSplit
 from engine.errors import ShuttingDown
-from engine.models.logreg import SparseLogReg, kkt_mask, working_set
+from engine.models.logreg import kkt_mask
+from engine.models.rows import RowsModel
 from engine.wire.protocol import ANY_CLOCK
 from engine.wire.records import IterationRecord
 from engine.worker.client import PullHandle, PushHandle
@@ -55,7 +56,7 @@ class _Pull:
 
 
 class SparseLoop(PlainLoop):
-    def __init__(self, worker: Worker, model: SparseLogReg) -> None:
+    def __init__(self, worker: Worker, model: RowsModel) -> None:
         self.worker, self.sparse = worker, model
         self.client = worker.client
         self.next_batch: np.ndarray | None = None
@@ -85,7 +86,7 @@ class SparseLoop(PlainLoop):
                 self.client.wait(self._next.handle)
 
     def _pull(self, batch: SparseSplit, clock: int) -> _Pull:
-        keys = working_set(batch)
+        keys = self.sparse.working_set(batch)
         values = np.empty(len(keys), dtype=np.float32)
         return _Pull(keys, values, self.client.pull(
             keys, values, clock=ANY_CLOCK if self.newest else clock))
@@ -96,6 +97,7 @@ class SparseLoop(PlainLoop):
         while self._tasks and self._tasks[0].clock < clock - self.delay:
             self._finish(self._tasks.popleft())
         pull = self._next or self._pull(batch, clock)
+        self._next = None  # taken: a stop before the next prefetch must not wait for it again
         pulled = self.client.wait(pull.handle)
         t1 = time.perf_counter()
         loss, grad = self.sparse.gradient(batch, pull.keys, pull.values)

@@ -166,3 +166,19 @@ def test_a_shard_is_sparse_when_its_segments_are_and_may_not_mix_kinds() -> None
     assert not layout.sparse_on(KeyRange(100, 110))
     with pytest.raises(ConfigError, match="both sparse and dense keys"):
         layout.sparse_on(KeyRange(50, 110))
+
+
+def test_a_layout_of_both_kinds_never_puts_them_on_one_shard() -> None:
+    from engine.errors import ConfigError
+    from engine.keys import KeyLayout, KeyRange, Segment, partition
+
+    table = Segment("emb", (1000, 8), KeyRange(0, 8000), sparse=True)
+    dense = Segment("fc", (10,), KeyRange(8000, 8010))
+    layout = KeyLayout((table, dense))
+    assert partition(layout, 4) == [KeyRange(0, 2667), KeyRange(2667, 5334),
+                                    KeyRange(5334, 8000), KeyRange(8000, 8010)]
+    assert partition(layout, 2) == [KeyRange(0, 8000), KeyRange(8000, 8010)]
+    with pytest.raises(ConfigError, match="needs at least 2 key ranges"):
+        partition(layout, 1)
+    one_kind = KeyLayout((Segment("w", (100,), KeyRange(0, 100), sparse=True),))
+    assert partition(one_kind, 3) == [KeyRange(0, 34), KeyRange(34, 67), KeyRange(67, 100)]

@@ -32,7 +32,7 @@ def test_parse_and_canonical_round_trip() -> None:
     spec = parse(SMALL)
     assert spec == SyntheticSpec(features=5000, nnz=20, samples=3000, test=500, seed=3)
     assert parse(canonical(spec)) == spec
-    assert spec.ids == "permuted" and canonical(spec).endswith(",seed=3,ids=permuted")
+    assert spec.ids == "permuted" and canonical(spec).endswith(",seed=3,ids=permuted,ctr=0.0")
     assert check_source("sparse-synthetic") == canonical(SyntheticSpec())
     assert label(SMALL) == "sparse-synthetic" and locate(SMALL) == "generated"
     info = describe(SMALL)
@@ -90,7 +90,7 @@ def test_load_sparse_limits_the_training_rows() -> None:
 
 
 @pytest.mark.parametrize(("settings", "says"), [
-    ({"model": {"name": "mlp"}}, "sparse data sets train model logreg, not mlp"),
+    ({"model": {"name": "mlp"}}, "sparse data sets train model logreg or embedding, not mlp"),
     ({"model": {"name": "logreg"}, "comm": {"prune": "topk:1%"}}, "does not take comm.prune"),
     ({"model": {"name": "logreg"}, "cluster": {"backend": "sim"}},
      "does not take cluster.backend sim"),
@@ -277,3 +277,13 @@ def test_a_billion_and_2_to_the_40_features_generate_in_seconds_and_little_memor
     assert 0.3 < train.labels.mean() < 0.7
     features = np.unique(train.indices)
     assert 0.09 < np.mean(truth(features) != 0) < 0.11
+
+
+def test_a_click_data_set_has_the_share_of_clicks_it_asks_for() -> None:
+    train, test, _ = generate(parse("sparse-synthetic:features=2^30,nnz=26,samples=20000,"
+                                    "test=5000,ctr=0.2"))
+    both = np.concatenate([train.labels, test.labels])
+    assert both.mean() == pytest.approx(0.2, abs=1 / len(both))  # the top fifth, ties aside
+    assert abs(test.labels.mean() - 0.2) < 0.02
+    with pytest.raises(ConfigError, match="ctr must be in"):
+        parse("sparse-synthetic:ctr=1")

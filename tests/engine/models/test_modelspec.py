@@ -168,7 +168,7 @@ def test_a_registered_model_is_named_laid_out_and_asked_for_its_capabilities() -
     from engine.models.spec import builtin_layout, check_model, model_file
     from engine.registry import Lazy
 
-    assert MODELS.able(SPARSE_ROWS) == ("logreg",)
+    assert MODELS.able(SPARSE_ROWS) == ("logreg", "embedding")
     assert not trains_sparse_rows("/abs/model.py:build")  # a user's file: no capabilities
     one_weight = Lazy(f"{__name__}:one_weight")
     with MODELS.registered("tiny", BuiltinModel(one_weight, Lazy("x:y")), "one weight",
@@ -176,9 +176,10 @@ def test_a_registered_model_is_named_laid_out_and_asked_for_its_capabilities() -
         assert check_model(" Tiny ") == "tiny" and model_file("tiny") is None
         assert builtin_layout("tiny", (), (4,), 3).num_keys == 3
         assert trains_sparse_rows("tiny")
-        with pytest.raises(ConfigError, match="train --model logreg or tiny"):
+        with pytest.raises(ConfigError, match="train --model logreg or embedding or tiny"):
             builtin_layout("mlp", (), (4,), 2, sparse=True)
-    with pytest.raises(ConfigError, match="use mlp, cnn, logreg or path/to/file.py:build"):
+    with pytest.raises(ConfigError,
+                       match="use mlp, cnn, logreg, embedding or path/to/file.py:build"):
         check_model("tiny")
 
 

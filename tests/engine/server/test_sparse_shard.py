@@ -200,3 +200,23 @@ def test_a_2_to_the_40_key_space_costs_memory_only_for_the_keys_pushed() -> None
     assert state.stored_bytes == state.stored * (4 * 4 + 16)
     # params, Adam's three slots and the key map: about 36 bytes a stored key, in pages
     assert grown < 64 * 2**20, f"{grown / 2**20:.0f} MiB for {state.stored:,} keys"
+
+
+def test_the_servers_start_keys_with_a_rule_themselves() -> None:
+    from engine import initial
+
+    rules = KeyLayout((Segment("emb", (20,), KeyRange(0, 20), sparse=True, init="normal:0.5"),
+                       Segment("w", (6,), KeyRange(20, 26), init="normal:2.0"),
+                       Segment("b", (4,), KeyRange(26, 30), init="zeros")))
+    cfg = config("sgd-momentum")
+    seed = cfg.train.seed
+    dense = build_shard(cfg, KeyRange(20, 30), rules)
+    assert dense.initialized  # nobody sends an INIT
+    np.testing.assert_array_equal(
+        dense.read(KeyRange(20, 30)),
+        np.concatenate([initial.values("normal:2.0", np.arange(20, 26), seed), np.zeros(4)]))
+    table = build_shard(cfg, KeyRange(0, 20), rules)
+    wanted = np.array([3, 17], dtype=np.int64)
+    np.testing.assert_array_equal(table.read(KeyRange(0, 20), wanted),
+                                  initial.values("normal:0.5", wanted, seed))
+    assert table.stored == 0 and 0.1 < np.abs(table.read(KeyRange(0, 20), wanted)).max() < 3

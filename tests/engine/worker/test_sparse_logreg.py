@@ -13,7 +13,7 @@ from engine.datasets.sparse import parse
 from engine.errors import RunFailed
 from engine.models.logreg import SparseLogReg, accuracy, kkt_mask, objective, working_set
 from engine.roles.evaluator import SparseEvaluator
-from engine.roles.worker import check_sparse_layout
+from engine.roles.worker import check_rows_layout
 from engine.wire.messages import SegmentInfo, Welcome
 from engine.wire.protocol import ANY_CLOCK
 from engine.worker.client import PullResult
@@ -85,7 +85,8 @@ class DenseServers:
 
 def evaluator_of(weights: np.ndarray, l1: float) -> tuple[SparseEvaluator, DenseServers]:
     servers = DenseServers(weights)
-    return SparseEvaluator(DATA, l1, servers, started_at=0.0), servers  # type: ignore[arg-type]
+    evaluation = SparseLogReg(2000).evaluation(DATA.train, DATA.test, l1)
+    return SparseEvaluator(evaluation, servers, started_at=0.0), servers  # type: ignore[arg-type]
 
 
 def test_the_evaluator_pulls_the_splits_features_and_measures_what_the_dense_model_does(
@@ -102,14 +103,14 @@ def test_the_evaluator_pulls_the_splits_features_and_measures_what_the_dense_mod
     dense[features] = weights[features]
     assert row.loss == pytest.approx(objective(dense, DATA.train, 1e-3), rel=1e-12, abs=0)
     assert row.accuracy == accuracy(dense, DATA.test)
-    assert evaluator.nonzero == np.count_nonzero(dense)
+    assert evaluator.facts == {"nonzero": np.count_nonzero(dense)}
     assert row.step == 10 * len(servers.asked) and row.epoch == 1.5  # the newest piece's
 
 
 def test_the_evaluator_of_a_zero_model_reports_log_2_and_the_majority_class() -> None:
     evaluator, servers = evaluator_of(np.zeros(2000, dtype=np.float32), 0.5)
     row = evaluator.measure(epoch=0.0)
-    assert len(servers.asked) == 1 and evaluator.nonzero == 0
+    assert len(servers.asked) == 1 and evaluator.facts == {"nonzero": 0}
     assert row.loss == pytest.approx(np.log(2), rel=1e-12)
     assert row.accuracy == np.mean(DATA.test.labels == 0)
 
@@ -126,9 +127,10 @@ def welcome_of(segment: SegmentInfo) -> Welcome:
 
 def test_a_sparse_model_needs_its_keys_laid_out_as_one_sparse_range() -> None:
     sparse = SegmentInfo(name="weight", shape=(2**40,), start=0, end=2**40, sparse=True)
-    check_sparse_layout(SparseLogReg(2**40), welcome_of(sparse))
-    with pytest.raises(RunFailed, match=r"laid out \[\(\(1099511627776,\), False\)\]"):
-        check_sparse_layout(SparseLogReg(2**40),
-                            welcome_of(sparse.model_copy(update={"sparse": False})))
-    with pytest.raises(RunFailed, match="not one sparse range of 2000 keys"):
-        check_sparse_layout(SparseLogReg(2000), welcome_of(sparse))
+    check_rows_layout(SparseLogReg(2**40), welcome_of(sparse))
+    with pytest.raises(RunFailed, match="lays out other keys than the coordinator's: .*"
+                                        "sparse=True.* here, .*sparse=False.* there"):
+        check_rows_layout(SparseLogReg(2**40),
+                          welcome_of(sparse.model_copy(update={"sparse": False})))
+    with pytest.raises(RunFailed, match="other keys"):
+        check_rows_layout(SparseLogReg(2000), welcome_of(sparse))
