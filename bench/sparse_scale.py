@@ -16,9 +16,14 @@ peak (``process_samples``), the keys they store at the end (``server_stats``), m
 key above the same servers' memory in a run over 10^6 features, and the objective's first and
 last values.
 
+Part 2 also runs acceptance 3: the embedding model (``--model embedding``) over 2^30 hashed
+features on a click data set, with one backup per key range (``--replicas 1``) and server 1
+killed at 30 s: its status, the test set's log loss and AUC, the failovers. ``--ray HOST:PORT``
+runs the baseline and the 10^9 run on a Ray cluster too (``python -m engine.hosts.ray_local``).
+
 Run: ``python bench/sparse_scale.py`` (part 1, about a minute), ``--runs`` for part 2 as well
-(about 4 minutes). Writes ``bench/results/sparse_scale.json`` and its section of
-docs/benchmarks.md.
+(about 6 minutes), ``--skip-part1`` to keep part 1's last results. Writes
+``bench/results/sparse_scale.json`` and its section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -48,11 +53,21 @@ from engine.server.shard import ShardState
 
 SPARSE_KEYS, DENSE_KEYS = 1 << 40, 10_000_000
 TITLE = "Sparse key ranges (issue 44)"
+LOGREG = ["--model", "logreg", "--sync", "bounded-delay", "--max-seconds", "60"]
 RUNS = {
-    "1e6 features (baseline)": "sparse-synthetic:features=1000000,nnz=50",
-    "1e9 features": "sparse-synthetic:features=1000000000,nnz=50",
-    "2^40 features, Zipf 1.1, Adagrad": "sparse-synthetic:features=2^40,nnz=50,alpha=1.1",
+    "1e6 features (baseline)": ["--dataset", "sparse-synthetic:features=1000000,nnz=50",
+                                *LOGREG],
+    "1e9 features": ["--dataset", "sparse-synthetic:features=1000000000,nnz=50", *LOGREG],
+    "2^40 features, Zipf 1.1, Adagrad": [
+        "--dataset", "sparse-synthetic:features=2^40,nnz=50,alpha=1.1", *LOGREG,
+        "--optimizer", "adagrad"],
+    # Acceptance 3: the embedding model, one backup per key range, server 1 killed at 30 s.
+    "embedding, 2^30 features, replicas 1, server 1 killed at 30 s": [
+        "--dataset", "sparse-synthetic:features=2^30,nnz=26,ctr=0.2,samples=300000",
+        "--model", "embedding", "--optimizer", "adagrad", "--lr", "0.005", "--epochs", "1",
+        "--replicas", "1", "--fault", "kill:server:1@30s"],
 }
+BASELINE = "1e6 features (baseline)"
 
 
 def zipf_keys(rng: np.random.Generator, count: int, space: int) -> np.ndarray:
@@ -125,10 +140,9 @@ def _in_child(space: int, sparse: bool, batches: int, batch: int) -> dict[str, A
     return result
 
 
-def launch(dataset: str, folder: Path, optimizer: list[str]) -> dict[str, Any]:
-    command = ["psctl", "launch", "--model", "logreg", "--dataset", dataset, "--workers", "4",
-               "--servers", "4", "--sync", "bounded-delay", "--max-seconds", "60", "--no-live",
-               *optimizer]
+def launch(args: list[str], folder: Path, ray: str | None) -> dict[str, Any]:
+    command = ["psctl", "launch", *args, "--workers", "4", "--servers", "4", "--no-live",
+               *(["--backend", "ray", "--ray-address", ray] if ray else [])]
     started = time.time()
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PSCTL_DB": str(folder / "experiments.db")})
@@ -145,22 +159,27 @@ def _outcome(db: Path, run_id: str) -> dict[str, Any]:
     stats = C.run_events(db, run_id, "server_stats")
     losses = [row[0] for row in C.query_db(db, "SELECT loss FROM evaluations WHERE run_id = ? "
                                                "ORDER BY at", run_id)]
+    aucs = [row[0] for row in C.query_db(db, "SELECT value FROM user_metrics WHERE run_id = ? "
+                                             "AND name = 'auc' ORDER BY at", run_id)]
+    failovers = len(C.run_events(db, run_id, "failover_complete"))
     status = C.query_db(db, "SELECT status FROM runs WHERE id = ?", run_id)[0][0]
     return {"run_id": run_id, "status": status, "servers_peak_rss_bytes": peak,
             "stored_keys": sum(int(d.get("stored_keys", 0)) for _, d in stats),
             "stored_bytes": sum(int(d.get("stored_bytes", 0)) for _, d in stats),
             "objective_first": losses[0] if losses else None,
-            "objective_last": losses[-1] if losses else None, "evaluations": len(losses)}
+            "objective_last": losses[-1] if losses else None, "evaluations": len(losses),
+            "auc_last": aucs[-1] if aucs else None, "failovers": failovers}
 
 
-def part2() -> dict[str, Any]:
+def part2(ray: str | None) -> dict[str, Any]:
     runs: dict[str, Any] = {}
-    for name, dataset in RUNS.items():
-        optimizer = ["--optimizer", "adagrad"] if "Adagrad" in name else []
+    for name, args in RUNS.items():
+        if ray and name not in (BASELINE, "1e9 features"):
+            continue  # on Ray: the baseline and the billion keys
         with tempfile.TemporaryDirectory(prefix="sparse-scale-") as folder:
-            runs[name] = launch(dataset, Path(folder), optimizer)
+            runs[name] = launch(args, Path(folder), ray)
         print(json.dumps({name: runs[name]}), flush=True)
-    base = runs["1e6 features (baseline)"]
+    base = runs[BASELINE]
     for result in runs.values():
         added = (result["servers_peak_rss_bytes"] or 0) - (base["servers_peak_rss_bytes"] or 0)
         extra_keys = result["stored_keys"] - base["stored_keys"]
@@ -187,25 +206,37 @@ def docs(result: dict[str, Any]) -> str:
         f"{C.fmt_ratio(ratio['pull_keys_per_s'])}; resident memory per stored key of the sparse "
         f"shard: {p1['bytes_per_stored_key']:.1f} bytes (value, Adagrad's sum, key map)."),
         "", *rows]
-    if "part2" in result:
-        text += ["", C.paragraph(
-            "Whole runs: the issue's commands (4 workers, 4 servers, bounded delay, 60 s at "
-            "most). Servers' peak RSS: their resident memory summed at the sample it peaked "
-            "(process_samples); bytes per added key: that peak above the 10^6-feature run's, over "
-            "the keys stored above its; accounted: the servers' own count of the rows and key "
-            "map the stored keys take (server_stats.stored_bytes), per key."), "",
-            "| run | status | wall s | servers' peak RSS | keys stored | bytes per added key "
-            "| accounted bytes per key | objective first -> last |",
-            "|---|---|---|---|---|---|---|---|"]
-        for name, r in result["part2"].items():
-            per = r.get("bytes_per_added_stored_key")
-            text.append(f"| {name} | {r['status']} | {r['wall_s']:.0f} | "
-                        f"{(r['servers_peak_rss_bytes'] or 0) / 2**30:.2f} GiB | "
-                        f"{r['stored_keys']:,} | {'-' if per is None else f'{per:.0f}'} | "
-                        f"{r['stored_bytes'] / max(r['stored_keys'], 1):.0f} | "
-                        f"{r['objective_first']:.4f} -> {r['objective_last']:.4f} |")
+    for part, where in (("part2", "on this machine's processes"),
+                        ("ray", "on the Ray backend (a 3-node loopback cluster, "
+                                "engine.hosts.ray_local)")):
+        if part in result:
+            text += _runs_table(result[part], where)
     text += ["", C.machine_note(result["machine"])]
     return "\n".join(text)
+
+
+def _runs_table(runs: dict[str, Any], where: str) -> list[str]:
+    text = ["", C.paragraph(
+            f"Whole runs {where}: the issue's commands (4 workers, 4 servers; logistic regression "
+            "under bounded delay for 60 s at most; the embedding model for one epoch, the test "
+            "set's log loss and AUC). Servers' peak RSS: their resident memory summed at the "
+            "sample it peaked (process_samples); bytes per added key: that peak above the "
+            "10^6-feature run's, over the keys stored above its; accounted: the servers' own "
+            "count of the rows and key map the stored keys take (server_stats.stored_bytes), "
+            "per key."), "",
+            "| run | status | wall s | servers' peak RSS | keys stored | bytes per added key "
+            "| accounted bytes per key | objective first -> last | AUC | failovers |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        per = r.get("bytes_per_added_stored_key")
+        auc = r.get("auc_last")
+        text.append(f"| {name} | {r['status']} | {r['wall_s']:.0f} | "
+                    f"{(r['servers_peak_rss_bytes'] or 0) / 2**30:.2f} GiB | "
+                    f"{r['stored_keys']:,} | {'-' if per is None else f'{per:.0f}'} | "
+                    f"{r['stored_bytes'] / max(r['stored_keys'], 1):.0f} | "
+                    f"{r['objective_first']:.4f} -> {r['objective_last']:.4f} | "
+                    f"{'-' if auc is None else f'{auc:.3f}'} | {r.get('failovers', 0)} |")
+    return text
 
 
 def main() -> None:
@@ -214,11 +245,22 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--runs", action="store_true", help="also part 2: whole runs")
+    parser.add_argument("--ray", metavar="HOST:PORT",
+                        help="also the baseline and 10^9 runs on this Ray cluster")
+    parser.add_argument("--skip-part1", action="store_true",
+                        help="keep part 1 from the last results file")
     args = parser.parse_args()
-    result: dict[str, Any] = {"machine": C.machine_info(),
-                              "part1": part1(args.passes, args.batches, args.batch)}
+    earlier = json.loads((C.RESULTS / "sparse_scale.json").read_text()) if args.skip_part1 else {}
+    result: dict[str, Any] = {"machine": C.machine_info(), "part1": earlier.get("part1") or
+                              part1(args.passes, args.batches, args.batch)}
     if args.runs:
-        result["part2"] = part2()
+        result["part2"] = part2(None)
+    elif "part2" in earlier:
+        result["part2"] = earlier["part2"]
+    if args.ray:
+        result["ray"] = part2(args.ray)
+    elif "ray" in earlier:
+        result["ray"] = earlier["ray"]
     C.write_result("sparse_scale", result)
     C.update_docs_section(TITLE, docs(result))
     print(docs(result))
