@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from engine.analysis.cells import fmt_seconds
 from engine.db.memory import MemoryPeak
 from engine.db.queries import EvaluationPoint, RunDetail, WorkerStats
+from engine.db.stored import StoredKeys
 from psctl.tables import Col, FitTable
 
 # Staleness, named the same in the terminal, the API, the charts and the docs: the number of
@@ -49,6 +50,14 @@ def memory_line(peak: MemoryPeak) -> str:
             + (f"; {per_role}" if per_role else "")
             + (f"; {peak.unread} more had no PSS reading yet, not counted" if peak.unread
                else ""))
+
+
+def stored_line(stored: StoredKeys) -> str:
+    """What the servers stored: the keys pushed, for a sparse range, and their bytes each."""
+    kind = "sparse: only keys pushed are stored" if stored.sparse else "dense"
+    each = f", {stored.bytes / stored.keys:.0f} bytes a key" if stored.keys else ""
+    return (f"keys the servers stored: {stored.keys:,} ({kind}){each}: "
+            f"{fmt_bytes(stored.bytes)} of values, optimizer state and key maps")
 
 
 LAYER_COLUMNS = (Col("layer"), Col("pulls", rank=1), Col("suspend mean", short="suspend"),

@@ -21,6 +21,7 @@ from psctl.detail_tables import (
     memory_line,
     ms,
     rate,
+    stored_line,
     workers_table,
 )
 from psctl.detail_tables import fmt_pct as fmt_pct  # where the launch summary takes it from
@@ -171,6 +172,8 @@ def detail_view(detail: RunDetail) -> Group:
         lines.append(Text(detail.start_up.describe()))
     if detail.memory is not None:  # runs recorded before schema 8 read no PSS
         lines.append(Text(memory_line(detail.memory)))
+    if detail.stored is not None and detail.stored.sparse:
+        lines.append(Text(stored_line(detail.stored)))
     if detail.reason:
         lines.append(Text(f"reason: {detail.reason}", style="yellow"))
     if detail.oversubscribed:

@@ -47,6 +47,7 @@ from engine.db.schema import (
 )
 from engine.db.schema import translate_errors as _translate_errors
 from engine.db.startup import StartUp, run_start_up
+from engine.db.stored import StoredKeys, stored_keys
 from engine.errors import AmbiguousRun, RunNotFound, StoreError
 
 CRASH_AFTER_S = 15.0
@@ -215,6 +216,8 @@ class RunDetail(Dictable):
     memory: MemoryPeak | None = None
     # Where its start-up went (engine.db.startup); None for runs no launcher told it of.
     start_up: StartUp | None = None
+    # The keys its servers stored at their end (engine.db.stored); None before issue 44.
+    stored: StoredKeys | None = None
 
 
 @dataclass(frozen=True)
@@ -538,6 +541,7 @@ def run_detail(
             downtime=tuple(down.to_list()),
             memory=memory_peak(conn, run_id),
             start_up=run_start_up(conn, run_id),
+            stored=stored_keys(conn, run_id),
         )
 
 
