@@ -30,8 +30,7 @@ from engine.budget import parse_budget
 from engine.catalog import NAMED, names, own_settings
 from engine.config import RunConfig, describe, merge, validate
 from engine.consistency.registry import CONSISTENCY_MODELS
-from engine.datasets.sources import check_source
-from engine.datasets.sparse import is_sparse_synthetic
+from engine.datasets.sources import check_source, is_sparse_source
 from engine.errors import ConfigError
 from engine.faults import FaultPlan, check_kills
 from engine.models.spec import check_model
@@ -78,7 +77,7 @@ def _implied(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with what its policies imply filled in where it gives nothing."""
     implied: dict[str, object] = {}
     dataset = _get(values, "data.dataset")
-    if isinstance(dataset, str) and is_sparse_synthetic(dataset):
+    if isinstance(dataset, str) and is_sparse_source(dataset):
         implied |= SPARSE_IMPLIES
     defaults = RunConfig().to_json_dict()
     for dotted, registry in NAMED.items():  # the optimizer's learning rate, L-BFGS's asp, ...

@@ -14,7 +14,7 @@ from engine.analysis.cells import fmt_seconds
 from engine.backends import BACKENDS, THIS_MACHINE, RunHandle
 from engine.config import RunConfig
 from engine.datasets import describe, locate
-from engine.datasets.sources import is_user_source
+from engine.datasets.sources import is_sparse_source, is_user_source
 from engine.db import open_engine
 from engine.db.queries import progress
 from engine.errors import ConfigError, PsctlError
@@ -72,7 +72,9 @@ def compose(values: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
 
 def _checked(config: RunConfig) -> RunConfig:
     """``config``, once its model is known to take its data set's samples."""
-    if not is_user_source(config.data.dataset):  # a user's data is loaded by the coordinator
+    dataset = config.data.dataset
+    # A user's data is loaded by the coordinator; a sparse one's spec is known without loading.
+    if is_sparse_source(dataset) or not is_user_source(dataset):
         spec = describe(config.data.dataset)
         builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
                        spec.num_classes, sparse=spec.sparse)

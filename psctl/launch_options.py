@@ -129,11 +129,12 @@ def _setting_parameter(option: SettingOption) -> inspect.Parameter:
 
 
 def _datasets() -> tuple[str, ...]:
+    from engine.datasets.hashed import PREFIXES
     from engine.datasets.registry import DATASETS
     from engine.datasets.sources import LIBSVM
     from engine.datasets.sparse import PREFIX
 
-    return (*DATASETS.names(), PREFIX, LIBSVM)
+    return (*DATASETS.names(), PREFIX, LIBSVM, *(f"{name}:" for name in PREFIXES))
 
 
 def _models() -> tuple[str, ...]:

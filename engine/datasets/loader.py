@@ -24,12 +24,12 @@ from engine.datasets.shared import key, recall, remember
 from engine.datasets.sources import (
     check_source,
     generate_sparse,
+    is_sparse_source,
     is_user_source,
     load_user_source,
     locate_user_source,
     sparse_spec,
 )
-from engine.datasets.sparse import is_sparse_synthetic
 from engine.errors import ConfigError, DataError, DatasetFormatError
 
 # The digits split: a permutation from numpy.random.default_rng(DIGITS_SEED); its last
@@ -38,6 +38,8 @@ DIGITS_SEED = 0
 DIGITS_TEST_FRACTION = 0.2
 SKLEARN_SOURCE = "sklearn"
 GENERATED = "generated"  # a synthetic data set, made from its seed by each process
+# The sparse data sets (sparse-synthetic and the hashed files, which are also user sources) are
+# asked about first below: they are described and loaded as sparse rows, never as a user's arrays.
 
 
 def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = False) -> str:
@@ -47,9 +49,9 @@ def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = Fa
     and md5); with ``allow_download`` missing files are fetched into the cache, so that workers
     started afterwards find them there.
     """
-    if is_user_source(name):
+    if is_user_source(name):  # a hashed file is read and checked here
         return locate_user_source(name)
-    if is_sparse_synthetic(name):
+    if is_sparse_source(name):
         check_source(name)
         return GENERATED
     spec = get_spec(name)
@@ -63,10 +65,10 @@ def describe(name: str, data_dir: Path | None = None, *,
              train_limit: int | None = None) -> DatasetSpec:
     """The spec of ``name``: the registry's for a named data set; a user's is loaded to learn
     its sample shape and classes."""
+    if is_sparse_source(name):
+        return sparse_spec(name)
     if is_user_source(name):
         return load_user_source(name, train_limit=_check_limit(train_limit)).spec
-    if is_sparse_synthetic(name):
-        return sparse_spec(name)
     return get_spec(name)
 
 
@@ -82,11 +84,11 @@ def load_dataset(
     kept = recall(key(name, data_dir, train_limit))
     if isinstance(kept, Dataset):
         return kept
-    if is_user_source(name):
-        return load_user_source(name, train_limit=_check_limit(train_limit))
-    if is_sparse_synthetic(name):
+    if is_sparse_source(name):
         raise ConfigError(f"{name} has sparse samples: they train --model logreg on the "
                           "local or ray backend (not the simulator)")
+    if is_user_source(name):
+        return load_user_source(name, train_limit=_check_limit(train_limit))
     spec = get_spec(name)
     limit = _check_limit(train_limit)
     if spec.files is None:
@@ -114,13 +116,13 @@ def load_dataset(
 def preload(name: str, data_dir: Path | None, train_limit: int | None) -> bool:
     """Load ``name`` into this process for the processes it will fork (the warm template);
     whether it did. A user's data set is not: loading it runs the user's code, which belongs in
-    the roles (where its errors are reported)."""
-    if is_user_source(name):
-        return False
-    if is_sparse_synthetic(name):
+    the roles (where its errors are reported). A hashed sparse file runs none: it is read here."""
+    if is_sparse_source(name):
         remember(key(name, None, train_limit),
                         generate_sparse(name, train_limit))
         return True
+    if is_user_source(name):
+        return False
     remember(key(name, data_dir, train_limit),
                     load_dataset(name, data_dir, allow_download=False, train_limit=train_limit))
     return True

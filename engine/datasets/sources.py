@@ -1,4 +1,5 @@
-"""Data sets a user brings: ``path/to/file.py:load`` and ``libsvm:PATH``.
+"""Data sets a user brings: ``path/to/file.py:load``, ``libsvm:PATH``, and the sparse
+``libsvm-hashed:PATH`` and ``criteo:PATH`` (``engine.datasets.hashed``).
 
 A loader file defines ``load() -> (train_x, train_y, test_x, test_y)``: numpy arrays (or anything
 ``numpy.asarray`` takes), inputs of any sample shape, labels integers 0..K-1. Its arrays are used
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+import engine.datasets.hashed as hashed
 from engine.datasets.dataset import Dataset
 from engine.datasets.registry import DatasetSpec
 from engine.datasets.shared import key, recall
@@ -41,16 +43,26 @@ MAX_DENSE_BYTES = 256 << 20
 
 
 def is_user_source(text: str) -> bool:
+    """Whether ``text`` names files of the user's: no folder of psctl's to pin, nothing to
+    download. The hashed sparse files are among them (``is_sparse_source`` says which are
+    sparse)."""
     name = text.strip()
-    return name.startswith(LIBSVM) or name.rpartition(":")[0].endswith(".py") \
-        or name.endswith(".py")
+    if name.startswith(LIBSVM) or hashed.is_hashed(name):
+        return True
+    return name.rpartition(":")[0].endswith(".py") or name.endswith(".py")
+
+
+def is_sparse_source(text: str) -> bool:
+    """Whether ``text`` names a data set of sparse rows (``SparseDataset``): the one question
+    every part that trains, plans or checks a run asks of its data set."""
+    return is_sparse_synthetic(text) or hashed.is_hashed(text)
 
 
 def label(text: str) -> str:
     """A short name for run names and tables: the file's stem for a user data set."""
     name = text.strip()
-    if name.startswith(LIBSVM):
-        return Path(name.removeprefix(LIBSVM)).name
+    if name.startswith(LIBSVM) or hashed.is_hashed(name):
+        return Path(name.partition(":")[2]).name
     if is_user_source(name):
         return Path(name.rpartition(":")[0] if ":" in name else name).stem
     return PREFIX if is_sparse_synthetic(name) else name
@@ -62,6 +74,8 @@ def check_source(text: str) -> str:
     name = text.strip()
     if is_sparse_synthetic(name):
         return canonical(parse(name))
+    if hashed.is_hashed(name):
+        return hashed.canonical(name)
     if name.startswith(LIBSVM):
         return LIBSVM + str(_libsvm_path(name))
     ref = parse_file_ref(name, what="dataset", default_function="load")
@@ -69,10 +83,13 @@ def check_source(text: str) -> str:
 
 
 def locate_user_source(text: str) -> str:
-    """Where a user data set comes from, checked to exist; a libsvm file is also read (kept
-    sparse) and checked as its loading will, so that a bad one fails before any process
-    starts."""
+    """Where a user data set comes from, checked to exist; a libsvm file (plain or hashed) or
+    a Criteo log is also read (kept sparse) and checked as its loading will, so that a bad one
+    fails before any process starts."""
     name = check_source(text)
+    if hashed.is_hashed(name):
+        hashed.read(name)
+        return str(hashed.file_path(name))
     if name.startswith(LIBSVM):
         _read_libsvm(Path(name.removeprefix(LIBSVM)))
     return name.removeprefix(LIBSVM)
@@ -239,6 +256,11 @@ class SparseDataset:
 
 
 def sparse_spec(text: str) -> DatasetSpec:
+    """The spec of the sparse data set ``text`` names; a hashed file's is not read for it."""
+    if hashed.is_hashed(text):
+        return DatasetSpec(name=hashed.canonical(text), description=hashed.description(text),
+                           input_dim=hashed.FEATURES, num_classes=2,
+                           input_shape=(hashed.FEATURES,), sparse=True)
     synthetic = parse(text)
     return DatasetSpec(name=canonical(synthetic), description="synthetic sparse data, power-law "
                        "feature frequencies", input_dim=synthetic.features, num_classes=2,
@@ -246,9 +268,10 @@ def sparse_spec(text: str) -> DatasetSpec:
 
 
 def load_sparse(text: str, *, train_limit: int | None = None) -> SparseDataset:
-    """The sparse data set ``text`` names, generated from its seed."""
-    if not is_sparse_synthetic(text):
-        raise ConfigError(f"{text!r} is not a sparse data set (sparse-synthetic:...)")
+    """The sparse data set ``text`` names, generated from its seed or read from its file."""
+    if not is_sparse_source(text):
+        raise ConfigError(f"{text!r} is not a sparse data set (sparse-synthetic:..., "
+                          "libsvm-hashed:PATH or criteo:PATH)")
     kept = recall(key(text, None, train_limit))
     if isinstance(kept, SparseDataset):  # generated once, in the warm template
         return kept
@@ -256,7 +279,13 @@ def load_sparse(text: str, *, train_limit: int | None = None) -> SparseDataset:
 
 
 def generate_sparse(text: str, train_limit: int | None) -> SparseDataset:
-    train, test, _ = generate(parse(text))
+    """The sparse data set ``text`` names, made (or read) in this process."""
+    if hashed.is_hashed(text):
+        train, test = hashed.read(text)
+        source = str(hashed.file_path(text))
+    else:
+        train, test, _ = generate(parse(text))
+        source = "generated"
     if train_limit is not None and train_limit < len(train):
         train = train.rows(np.arange(train_limit))
-    return SparseDataset(sparse_spec(text), train, test, "generated")
+    return SparseDataset(sparse_spec(text), train, test, source)

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 
 def _sparse(run: RunConfig) -> bool:
-    from engine.datasets.sparse import is_sparse_synthetic
+    from engine.datasets.sources import is_sparse_source
 
-    return is_sparse_synthetic(run.data.dataset)
+    return is_sparse_source(run.data.dataset)
 
 
 def overlap_fits(run: RunConfig) -> None:

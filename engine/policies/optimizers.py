@@ -91,9 +91,9 @@ def _lbfgs_fits(run: RunConfig) -> None:
 
 
 def _sparse(run: RunConfig) -> bool:
-    from engine.datasets.sparse import is_sparse_synthetic
+    from engine.datasets.sources import is_sparse_source
 
-    return is_sparse_synthetic(run.data.dataset)
+    return is_sparse_source(run.data.dataset)
 
 
 SERVER_OPTIMIZERS: Registry[OptimizerBuild] = Registry("server optimizer")

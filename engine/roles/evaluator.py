@@ -19,8 +19,7 @@ from engine import usermetrics
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
-from engine.datasets.sources import load_sparse
-from engine.datasets.sparse import is_sparse_synthetic
+from engine.datasets.sources import is_sparse_source, load_sparse
 from engine.errors import ConnectFailed, RunFailed
 from engine.keys import KeyRange
 from engine.models import device as devices
@@ -164,7 +163,7 @@ def run_evaluator(transport: Transport, coordinator: str, *, token: str,
     config = RunConfig.model_validate(welcome.config)
     torch.set_num_threads(config.train.torch_threads)
     with control.reporting():
-        make = _sparse_evaluator if is_sparse_synthetic(config.data.dataset) else _evaluator
+        make = _sparse_evaluator if is_sparse_source(config.data.dataset) else _evaluator
         build = make(config, welcome)
     try:
         client = connect_client(transport, welcome, config, Role.EVALUATOR, 0, token, io,

@@ -11,8 +11,7 @@ from engine import usermetrics
 from engine.aio import LoopThread
 from engine.config import RunConfig
 from engine.datasets import load_dataset
-from engine.datasets.sources import load_sparse
-from engine.datasets.sparse import is_sparse_synthetic
+from engine.datasets.sources import is_sparse_source, load_sparse
 from engine.errors import RunFailed
 from engine.faults import FaultPlan
 from engine.keys import KeyRange
@@ -75,7 +74,7 @@ def _shard_and_model(config: RunConfig, rank: int,
     # A worker that joined a scaled job may have a rank past the count it was given.
     where = {"rank": rank % config.cluster.workers, "workers": config.cluster.workers,
              "seed": config.train.seed, "batch_size": config.train.batch_size}
-    if is_sparse_synthetic(config.data.dataset):
+    if is_sparse_source(config.data.dataset):
         sparse = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
         rows = rows_model(config.model.name, sparse.spec.input_dim, config.model.hidden)
         check_rows_layout(rows, welcome)
