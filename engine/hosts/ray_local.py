@@ -30,6 +30,8 @@ HEAD = "127.0.0.4"
 NODES = ("127.0.0.2", "127.0.0.3", "127.0.0.5", "127.0.0.6", "127.0.0.7")
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
+# Heads started on a free port before the start is given up (LocalRayCluster._start_head).
+HEAD_TRIES = 3
 # The least object store Ray accepts: roles exchange tensors over websockets, not through it.
 OBJECT_STORE_BYTES = 80 * 2**20
 
@@ -66,16 +68,30 @@ class LocalRayCluster:
         if ray is None:
             raise LaunchError("the ray command is not installed: pip install 'psctl[ray]'")
         self.logs.mkdir(parents=True, exist_ok=True)
-        port = self.port or _free_port(HEAD)
-        self.address = f"{HEAD}:{port}"
         common = ["--block", "--num-cpus", f"{self.cpus:g}", "--object-store-memory",
                   str(OBJECT_STORE_BYTES), "--disable-usage-stats"]
-        self._launch(ray, "head", [ray, "start", "--head", "--node-ip-address", HEAD, "--port",
-                                   str(port), "--include-dashboard", "false", *common])
+        self._start_head(ray, common)
         for address in NODES[:self.nodes - 1]:
             self._launch(ray, address, [ray, "start", "--address", self.address,
                                         "--node-ip-address", address, *common])
         return self.address
+
+    def _start_head(self, ray: str, common: list[str]) -> None:
+        """The head, on the chosen port or a free one. Ray's GCS listens on that port on every
+        interface, while the probe can only ask HEAD's: a port another loopback address holds,
+        or one taken between the probe and Ray's bind, fails its start; a free port is then
+        tried again, up to HEAD_TRIES times."""
+        for attempt in range(1 if self.port else HEAD_TRIES):
+            port = self.port or _free_port(HEAD)
+            self.address = f"{HEAD}:{port}"
+            try:
+                self._launch(ray, "head", [ray, "start", "--head", "--node-ip-address", HEAD,
+                                           "--port", str(port), "--include-dashboard", "false",
+                                           *common])
+                return
+            except LaunchError as exc:
+                if attempt + 1 == HEAD_TRIES or self.port or not _port_taken(str(exc)):
+                    raise
 
     def stop(self) -> None:
         """SIGTERM to each ``ray start --block`` we started (it stops its own Ray processes),
@@ -117,6 +133,11 @@ def local_cluster(nodes: int = 3, cpus: float = 2, logs: Path = Path("ray-local"
         yield cluster
     finally:
         cluster.stop()
+
+
+def _port_taken(log_tail: str) -> bool:
+    """Whether a head's log says its port could not be bound."""
+    return "Failed to start GCS" in log_tail or "already in use" in log_tail
 
 
 def _free_port(host: str) -> int:
