@@ -19,6 +19,7 @@ from engine.db import open_engine
 from engine.db.queries import progress
 from engine.errors import ConfigError, PsctlError
 from engine.hosts.template import discard_early
+from engine.keys import partition
 from engine.launcher import LaunchResult, default_run_name
 from engine.models.device import check_here as check_device
 from engine.models.spec import builtin_layout
@@ -76,8 +77,10 @@ def _checked(config: RunConfig) -> RunConfig:
     # A user's data is loaded by the coordinator; a sparse one's spec is known without loading.
     if is_sparse_source(dataset) or not is_user_source(dataset):
         spec = describe(config.data.dataset)
-        builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
-                       spec.num_classes, sparse=spec.sparse)
+        layout = builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
+                                spec.num_classes, sparse=spec.sparse)
+        if layout is not None:  # the shards it needs (one kind each) fit the key ranges
+            partition(layout, config.cluster.ranges)
     return config
 
 
