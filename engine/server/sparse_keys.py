@@ -64,11 +64,12 @@ class KeyRows:
         if self.used + count > self.capacity:
             raise ShardFull(f"this shard stores {self.used:,} keys and can hold "
                             f"{self.capacity:,}: {count:,} more do not fit")
-        fresh = np.sort(keys[new])
+        order = np.argsort(keys[new], kind="stable")  # one sort: the run's keys, their rows
+        fresh = keys[new][order]
         if len(fresh) > 1 and (fresh[1:] == fresh[:-1]).any():
             raise ValueError("keys to store must be distinct")
         fresh_rows = np.arange(self.used, self.used + count, dtype=np.int64)
-        rows[np.flatnonzero(new)[np.argsort(keys[new], kind="stable")]] = fresh_rows
+        rows[np.flatnonzero(new)[order]] = fresh_rows
         self.used += count
         self._runs[1] = _merge(self._runs[1], (fresh, fresh_rows))
         if len(self._runs[1][0]) > max(MIN_DELTA, len(self._runs[0][0]) // DELTA_SHARE):

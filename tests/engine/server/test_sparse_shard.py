@@ -21,17 +21,14 @@ from engine.roles.copies import build_shard
 from engine.server.checkpoint import Snapshot, restore, save
 from engine.server.optimizers import make_optimizer
 from engine.server.shard import ShardState, SparseKeys
+from tests.engine.server.test_checkpoint import OPTIMIZERS as CHECKPOINTED
 
 pytestmark = pytest.mark.timeout(60)
 
 KEYS = KeyRange(1000, 1600)  # a shard that does not start at key 0
+# The checkpoint tests' optimizers, and the L1 proximal step over the two that take it.
 OPTIMIZERS: dict[str, dict[str, Any]] = {
-    "sgd-momentum": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
-    "sgd-nesterov-decay": {"name": "sgd", "lr": 0.05, "momentum": 0.5, "nesterov": True,
-                           "weight_decay": 0.01},
-    "adam": {"name": "adam", "lr": 0.01},
-    "adagrad": {"name": "adagrad", "lr": 0.1},
-    "rmsprop": {"name": "rmsprop", "lr": 0.01},
+    **CHECKPOINTED,
     "sgd-l1": {"name": "sgd", "lr": 0.1, "momentum": 0.0, "l1": 0.01},
     "adagrad-l1": {"name": "adagrad", "lr": 0.1, "l1": 0.01},
 }
