@@ -1,6 +1,7 @@
 """Every setting that names a policy, with the registry that knows the names: what engine.plan
-checks a run against and what ``psctl launch --help`` lists. Reading it imports no
-implementation: the registries hold theirs ``Lazy``."""
+checks a run against and what ``psctl launch --help`` lists; and the models, which own settings
+and imply others as policies do. Reading it imports no implementation: the registries hold
+theirs ``Lazy``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from engine import plugins
 from engine.backends import BACKENDS
 from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.models.kinds import MODELS
 from engine.policies.aggregation import AGGREGATION_RULES
 from engine.policies.learning import SCHEDULES, STALENESS_RULES
 from engine.policies.loops import WORKER_LOOPS
@@ -29,6 +31,11 @@ NAMED: dict[str, Registry[Any]] = {
 plugins.load()
 # Names a setting takes that are no policy: ``train.loop auto`` picks the loop the run needs.
 EXTRA_NAMES: dict[str, tuple[str, ...]] = {"train.loop": ("auto",)}
+# Every setting that names something registered with settings of its own and settings it
+# implies: the policies, and the model, which is not checked against its registry (a user's
+# file is a model too). In the order engine.plan asks what each implies: the model first, so
+# that the optimizer it implies implies its own learning rate in turn.
+OWNERS: dict[str, Registry[Any]] = {"model.name": MODELS, **NAMED}
 
 
 def names(setting: str) -> tuple[str, ...]:
@@ -37,15 +44,15 @@ def names(setting: str) -> tuple[str, ...]:
 
 
 def implied(setting: str) -> list[tuple[str, object]]:
-    """(policy, value) for every policy that implies a value of ``setting``: the optimizers'
-    learning rates, for ``optimizer.lr``."""
-    return [(entry.name, entry.implies[setting]) for registry in NAMED.values()
+    """(policy or model, value) for every one that implies a value of ``setting``: the
+    optimizers' learning rates, for ``optimizer.lr``."""
+    return [(entry.name, entry.implies[setting]) for registry in OWNERS.values()
             for entry in registry if setting in entry.implies]
 
 
 def own_settings() -> list[tuple[str, str, type[BaseModel]]]:
-    """(section, policy, its settings model) for every policy with settings of its own: they
-    live in the table ``[section.policy]``."""
+    """(section, policy or model, its settings model) for every one with settings of its own:
+    they live in the table ``[section.name]``."""
     return [(dotted.split(".")[0], entry.name, entry.settings)
-            for dotted, registry in NAMED.items() for entry in registry
+            for dotted, registry in OWNERS.items() for entry in registry
             if entry.settings is not None]

@@ -41,6 +41,19 @@ def flag(name: str) -> dict[str, JsonValue]:
     return {"flag": name}
 
 
+def whole_number(text: str) -> int:
+    """``16777216``, ``16_777_216``, ``2^24`` or ``10^9``: a whole number as psctl's specs write
+    it (``sparse-synthetic:features=2^40``, ``--hash-features 2^24``); ValueError for anything
+    else. Powers are at most 64, so that no text makes a huge number before the range check."""
+    base, caret, power = text.replace("_", "").partition("^")
+    if not caret:
+        return int(base)
+    if not 0 <= int(power) <= 64:
+        raise ValueError(f"a power of at most 64, not {power}")
+    whole: int = int(base) ** int(power)
+    return whole
+
+
 class _Frozen(BaseModel):
     # inf and nan pass every bound check (nan compares false, inf is "> 0") but break the
     # processes that use them, and the JSON the config is stored and sent as cannot carry them.
@@ -204,20 +217,38 @@ class DataConfig(_Frozen):
     train_limit: int | None = Field(
         None, ge=1, json_schema_extra=flag("--train-limit"), description=(
             "use only the first N training samples"))
+    # A setting, not part of the data set's name: a path may hold any character, so no suffix
+    # of libsvm-hashed:PATH could be told from the file's name (engine.datasets.hashed). Up to
+    # 2^62, as sparse-synthetic's features: a key space holds no more.
+    hash_features: int | None = Field(
+        None, ge=2, le=2**62, json_schema_extra=flag("--hash-features"), description=(
+            "libsvm-hashed:PATH and criteo:PATH only: the feature ids their features are hashed "
+            "into, a whole number from 2 to 2^62, written 2^24 or 16777216 [2^30]"))
+
+    @field_validator("hash_features", mode="before")
+    @classmethod
+    def _whole(cls, value: Any) -> Any:
+        # 2^24 as a flag, an environment variable or a TOML string gives it.
+        if not isinstance(value, str):
+            return value
+        try:
+            return whole_number(value)
+        except ValueError:
+            raise ValueError(f"a whole number such as 2^24 or 16777216, not {value!r}") from None
 
 
 
-class ModelConfig(_Frozen):
+class ModelConfig(_NamesPolicies):
     name: str = Field("mlp", json_schema_extra=flag("--model"), description=(
-        "mlp, cnn (LeNet), logreg, or path/to/file.py:build (a function build(input_shape, "
-        "num_classes) returning a torch.nn.Module) [mlp]"))
+        "mlp, cnn (LeNet), logreg, embedding (sparse data sets), or path/to/file.py:build (a "
+        "function build(input_shape, num_classes) returning a torch.nn.Module) [mlp]"))
     hidden: tuple[int, ...] = Field((512, 512, 512), description="hidden layer widths of the MLP")
 
 
 
 class OptimizerConfig(_NamesPolicies):
     name: str = Field("sgd", json_schema_extra=flag("--optimizer"), description=(
-        "server optimizer: {choices}"))
+        "server optimizer: {choices}; implied by a model: {implied}"))
     # Filled in from the optimizer's own default when not given (engine.plan asks its
     # registry), so the stored config always says which rate the run used.
     lr: float = Field(0.1, gt=0, json_schema_extra=flag("--lr"), description=(

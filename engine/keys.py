@@ -193,6 +193,12 @@ def partition(layout: KeyLayout, shards: int,
     return ranges
 
 
+def ranges_needed(layout: KeyLayout) -> int:
+    """The fewest key ranges ``partition`` can cut ``layout`` into: one per run of segments of
+    one kind (1 for a layout of one kind)."""
+    return len(_kind_runs(layout))
+
+
 def _kind_runs(layout: KeyLayout) -> list[tuple[KeyRange, bool]]:
     """Maximal runs of adjacent segments of one kind, as (keys, sparse)."""
     runs: list[tuple[KeyRange, bool]] = []

@@ -165,7 +165,8 @@ class Launcher(NewRun):
             data = self.config.data
             return TemplateHosts(self.config.cluster.host, self._shared_environment(),
                                  self.logs, data=(data.dataset, data.data_dir,
-                                                  data.train_limit), append=append)
+                                                  data.train_limit, data.hash_features),
+                                 append=append)
         return LocalHosts(self.config.cluster.host, append=append)
 
     @property

@@ -4,9 +4,10 @@
 registered with them (``engine.registry``: a policy's ``requires`` and the settings it
 ``implies``). This module asks them, in this order:
 
-1. the settings a chosen policy implies, where the run does not give them (a sparse data set's
-   logistic regression under bounded delay, L-BFGS's asp and summed pushes, the optimizer's own
-   learning rate);
+1. the settings a chosen policy, model or data set implies, where the run does not give them (a
+   sparse data set's logistic regression under bounded delay, a hashed file's feature space,
+   the embedding model's Adagrad, L-BFGS's asp and summed pushes, the optimizer's own learning
+   rate);
 2. the schema (every bound, every type);
 3. every policy name against its registry, and every spec written as text (``--prune``,
    ``--dataset``, ``--inject``, ...) parsed and stored in its canonical spelling;
@@ -27,12 +28,14 @@ from pydantic import BaseModel, ValidationError
 
 from engine.backends import BACKENDS
 from engine.budget import parse_budget
-from engine.catalog import NAMED, names, own_settings
+from engine.catalog import NAMED, OWNERS, names, own_settings
 from engine.config import RunConfig, describe, merge, validate
 from engine.consistency.registry import CONSISTENCY_MODELS
+from engine.datasets import hashed
 from engine.datasets.sources import check_source, is_sparse_source
 from engine.errors import ConfigError
 from engine.faults import FaultPlan, check_kills
+from engine.models.kinds import MODELS
 from engine.models.spec import check_model
 from engine.policies.learning import SCHEDULES, STALENESS_RULES
 from engine.policies.loops import WORKER_LOOPS, loops_in_use
@@ -79,13 +82,28 @@ def _implied(values: dict[str, Any]) -> dict[str, Any]:
     dataset = _get(values, "data.dataset")
     if isinstance(dataset, str) and is_sparse_source(dataset):
         implied |= SPARSE_IMPLIES
+    if isinstance(dataset, str) and hashed.is_hashed(dataset):
+        implied |= hashed.IMPLIES
     defaults = RunConfig().to_json_dict()
-    for dotted, registry in NAMED.items():  # the optimizer's learning rate, L-BFGS's asp, ...
+    # The model's optimizer, the optimizer's learning rate, L-BFGS's asp, ...: each named as the
+    # run gives it, else as what came before implies it (a sparse data set's logreg, the
+    # embedding model's adagrad), else by default.
+    for dotted, registry in OWNERS.items():
         name = _get(values, dotted)
-        implied |= registry.implied(name if isinstance(name, str) else _get(defaults, dotted))
+        if not isinstance(name, str):
+            name = implied.get(dotted, _get(defaults, dotted))
+        implied |= registry.implied(_spelled(dotted, name))
     missing = {key: value for key, value in implied.items() if _get(values, key) is None
                and _sections_are_tables(values, key)}
     return merge(values, missing)
+
+
+def _spelled(dotted: str, name: Any) -> Any:
+    """A registered model's name as check_model spells it (--model Embedding is the embedding
+    model), which it does only after the tables are read; any other name as it is."""
+    if dotted == "model.name" and isinstance(name, str) and name.strip().lower() in MODELS:
+        return name.strip().lower()
+    return name
 
 
 def _sections_are_tables(values: dict[str, Any], dotted: str) -> bool:
@@ -114,11 +132,12 @@ def _own_settings(config: RunConfig) -> RunConfig:
     values = config.to_json_dict()
     owners = {(section, name): model for section, name, model in own_settings()}
     problems: list[str] = []
-    for section in sorted({dotted.split(".")[0] for dotted in NAMED}):
+    for section in sorted({dotted.split(".")[0] for dotted in OWNERS}):
         tables = dict(getattr(config, section).model_extra or {})
-        for dotted in NAMED:  # the chosen policy's table, its defaults where none is given
-            if dotted.startswith(section + ".") and (section, _get(values, dotted)) in owners:
-                tables.setdefault(_get(values, dotted), {})
+        for dotted in OWNERS:  # the chosen policy's table, its defaults where none is given
+            chosen = _spelled(dotted, _get(values, dotted))
+            if dotted.startswith(section + ".") and (section, chosen) in owners:
+                tables.setdefault(chosen, {})
         for name, table in tables.items():
             checked = _own_table(section, name, table, owners.get((section, name)))
             if isinstance(checked, str):
@@ -198,10 +217,12 @@ def _broken_rules(config: RunConfig) -> list[str]:
         (SERVER_OPTIMIZERS, config.optimizer.name), (SCHEDULES, config.learning.schedule),
         (STALENESS_RULES, config.learning.rule)]
     checks += [(WORKER_LOOPS, loop) for loop in loops_in_use(config)]
+    if config.model.name in MODELS:  # a user's file has none
+        checks.append((MODELS, config.model.name))
     problems: list[str] = []
     rules: list[Callable[[RunConfig], None]] = [
         partial(registry.check, name) for registry, name in checks]
-    for rule in [*rules, check_kills, _warmup_fits]:
+    for rule in [*rules, check_kills, _warmup_fits, hashed.hash_features_fit]:
         try:
             rule(config)
         except ValueError as exc:

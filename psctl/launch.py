@@ -19,7 +19,7 @@ from engine.db import open_engine
 from engine.db.queries import progress
 from engine.errors import ConfigError, PsctlError
 from engine.hosts.template import discard_early
-from engine.keys import partition
+from engine.keys import partition, ranges_needed
 from engine.launcher import LaunchResult, default_run_name
 from engine.models.device import check_here as check_device
 from engine.models.spec import builtin_layout
@@ -76,12 +76,24 @@ def _checked(config: RunConfig) -> RunConfig:
     dataset = config.data.dataset
     # A user's data is loaded by the coordinator; a sparse one's spec is known without loading.
     if is_sparse_source(dataset) or not is_user_source(dataset):
-        spec = describe(config.data.dataset)
-        layout = builtin_layout(config.model.name, config.model.hidden, spec.sample_shape,
-                                spec.num_classes, sparse=spec.sparse)
-        if layout is not None:  # the shards it needs (one kind each) fit the key ranges
-            partition(layout, config.cluster.ranges)
+        spec = describe(config.data.dataset, hash_features=config.data.hash_features)
+        layout = builtin_layout(config.model, spec.sample_shape, spec.num_classes,
+                                sparse=spec.sparse)
+        if layout is not None:
+            config = _enough_ranges(config, ranges_needed(layout))
+            partition(layout, config.cluster.ranges)  # the shards (one kind each) fit them
     return config
+
+
+def _enough_ranges(config: RunConfig, needed: int) -> RunConfig:
+    """A layout of sparse and dense keys (the embedding model's table and layers) needs a key
+    range of each kind: where the run does not say how many ranges, it gets that many, spread
+    over its servers as --key-ranges would (one server then serves both kinds)."""
+    if config.cluster.key_ranges is not None or needed <= config.cluster.ranges:
+        return config
+    values = config.to_json_dict()
+    values["cluster"]["key_ranges"] = needed
+    return RunConfig.model_validate(values)
 
 
 def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:

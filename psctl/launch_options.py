@@ -20,16 +20,30 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from engine.catalog import NAMED, implied, names, own_settings
-from engine.config import RunConfig
+from engine.config import RunConfig, whole_number
 from engine.errors import ConfigError
 from psctl.cliutil import DbOption, parse_accuracy
 from psctl.settings import OptionError
 
 RUN_PANEL = "run"
-# Settings whose flag reads its value its own way: the parser, and the help that says how.
-PARSED: dict[str, tuple[Callable[[str], Any], str]] = {
+
+
+def parse_whole(text: str) -> int:
+    """typer's parser of a whole-number option written as psctl's specs write one (``2^24``):
+    a bad value is a usage error (exit 2) that names the option."""
+    try:
+        return whole_number(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a whole number such as 2^24 or "
+                                 "16777216") from None
+
+
+# Settings whose flag reads its value its own way: the parser, and the help that says how
+# (None: the field's description says it).
+PARSED: dict[str, tuple[Callable[[str], Any], str | None]] = {
     "stop.target_accuracy": (parse_accuracy, "stop once the test accuracy reaches A: a "
                              "fraction (0.97) or a percentage (97)"),
+    "data.hash_features": (parse_whole, None),
 }
 
 
@@ -107,9 +121,9 @@ def setting_options() -> tuple[SettingOption, ...]:
         extra = info.json_schema_extra
         if isinstance(extra, dict) and isinstance(extra.get("flag"), str):
             kind, many = _kind(info.annotation)
+            said = PARSED[setting][1] if setting in PARSED else None
             option = SettingOption(setting, str(extra["flag"]), kind, many,
-                                   PARSED[setting][1] if setting in PARSED
-                                   else _help(setting, info), _literal(info.annotation))
+                                   said or _help(setting, info), _literal(info.annotation))
             if option.flag in options:
                 raise ConfigError(f"{option.flag} is the flag of both "
                                   f"{options[option.flag].setting} and {setting}")

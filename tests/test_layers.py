@@ -37,8 +37,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "engine.recorder", "engine.policies"),
     ("engine.db", "engine.transport"),
     ("engine.wire",),
-    ("engine.aio", "engine.keys", "engine.registry", "engine.userfiles", "engine.plugins",
-     "engine.server.update"),         # a value type: what a policy's Protocol takes
+    ("engine.aio", "engine.keys", "engine.keyrows", "engine.registry", "engine.userfiles",
+     "engine.plugins", "engine.server.update"),  # update: a value type a policy takes
     ("engine.config",),               # the schema: pydantic and engine.errors only
     ("engine.errors", "engine.usermetrics", "engine"),  # psctl.log's checks: errors only
 )

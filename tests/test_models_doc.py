@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_the_model_table_states_the_key_counts() -> None:
         if MODELS.get(model).layout is None:  # no dense samples: no MNIST key count
             assert cell == "sparse data sets only"
             continue
-        layout = builtin_layout(model, ModelConfig().hidden, mnist.sample_shape, 10)
+        layout = builtin_layout(ModelConfig(name=model), mnist.sample_shape, 10)
         assert layout is not None
         assert cell == f"{layout.num_keys:,}"
 
@@ -79,6 +80,49 @@ def test_the_billion_key_commands_are_the_ones_the_benchmark_measured() -> None:
                 for name in ("1e9 features", "2^40 features, Zipf 1.1, Adagrad")]
     assert [sorted(c) for c in shown] == [sorted(c) for c in measured]
     assert [c[:2] for c in shown] == [["psctl", "launch"]] * 2
+
+
+def test_the_hashed_space_is_written_as_the_page_says(tmp_path: Path) -> None:
+    from engine.datasets.hashed import FEATURES
+    from engine.plan import build_config
+
+    data = tmp_path / "clicks.svm"
+    data.write_text("1 3:1\n0 4:1\n")
+    spellings = ("16777216", "16_777_216", "2^24")
+    assert f"written `{spellings[0]}`, `{spellings[1]}` or `{spellings[2]}`" in DOC
+    for spelling in spellings:
+        config = build_config({}, {"data.dataset": f"libsvm-hashed:{data}",
+                                   "data.hash_features": spelling})
+        assert config.data.hash_features == 2**24
+    assert "*n* is 2^30 unless `--hash-features N`" in DOC and FEATURES == 2**30
+
+
+def test_the_embedding_commands_compose_the_run_the_page_describes(tmp_path: Path) -> None:
+    """The acceptance command, with its optimizer said and without it (what the model implies),
+    and the dim's setting; composed, not run (bench/sparse_scale.py runs it)."""
+    import typer.main
+
+    from engine.models.kinds import EmbeddingSettings
+    from psctl.cli import app
+    from psctl.launch_options import launch_config
+
+    launch = typer.main.get_command(app).commands["launch"]  # type: ignore[attr-defined]
+    [command] = re.findall(r"`(psctl launch --model embedding [^`]*)`", DOC)
+    said = command.split()[2:]
+    assert said[said.index("--optimizer"):][:4] == ["--optimizer", "adagrad", "--lr", "0.005"]
+    implied = [word for word in said if word not in ("--optimizer", "adagrad", "--lr", "0.005")]
+
+    def composed(args: list[str]) -> dict[str, Any]:
+        options = launch.make_context("psctl launch", [*args, "--no-config"])
+        return launch_config(options.params, tmp_path / "experiments.db").to_json_dict()
+
+    run = composed(said)
+    assert composed(implied) == run  # Adagrad at 0.005 is what --model embedding implies
+    assert (run["optimizer"]["name"], run["optimizer"]["lr"]) == ("adagrad", 0.005)
+    dim = EmbeddingSettings.model_fields["dim"]
+    assert "`--embedding-dim N` (1 to 256, 8 by default)" in DOC and dim.default == 8
+    assert composed([*implied, "--embedding-dim", "4"])["model"] == {
+        "name": "embedding", "hidden": [512, 512, 512], "embedding": {"dim": 4}}
 
 
 @pytest.mark.integration

@@ -3,8 +3,9 @@
 The websocket handler polls the database every ``POLL_S`` with a few index lookups
 (:func:`engine.db.series.run_marker`); only when something changed does it read the new rows,
 through per-worker iteration cursors, and send the buckets they fell into, new evaluations,
-events, barriers and the per-process CPU/memory samples. The first message of every connection
-is a full snapshot, so a page that reconnects is never left with a gap.
+events, barriers, the per-process CPU/memory samples and, as each server ends, the keys the
+servers stored. The first message of every connection is a full snapshot, so a page that
+reconnects is never left with a gap.
 """
 
 from __future__ import annotations
@@ -194,6 +195,9 @@ def delta(engine: Engine, state: LiveState) -> dict[str, Any] | None:
         out["evaluations"] = series.evaluations_since(engine, state.run_id, old["eval_id"])
     if marker["event_id"] != old["event_id"]:
         out["events"] = series.events_since(engine, state.run_id, old["event_id"])
+        if any(e["kind"] == "server_stats" for e in out["events"]):
+            # A server said at its end how many keys it stored: the sums, anew.
+            out["stored"] = series.run_stored(engine, state.run_id)
     if marker["event_id"] != old["event_id"] or (marker["iterations"] and not state.clocked):
         # The axis's origin (the first iteration) and a resume's gap: known once they happen.
         out["clock"] = series.run_clock(engine, state.run_id)

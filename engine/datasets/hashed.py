@@ -1,9 +1,10 @@
-"""Real sparse data sets read from files, their features hashed into ``FEATURES`` ids (issue 44):
+"""Real sparse data sets read from files, their features hashed into the run's
+``data.hash_features`` ids (``FEATURES``, 2^30, unless it gives another; issue 44):
 ``libsvm-hashed:PATH`` and ``criteo:PATH``. They train ``--model logreg`` and ``--model
 embedding`` as ``sparse-synthetic`` does: the same ``SparseSplit`` rows, worker loop and
 evaluator.
 
-Every feature becomes the id ``mix64(key, SEED) % FEATURES`` (``engine.hashing``: SplitMix64's
+Every feature becomes the id ``mix64(key, SEED) % features`` (``engine.hashing``: SplitMix64's
 finaliser), the hashing trick of ``engine.datasets.sparse``'s hashed ids. Two features of a row
 that land on one id are one feature whose value is their sum, as colliding features sum in a
 column of scikit-learn's ``FeatureHasher``. Nothing of the size of the hashed space is made.
@@ -24,9 +25,12 @@ column of scikit-learn's ``FeatureHasher``. Nothing of the size of the hashed sp
 ``PATH.t`` beside the file, as LIBSVM's data sets ship, is the test split; without one the last
 ``TEST_FRACTION`` of the file's rows are (in file order: a click log's last rows are its latest).
 
-The hashed space is this module's constant, not an option of the spec: a path may hold any
-character, so a suffix such as ``,features=...`` could not be told from a file name. 2^30 ids
-keep column ids int32 and collisions rare (about n^2 / 2^31 among n distinct features).
+The hashed space, ``features``, is a setting of the run (``data.hash_features``, ``--hash-features
+2^24``), not part of the spec: a path may hold any character, so a suffix such as
+``,features=...`` could not be told from a file name. It may be any whole number from 2 to 2^62
+(as sparse-synthetic's ``features``: a key space holds no more). The default, 2^30, keeps column
+ids int32 and collisions rare (about n^2 / 2^31 among n distinct features); a smaller space makes
+a smaller model with more collisions, and past 2^31 - 1 column ids are int64.
 """
 
 from __future__ import annotations
@@ -34,17 +38,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.datasets.sparse import SparseSplit
+from engine.datasets.sparse import INT32_MAX, MAX_FEATURES, SparseSplit, is_sparse_synthetic
 from engine.errors import ConfigError, DataError, DatasetFormatError
 from engine.hashing import mix64
+
+if TYPE_CHECKING:
+    from engine.config import RunConfig
 
 LIBSVM_HASHED = "libsvm-hashed"
 CRITEO = "criteo"
 PREFIXES = (LIBSVM_HASHED, CRITEO)
-FEATURES = 2**30
+FEATURES = 2**30  # the hashed space of a run that gives none
+# What a hashed file implies unless the run gives it (engine.plan): the space written out, so
+# that a stored run says which ids its features were hashed into.
+IMPLIES = {"data.hash_features": FEATURES}
 SEED = 0
 TEST_FRACTION = 0.1
 # A file of more rows is refused: every process that trains on it holds all of its rows.
@@ -81,33 +92,62 @@ def canonical(text: str) -> str:
     return f"{prefix(text)}:{file_path(text)}"
 
 
-def description(text: str) -> str:
+def description(text: str, features: int = FEATURES) -> str:
     kind = "libsvm file" if prefix(text) == LIBSVM_HASHED else "Criteo click log"
-    return f"{kind} {file_path(text)}, features hashed into 2^{FEATURES.bit_length() - 1} ids"
+    return f"{kind} {file_path(text)}, features hashed into {written(features)} ids"
 
 
-def read(text: str) -> tuple[SparseSplit, SparseSplit]:
-    """(train, test) of the data set ``text`` names: both files read line by line in Python
-    (about 0.6 s per 10^6 features here), the keys hashed a block at a time."""
+def written(features: int) -> str:
+    """``2^24`` for a power of two, else the number with thousands separators."""
+    power = features.bit_length() - 1
+    return f"2^{power}" if features == 1 << power else f"{features:,}"
+
+
+def hash_features_fit(run: RunConfig) -> None:
+    """A rule of every run (engine.plan): data.hash_features is given only for a hashed file,
+    where it means something; ValueError otherwise."""
+    dataset = run.data.dataset
+    if run.data.hash_features is None or is_hashed(dataset):
+        return
+    own = (" (sparse-synthetic sizes its own: sparse-synthetic:features=N)"
+           if is_sparse_synthetic(dataset) else "")
+    raise ValueError(f"data.hash_features (--hash-features) is the number of ids "
+                     f"libsvm-hashed:PATH and criteo:PATH hash their features into; data set "
+                     f"{prefix(dataset)} is neither{own}")
+
+
+def read(text: str, features: int = FEATURES) -> tuple[SparseSplit, SparseSplit]:
+    """(train, test) of the data set ``text`` names, its features hashed into ``features``
+    ids: both files read line by line in Python (about 0.6 s per 10^6 features here), the keys
+    hashed a block at a time."""
+    if isinstance(features, bool) or not isinstance(features, int) or not (
+            2 <= features <= MAX_FEATURES):
+        raise ConfigError(f"dataset {text.strip()!r}: features are hashed into 2..2^62 ids, "
+                          f"not {features!r}")
     path = file_path(text)
-    reader = _read_libsvm if prefix(text) == LIBSVM_HASHED else _read_criteo
-    return reader(path)
+    parse_row = _libsvm_row if prefix(text) == LIBSVM_HASHED else _criteo_row
+    return _read_file(path, parse_row, features)
 
 
-def hashed_ids(keys: np.ndarray) -> np.ndarray:
-    """The feature id (int32: FEATURES is below 2^31) of each key (any integer dtype)."""
-    return (mix64(keys, SEED) % np.uint64(FEATURES)).astype(np.int32)
+def hashed_ids(keys: np.ndarray, features: int = FEATURES) -> np.ndarray:
+    """The feature id of each key (any integer dtype) in a space of ``features``: int32, or
+    int64 past 2^31 - 1 features (as sparse-synthetic's column ids)."""
+    return (mix64(keys, SEED) % np.uint64(features)).astype(_id_dtype(features))
 
 
-def _rows(indptr: np.ndarray, ids: np.ndarray, values: np.ndarray,
-          labels: np.ndarray) -> SparseSplit:
+def _id_dtype(features: int) -> type[np.signedinteger]:
+    return np.int32 if features <= INT32_MAX else np.int64
+
+
+def _rows(indptr: np.ndarray, ids: np.ndarray, values: np.ndarray, labels: np.ndarray,
+          features: int) -> SparseSplit:
     """A split whose rows have each id once, sorted, colliding features' values summed."""
     from scipy.sparse import csr_matrix
 
     matrix = csr_matrix((values.astype(np.float32), ids, indptr),
-                        shape=(len(labels), FEATURES))
+                        shape=(len(labels), features))
     matrix.sum_duplicates()  # sorts each row's ids, summing the values of a repeated one
-    return SparseSplit(matrix.indptr.astype(np.int64), matrix.indices.astype(np.int32),
+    return SparseSplit(matrix.indptr.astype(np.int64), matrix.indices.astype(_id_dtype(features)),
                        matrix.data.astype(np.float32), labels.astype(np.int64))
 
 
@@ -141,15 +181,16 @@ Row = tuple[float, list[int], list[float]]  # a line's label, keys and values
 RowParser = Callable[[Path, int, str], Row | None]  # None: a line that holds no row
 
 
-def _read_file(path: Path, parse_row: RowParser) -> tuple[SparseSplit, SparseSplit]:
+def _read_file(path: Path, parse_row: RowParser,
+               features: int) -> tuple[SparseSplit, SparseSplit]:
     test_path = _test_path(path)
     if test_path.is_file():
-        train, test = (_file_split(part, parse_row) for part in (path, test_path))
+        train, test = (_file_split(part, parse_row, features) for part in (path, test_path))
         return train, test
-    return _split_tail(path, _file_split(path, parse_row))
+    return _split_tail(path, _file_split(path, parse_row, features))
 
 
-def _file_split(path: Path, parse_row: RowParser) -> SparseSplit:
+def _file_split(path: Path, parse_row: RowParser, features: int) -> SparseSplit:
     labels: list[float] = []
     lengths: list[np.ndarray] = []
     ids: list[np.ndarray] = []
@@ -157,13 +198,13 @@ def _file_split(path: Path, parse_row: RowParser) -> SparseSplit:
     for block in _blocks(path, parse_row):
         labels += block[0]
         lengths.append(np.array(block[1], dtype=np.int64))
-        ids.append(hashed_ids(np.array(block[2], dtype=np.uint64)))
+        ids.append(hashed_ids(np.array(block[2], dtype=np.uint64), features))
         values.append(np.array(block[3], dtype=np.float32))
     _check_rows(path, len(labels))
     indptr = np.zeros(len(labels) + 1, dtype=np.int64)
     np.cumsum(np.concatenate(lengths), out=indptr[1:])
     return _rows(indptr, np.concatenate(ids), np.concatenate(values),
-                 _binary_labels(path, np.array(labels, dtype=np.float64)))
+                 _binary_labels(path, np.array(labels, dtype=np.float64)), features)
 
 
 def _blocks(path: Path, parse_row: RowParser) -> Iterator[Block]:
@@ -208,10 +249,6 @@ def _binary_labels(path: Path, labels: np.ndarray) -> np.ndarray:
 # most: sklearn 1.9), and a hashed file's indices may be any 64-bit number.
 
 
-def _read_libsvm(path: Path) -> tuple[SparseSplit, SparseSplit]:
-    return _read_file(path, _libsvm_row)
-
-
 def _libsvm_row(path: Path, number: int, line: str) -> Row | None:
     """``label index:value ...`` (a ``#`` comment, and ``qid:``, ignored as scikit-learn does);
     None for a blank line."""
@@ -240,10 +277,6 @@ def _libsvm_row(path: Path, number: int, line: str) -> Row | None:
 
 
 # criteo
-
-
-def _read_criteo(path: Path) -> tuple[SparseSplit, SparseSplit]:
-    return _read_file(path, _criteo_row)
 
 
 def _criteo_row(path: Path, number: int, line: str) -> Row:

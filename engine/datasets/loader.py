@@ -61,12 +61,13 @@ def locate(name: str, data_dir: Path | None = None, *, allow_download: bool = Fa
     return str(find_files(spec, data_dir, allow_download=allow_download))
 
 
-def describe(name: str, data_dir: Path | None = None, *,
-             train_limit: int | None = None) -> DatasetSpec:
+def describe(name: str, data_dir: Path | None = None, *, train_limit: int | None = None,
+             hash_features: int | None = None) -> DatasetSpec:
     """The spec of ``name``: the registry's for a named data set; a user's is loaded to learn
-    its sample shape and classes."""
+    its sample shape and classes; a hashed file's features are ``hash_features`` (the run's
+    ``data.hash_features``)."""
     if is_sparse_source(name):
-        return sparse_spec(name)
+        return sparse_spec(name, hash_features=hash_features)
     if is_user_source(name):
         return load_user_source(name, train_limit=_check_limit(train_limit)).spec
     return get_spec(name)
@@ -113,13 +114,15 @@ def load_dataset(
     )
 
 
-def preload(name: str, data_dir: Path | None, train_limit: int | None) -> bool:
+def preload(name: str, data_dir: Path | None, train_limit: int | None,
+            hash_features: int | None = None) -> bool:
     """Load ``name`` into this process for the processes it will fork (the warm template);
     whether it did. A user's data set is not: loading it runs the user's code, which belongs in
-    the roles (where its errors are reported). A hashed sparse file runs none: it is read here."""
+    the roles (where its errors are reported). A hashed sparse file runs none: it is read here,
+    into ``hash_features`` ids."""
     if is_sparse_source(name):
-        remember(key(name, None, train_limit),
-                        generate_sparse(name, train_limit))
+        remember(key(name, None, train_limit, hash_features),
+                 generate_sparse(name, train_limit, hash_features))
         return True
     if is_user_source(name):
         return False

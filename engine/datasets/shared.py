@@ -13,13 +13,15 @@ from typing import Any
 
 import numpy as np
 
-Key = tuple[str, str | None, int | None]  # the data set's name, folder and training limit
+# The data set's name, folder, training limit and the space a hashed file's ids are in.
+Key = tuple[str, str | None, int | None, int | None]
 
 _LOADED: dict[Key, Any] = {}
 
 
-def key(name: str, data_dir: object, train_limit: int | None) -> Key:
-    return name, None if data_dir is None else str(data_dir), train_limit
+def key(name: str, data_dir: object, train_limit: int | None,
+        hash_features: int | None = None) -> Key:
+    return name, None if data_dir is None else str(data_dir), train_limit, hash_features
 
 
 def remember(at: Key, data: Any) -> None:

@@ -255,37 +255,50 @@ class SparseDataset:
     source: str
 
 
-def sparse_spec(text: str) -> DatasetSpec:
-    """The spec of the sparse data set ``text`` names; a hashed file's is not read for it."""
+def sparse_spec(text: str, *, hash_features: int | None = None) -> DatasetSpec:
+    """The spec of the sparse data set ``text`` names; a hashed file's is not read for it. A
+    hashed file's features are hashed into ``hash_features`` ids (the run's
+    ``data.hash_features``; None: ``hashed.FEATURES``)."""
     if hashed.is_hashed(text):
-        return DatasetSpec(name=hashed.canonical(text), description=hashed.description(text),
-                           input_dim=hashed.FEATURES, num_classes=2,
-                           input_shape=(hashed.FEATURES,), sparse=True)
+        features = hashed_space(hash_features)
+        return DatasetSpec(name=hashed.canonical(text),
+                           description=hashed.description(text, features),
+                           input_dim=features, num_classes=2, input_shape=(features,),
+                           sparse=True)
     synthetic = parse(text)
     return DatasetSpec(name=canonical(synthetic), description="synthetic sparse data, power-law "
                        "feature frequencies", input_dim=synthetic.features, num_classes=2,
                        input_shape=(synthetic.features,), sparse=True)
 
 
-def load_sparse(text: str, *, train_limit: int | None = None) -> SparseDataset:
-    """The sparse data set ``text`` names, generated from its seed or read from its file."""
+def hashed_space(hash_features: int | None) -> int:
+    """The ids a hashed file's features are hashed into: the run's ``data.hash_features``, or
+    the default where it gives none (a run stored before it was a setting)."""
+    return hashed.FEATURES if hash_features is None else hash_features
+
+
+def load_sparse(text: str, *, train_limit: int | None = None,
+                hash_features: int | None = None) -> SparseDataset:
+    """The sparse data set ``text`` names, generated from its seed or read from its file (its
+    features hashed into ``hash_features`` ids, as ``sparse_spec`` says)."""
     if not is_sparse_source(text):
         raise ConfigError(f"{text!r} is not a sparse data set (sparse-synthetic:..., "
                           "libsvm-hashed:PATH or criteo:PATH)")
-    kept = recall(key(text, None, train_limit))
+    kept = recall(key(text, None, train_limit, hash_features))
     if isinstance(kept, SparseDataset):  # generated once, in the warm template
         return kept
-    return generate_sparse(text, train_limit)
+    return generate_sparse(text, train_limit, hash_features)
 
 
-def generate_sparse(text: str, train_limit: int | None) -> SparseDataset:
+def generate_sparse(text: str, train_limit: int | None,
+                    hash_features: int | None = None) -> SparseDataset:
     """The sparse data set ``text`` names, made (or read) in this process."""
     if hashed.is_hashed(text):
-        train, test = hashed.read(text)
+        train, test = hashed.read(text, hashed_space(hash_features))
         source = str(hashed.file_path(text))
     else:
         train, test, _ = generate(parse(text))
         source = "generated"
     if train_limit is not None and train_limit < len(train):
         train = train.rows(np.arange(train_limit))
-    return SparseDataset(sparse_spec(text), train, test, source)
+    return SparseDataset(sparse_spec(text, hash_features=hash_features), train, test, source)

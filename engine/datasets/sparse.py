@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.config import whole_number
 from engine.errors import ConfigError
 from engine.hashing import mix64, unit_normal, unit_uniform
 
@@ -139,21 +140,9 @@ def _value(key: str, text: str, kind: Any) -> int | float | str:
     if kind == "str":
         return text
     try:
-        return float(text) if kind == "float" else _whole(text)
+        return float(text) if kind == "float" else whole_number(text)
     except ValueError as exc:
         raise ConfigError(f"{PREFIX}: {key}={text!r} is not a number") from exc
-
-
-def _whole(text: str) -> int:
-    """``1_000_000``, ``2^40`` or ``10^9``: powers of at most 64, so that no spec makes a huge
-    number before the range check."""
-    base, caret, power = text.replace("_", "").partition("^")
-    if not caret:
-        return int(base)
-    if not 0 <= int(power) <= 64:
-        raise ValueError(power)
-    whole: int = int(base) ** int(power)
-    return whole
 
 
 def canonical(spec: SyntheticSpec) -> str:

@@ -32,6 +32,7 @@ from engine.db.schema import (
     runs,
     syncs,
 )
+from engine.db.stored import stored_keys
 
 DEFAULT_BUCKETS = 1000
 MIN_WIDTH_S = 0.25  # narrower buckets hold one iteration or none: rates would be all noise
@@ -321,12 +322,26 @@ def recent_iterations(engine: Engine, run_id: str, *, seconds: float = 10.0,
 
 
 def run_header(engine: Engine, run_id: str, now: float) -> dict[str, Any]:
-    """Summary, reason and resolved config of one run, without scanning its iterations."""
+    """Summary, reason and resolved config of one run, its clock and the keys its servers
+    stored, without scanning its iterations."""
     with reading(engine, f"reading run {run_id}") as conn:
         row = fetch_run(conn, run_id)
         return {"summary": run_summary(row, now, _CRASH_AFTER_S).to_dict(), "reason": row.reason,
                 "config": parse_json(row.config_json),
-                "clock": clock(conn, run_id, float(row.started_at))}
+                "clock": clock(conn, run_id, float(row.started_at)),
+                "stored": _stored(conn, run_id)}
+
+
+def run_stored(engine: Engine, run_id: str) -> dict[str, Any] | None:
+    """The keys the run's servers stored (:mod:`engine.db.stored`), None while none has said;
+    a live view asks again when a server's ``server_stats`` arrives."""
+    with reading(engine, f"reading the stored keys of run {run_id}") as conn:
+        return _stored(conn, run_id)
+
+
+def _stored(conn: Connection, run_id: str) -> dict[str, Any] | None:
+    found = stored_keys(conn, run_id)
+    return None if found is None else found.to_dict()
 
 
 def run_clock(engine: Engine, run_id: str) -> dict[str, Any]:

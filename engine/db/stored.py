@@ -4,7 +4,8 @@ what its memory grows with."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from sqlalchemy import Connection, select
 
@@ -18,6 +19,10 @@ class StoredKeys:
     keys: int
     bytes: int  # the stored keys' rows of the value and optimizer arrays, and the key maps
     sparse: bool  # some of them were a sparse range's
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``RunDetail.to_dict()`` has it (the dashboard's run page and ``/api/runs/RUN``)."""
+        return asdict(self)
 
 
 def stored_keys(conn: Connection, run_id: str) -> StoredKeys | None:

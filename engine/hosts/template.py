@@ -177,10 +177,11 @@ class Template:
         if self._held is not None:
             self._held.into(log_path)
 
-    def preload(self, dataset: str, data_dir: str | None, train_limit: int | None) -> None:
+    def preload(self, dataset: str, data_dir: str | None, train_limit: int | None,
+                hash_features: int | None = None) -> None:
         """Ask the template to load the run's data set before it forks the roles that use it."""
         self._send({"preload": {"dataset": dataset, "data_dir": data_dir,
-                                "train_limit": train_limit}})
+                                "train_limit": train_limit, "hash_features": hash_features}})
 
     def preloaded(self) -> dict[str, Any]:
         """What the template said of the data set it loaded (nothing yet, if it did not)."""
@@ -450,8 +451,9 @@ def read_address_file(process: RoleProcess, path: Path, timeout: float) -> str |
     return None
 
 
-# The data set the template loads for the roles: its name, folder and training limit.
-DataToLoad = tuple[str, str | None, int | None]
+# The data set the template loads for the roles: its name, folder, training limit and the space
+# a hashed file's features are hashed into.
+DataToLoad = tuple[str, str | None, int | None, int | None]
 
 # A template started before the run's configuration was resolved (``start_early``), waiting
 # for the run that claims it; at most one, in the process that runs ``psctl launch``.

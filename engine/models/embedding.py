@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.datasets.sparse import SparseSplit
 from engine.errors import ConfigError
 from engine.keys import KeyLayout, KeyRange, Segment
+from engine.models.kinds import DIM, MAX_DIM, MODELS, EmbeddingSettings
 from engine.models.rows import Measured
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
 
 # The table's rows start as normal(0, EMBED_STD) draws: not 0, where the bag, the ReLU layer's
 # input, would be 0 and no row would ever get a gradient, but small, because a row keeps most of
@@ -37,7 +41,6 @@ from engine.models.rows import Measured
 # test AUC of 0.80, 0.81 and 0.77, 0.1 0.78, 0.80 and 0.74, 0.3 0.74; with nnz=50 (learning
 # rate 0.1), 0.89 against 0.80 for 0.1.
 EMBED_STD = 0.01
-MAX_DIM = 256
 MAX_HIDDEN = 4096
 MAX_KEYS = 2**62
 # log_loss clips probabilities to [EPSILON, 1 - EPSILON], so that one confident mistake costs
@@ -51,7 +54,7 @@ class EmbeddingSpec:
     ReLU units between the bag and the logit."""
 
     features: int
-    dim: int = 8
+    dim: int = DIM
     hidden: int = 32
 
     def __post_init__(self) -> None:
@@ -224,14 +227,16 @@ def _backward(bag: Any, forward: _Forward, dense: _Dense,
     return table_grad, dense_grad
 
 
-def sparse_model(features: int, hidden: tuple[int, ...]) -> EmbeddingMLP:
-    """The model of a run of ``--model embedding`` (engine.models.kinds): rows of DIM values,
-    one ReLU layer of the first ``model.hidden`` width."""
-    return EmbeddingMLP(EmbeddingSpec(features, DIM, hidden[0] if hidden else HIDDEN))
+def sparse_model(features: int, model: ModelConfig) -> EmbeddingMLP:
+    """The model of a run of ``--model embedding`` (engine.models.kinds): rows of its own
+    setting's ``dim`` values (``[model.embedding]``, ``--embedding-dim``), one ReLU layer of the
+    first ``model.hidden`` width."""
+    dim = MODELS.settings_of("embedding", model, EmbeddingSettings).dim
+    return EmbeddingMLP(EmbeddingSpec(features, dim, model.hidden[0] if model.hidden else HIDDEN))
 
 
-# ``--model embedding``'s table width, and its layer's width when --hidden gives none.
-DIM, HIDDEN = 8, 32
+# ``--model embedding``'s layer's width when model.hidden gives none.
+HIDDEN = 32
 
 
 class ClickEvaluation:

@@ -7,13 +7,16 @@ evaluator, work on matrices whose columns are the keys they pulled (``local_matr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.datasets.sparse import SparseSplit
 from engine.keys import KeyLayout, KeyRange, Segment
 from engine.models.rows import Measured
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
 
 
 class SparseLogReg:
@@ -56,7 +59,7 @@ class SparseLogReg:
         return loss, np.asarray(grad, dtype=np.float32)
 
 
-def sparse_model(features: int, hidden: tuple[int, ...]) -> SparseLogReg:
+def sparse_model(features: int, model: ModelConfig) -> SparseLogReg:
     """The model of a run of ``--model logreg`` on sparse samples (engine.models.kinds)."""
     return SparseLogReg(features)
 

@@ -6,7 +6,7 @@ implements it in its own module, registered in engine.models.kinds (``BuiltinMod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from engine.datasets.sparse import SparseSplit
 from engine.errors import ConfigError
 from engine.keys import KeyLayout
 from engine.models.kinds import MODELS, SPARSE_ROWS
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,12 @@ class RowsModel(Protocol):
         ...
 
 
-def rows_model(name: str, features: int, hidden: tuple[int, ...]) -> RowsModel:
-    """The registered model ``name`` for sparse samples of ``features`` features."""
-    entry = MODELS.get(name) if name in MODELS else None
+def rows_model(model: ModelConfig, features: int) -> RowsModel:
+    """The registered model the run's ``model`` section names, for sparse samples of
+    ``features`` features (built with the section's widths and the model's own settings)."""
+    entry = MODELS.get(model.name) if model.name in MODELS else None
     if entry is None or entry.sparse is None:
         raise ConfigError(f"sparse data sets train --model "
-                          f"{' or '.join(MODELS.able(SPARSE_ROWS))}, not {name}")
-    model: RowsModel = entry.sparse.load()(features, hidden)
-    return model
+                          f"{' or '.join(MODELS.able(SPARSE_ROWS))}, not {model.name}")
+    built: RowsModel = entry.sparse.load()(features, model)
+    return built

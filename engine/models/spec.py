@@ -13,12 +13,16 @@ import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import ConfigError
 from engine.keys import KeyLayout, KeyRange, Segment
 from engine.models.kinds import MODELS, SPARSE_ROWS, trains_sparse_rows
 from engine.models.rows import rows_model
 from engine.userfiles import FileRef, parse_file_ref
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
 
 
 def check_model(text: str) -> str:
@@ -129,24 +133,26 @@ class CNNSpec:
         return KeyLayout(tuple(self.segments()))
 
 
-def builtin_layout(model: str, hidden: tuple[int, ...], input_shape: tuple[int, ...],
-                   num_classes: int, *, sparse: bool = False) -> KeyLayout | None:
-    """The layout of a registered model; None for a model from a user's file. On sparse
-    samples the model is binary logistic regression: one weight per feature, the keys a
-    worker's mini-batch touches being its working set (``engine.worker.sparse``)."""
+def builtin_layout(model: ModelConfig, input_shape: tuple[int, ...], num_classes: int, *,
+                   sparse: bool = False) -> KeyLayout | None:
+    """The layout of the registered model the run's ``model`` section names; None for a model
+    from a user's file. On sparse samples the model is one of those that train on sparse rows
+    (``engine.models.rows``): its keys over the data set's features, a worker's mini-batch
+    pulling only its working set (``engine.worker.sparse``)."""
     input_dim = math.prod(input_shape)
+    name = model.name
     if sparse:
-        if not trains_sparse_rows(model) or num_classes != 2:
+        if not trains_sparse_rows(name) or num_classes != 2:
             raise ConfigError(f"sparse data sets train --model "
-                              f"{' or '.join(MODELS.able(SPARSE_ROWS))} (binary), not {model}")
-        return rows_model(model, input_dim, hidden).layout()
-    if model not in MODELS:
+                              f"{' or '.join(MODELS.able(SPARSE_ROWS))} (binary), not {name}")
+        return rows_model(model, input_dim).layout()
+    if name not in MODELS:
         return None
-    dense = MODELS.get(model).layout
+    dense = MODELS.get(name).layout
     if dense is None:
-        raise ConfigError(f"--model {model} trains sparse data sets (sparse-synthetic:...), not "
+        raise ConfigError(f"--model {name} trains sparse data sets (sparse-synthetic:...), not "
                           "dense samples")
-    layout: KeyLayout = dense.load()(hidden, input_shape, num_classes)
+    layout: KeyLayout = dense.load()(model.hidden, input_shape, num_classes)
     return layout
 
 

@@ -100,9 +100,8 @@ def sparse_fits(run: RunConfig) -> None:
         ("train.loop " + loop, loop not in ("auto", "sparse")),
         ("train.overlap", train.overlap), ("train fetch_every/push_every/warm_start",
                                            train.downpour),
-        ("comm.prune", comm.prune != "none"), ("comm.pull_filter", comm.pull_filter != "none"),
-        ("comm.schedule", comm.schedule != "none"), ("comm.range_size",
-                                                     comm.range_size is not None),
+        ("comm.prune", comm.prune != "none"), ("comm.schedule", comm.schedule != "none"),
+        ("comm.range_size", comm.range_size is not None),
         ("cluster.backend sim", run.cluster.backend == "sim")) if used]
     if unsupported:
         raise ValueError(f"the sparse logistic-regression loop does not take "

@@ -39,9 +39,10 @@ def model_layout(config: RunConfig) -> KeyLayout:
     """The key layout of the run's model: arithmetic for a built-in one, read from the module a
     user's file builds otherwise (the one place the coordinator imports torch)."""
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None
-    data = describe(config.data.dataset, data_dir, train_limit=config.data.train_limit)
-    layout = builtin_layout(config.model.name, config.model.hidden, data.sample_shape,
-                            data.num_classes, sparse=data.sparse)
+    data = describe(config.data.dataset, data_dir, train_limit=config.data.train_limit,
+                    hash_features=config.data.hash_features)
+    layout = builtin_layout(config.model, data.sample_shape, data.num_classes,
+                            sparse=data.sparse)
     if layout is None:
         from engine.models.build import build_module, layout_of
 

@@ -77,9 +77,8 @@ class Copies:
             await asyncio.to_thread(checkpoint.restore, state, path)
         cluster = self.config.cluster
         limits = ServerLimits.from_cluster(cluster, usable_cores())
-        # A sparse shard is pulled by key, which no pull filter sees: it keeps no copies.
         pulls = make_pull_filter(self.config.comm.pull_filter, self.config.comm.refresh_every,
-                                 cluster.workers, len(state.keys) if state.sparse is None else 0)
+                                 cluster.workers, state.size)
         server = ShardServer(state, run=self.endpoint.run, rank=self.rank,
                              max_frame_bytes=cluster.max_frame_bytes, limits=limits,
                              on_syncs=self._on_syncs if info.index == 0 else None,

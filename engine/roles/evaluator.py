@@ -114,8 +114,9 @@ def _evaluator(config: RunConfig, welcome: Welcome) -> Build:
 
 
 def _sparse_evaluator(config: RunConfig, welcome: Welcome) -> Build:
-    data = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
-    model = rows_model(config.model.name, data.spec.input_dim, config.model.hidden)
+    data = load_sparse(config.data.dataset, train_limit=config.data.train_limit,
+                       hash_features=config.data.hash_features)
+    model = rows_model(config.model, data.spec.input_dim)
     check_rows_layout(model, welcome)
     evaluation = model.evaluation(data.train, data.test, config.optimizer.l1)
     return lambda client: SparseEvaluator(evaluation, client, welcome.started_at)

@@ -15,7 +15,8 @@ is not warm for yet waits (the coordinator goes ahead of the data set and the ot
 
 Requests on stdin, one JSON object a line::
 
-    {"preload": {"dataset": "mnist", "data_dir": "/data", "train_limit": null}}
+    {"preload": {"dataset": "mnist", "data_dir": "/data", "train_limit": null,
+                 "hash_features": null}}
     {"id": 1, "args": ["worker", ...], "env": {...}, "log": "/path/worker-0.log",
      "append": false}
 
@@ -111,7 +112,7 @@ def _preload(what: dict[str, Any]) -> None:
     try:
         data_dir = what["data_dir"]
         kept = preload(what["dataset"], None if data_dir is None else Path(data_dir),
-                       what["train_limit"])
+                       what["train_limit"], what["hash_features"])
     except Exception as exc:  # said, and left to the roles to meet again
         _reply({"preload_error": f"{type(exc).__name__}: {exc}"[:500]})
         return
@@ -163,11 +164,12 @@ def _request(line: bytes) -> dict[str, Any] | None:
         request = json.loads(line)
         if "preload" in request:
             what = dict(request["preload"])
-            limit = what.get("train_limit")
+            limit, space = what.get("train_limit"), what.get("hash_features")
             return {"preload": {"dataset": str(what["dataset"]),
                                 "data_dir": None if what.get("data_dir") is None
                                 else str(what["data_dir"]),
-                                "train_limit": None if limit is None else int(limit)}}
+                                "train_limit": None if limit is None else int(limit),
+                                "hash_features": None if space is None else int(space)}}
         return {"id": request["id"], "args": list(map(str, request["args"])),
                 "env": {str(k): str(v) for k, v in dict(request["env"]).items()},
                 "log": str(request["log"]), "append": bool(request["append"])}

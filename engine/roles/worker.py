@@ -75,8 +75,9 @@ def _shard_and_model(config: RunConfig, rank: int,
     where = {"rank": rank % config.cluster.workers, "workers": config.cluster.workers,
              "seed": config.train.seed, "batch_size": config.train.batch_size}
     if is_sparse_source(config.data.dataset):
-        sparse = load_sparse(config.data.dataset, train_limit=config.data.train_limit)
-        rows = rows_model(config.model.name, sparse.spec.input_dim, config.model.hidden)
+        sparse = load_sparse(config.data.dataset, train_limit=config.data.train_limit,
+                             hash_features=config.data.hash_features)
+        rows = rows_model(config.model, sparse.spec.input_dim)
         check_rows_layout(rows, welcome)
         return shard_for(sparse.train, sparse.train.labels, **where), rows
     data_dir = Path(config.data.data_dir) if config.data.data_dir else None

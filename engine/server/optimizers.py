@@ -389,15 +389,32 @@ class Proximal(_Checked):
     def _mark(self, span: slice, index: np.ndarray | None) -> None:
         self._last[:-1][span if index is None else index] = self._last[-1]
 
+    def fresh(self, values: np.ndarray) -> np.ndarray:
+        """What keys never updated are now, from their initial ``values`` (a sparse shard's
+        keys it does not store): every step so far was pure shrinkage for them, at the rate of
+        a key with no state (Adagrad's sum 0), as a dense shard's unpushed keys are settled."""
+        unmarked = np.zeros(len(values), dtype=np.float32)
+        return self._soft(values, self._last[-1] - unmarked, self._rate(unmarked))
+
     def _shrink(self, params: np.ndarray, where: slice | np.ndarray,
                 factors: np.float32 | np.ndarray) -> None:
         """Soft-threshold ``params[where]`` by lr * factors * l1 (per key for Adagrad)."""
+        rate = self._rate(self.inner.slots()[0][where] if isinstance(self.inner, Adagrad)
+                          else None)
+        params[where] = self._soft(params[where], factors, rate)
+
+    def _rate(self, sums: np.ndarray | None) -> np.float32 | np.ndarray:
         rate: np.float32 | np.ndarray = self.inner.lr
         if isinstance(self.inner, Adagrad):
-            rate = rate / (np.sqrt(self.inner.slots()[0][where]) + self.inner.eps)
-        moved = params[where]
-        params[where] = np.sign(moved) * np.maximum(np.abs(moved) - factors * rate * self.l1,
-                                                    np.float32(0))
+            assert sums is not None
+            rate = rate / (np.sqrt(sums) + self.inner.eps)
+        return rate
+
+    def _soft(self, values: np.ndarray, factors: np.float32 | np.ndarray,
+              rate: np.float32 | np.ndarray) -> np.ndarray:
+        shrunk: np.ndarray = np.sign(values) * np.maximum(
+            np.abs(values) - factors * rate * self.l1, np.float32(0))
+        return shrunk
 
 
 def make_optimizer(config: OptimizerConfig, size: int) -> ServerOptimizer:

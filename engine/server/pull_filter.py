@@ -10,8 +10,12 @@ keeps moving by less than DELTA is measured from what the worker really holds, n
 accumulated unseen. The whole answers are psctl's bound, not the source's: OSDI'14's filter
 sends the entries changed by more than a threshold since they were last synchronised.
 
-Only range pulls by workers are filtered: the evaluator and key-list pulls get every value they
-ask for.
+Workers' pulls are filtered, range and key-list pulls alike (issue 44: a sparse shard is pulled by
+key, a batch's working set at a time; the rule is kept per key, so a key is sent when it moved or
+is due, whatever else the list holds). A sparse shard keeps this state by row, for the rows a
+worker pulled; a key it does not store (never pushed: still its initial value) is always sent.
+The evaluator and tools get every value they ask for. A worker's state is forgotten when it
+connects again (``forget``): a restarted worker holds nothing it was sent.
 """
 
 from __future__ import annotations
@@ -33,10 +37,43 @@ class PullFilter(Protocol):
         for all of them; ``values`` are the shard's current values of ``span``."""
         ...
 
+    def select_rows(self, worker: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+        """Of a key-list pull, the positions in the list to send to ``worker`` (sorted), or None
+        for all; ``rows`` are the keys' shard-local rows (-1: a key the shard does not store)
+        and ``values`` their current values."""
+        ...
+
+    def forget(self, worker: int) -> None:
+        """``worker`` holds nothing it was sent (a new connection: a restarted worker)."""
+        ...
+
 
 class SendAll:
     def select(self, worker: int, span: slice, values: np.ndarray) -> np.ndarray | None:
         return None
+
+    def select_rows(self, worker: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+        return None
+
+    def forget(self, worker: int) -> None:
+        pass
+
+
+class _Sent:
+    """What a shard sent one worker: per row, the value and its age, 0 for a row never sent
+    (due), else 1 + the filtered answers since it was last sent as due. Grown on demand, so a
+    sparse shard's state grows with the rows this worker pulled, not the shard's capacity."""
+
+    def __init__(self, rows: int) -> None:
+        self.values = np.zeros(rows, dtype=np.float32)
+        self.age = np.zeros(rows, dtype=np.int32)
+
+    def reach(self, rows: int, limit: int) -> None:
+        if rows <= len(self.values):
+            return
+        size = min(max(rows, 2 * len(self.values)), limit)
+        self.values = np.concatenate([self.values, np.zeros(size - len(self.values), np.float32)])
+        self.age = np.concatenate([self.age, np.zeros(size - len(self.age), np.int32)])
 
 
 class SignificantlyModified:
@@ -44,25 +81,59 @@ class SignificantlyModified:
 
     def __init__(self, delta: float, refresh_every: int, workers: int, size: int) -> None:
         self.delta, self.refresh_every = delta, refresh_every
-        self._sent = np.zeros((workers, size), dtype=np.float32)
-        # Per worker and key: filtered answers since the key was last sent whole. Counted per
-        # key, not per worker: a worker that pulls layer by layer has each layer refreshed every
-        # N of its own pulls (a count per worker refreshed whichever layer came N-th, and with
-        # 8 layers 6 were never refreshed). A key never sent starts due.
-        self._since = np.full((workers, size), refresh_every - 1, dtype=np.int32)
+        self.workers, self.size = workers, size
+        self._sent: dict[int, _Sent] = {}
+
+    def forget(self, worker: int) -> None:
+        self._sent.pop(worker, None)
+
+    def _of(self, worker: int, rows: int) -> _Sent | None:
+        if not 0 <= worker < self.workers:
+            return None  # not one of the run's workers (a tool): it holds no copy
+        sent = self._sent.get(worker)
+        if sent is None:
+            sent = self._sent[worker] = _Sent(0)
+        sent.reach(rows, self.size)
+        return sent
+
+    def _due(self, age: np.ndarray) -> np.ndarray:
+        due: np.ndarray = (age == 0) | (age >= self.refresh_every)
+        return due
 
     def select(self, worker: int, span: slice, values: np.ndarray) -> np.ndarray | None:
-        if not 0 <= worker < len(self._sent):
-            return None  # not one of the run's workers (a tool): it holds no copy
-        sent, since = self._sent[worker, span], self._since[worker, span]
-        if (since >= self.refresh_every - 1).any():
-            sent[:] = values
-            since[:] = 0
+        # Counted per key, not per worker: a worker that pulls layer by layer has each layer
+        # refreshed every N of its own pulls (a count per worker refreshed whichever layer came
+        # N-th, and with 8 layers 6 were never refreshed).
+        start = span.start or 0
+        state = self._of(worker, start + len(values))
+        if state is None:
             return None
-        since += 1
+        sent, age = state.values[start:start + len(values)], state.age[start:start + len(values)]
+        if self._due(age).any():
+            sent[:] = values
+            age[:] = 1
+            return None
+        age += 1
         changed = np.flatnonzero(np.abs(values - sent) > self.delta)
         sent[changed] = values[changed]
-        return changed + (span.start or 0)
+        return changed + start
+
+    def select_rows(self, worker: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+        # Per key, as a range's keys: a key-list pull is a working set, and a set that always
+        # held one due key would otherwise always be answered whole.
+        stored = rows >= 0
+        state = self._of(worker, int(rows.max(initial=-1)) + 1)
+        if state is None:
+            return None
+        at = rows[stored]
+        due = self._due(state.age[at])
+        changed = np.abs(values[stored] - state.values[at]) > self.delta
+        send = due | changed
+        state.values[at[send]] = values[stored][send]
+        state.age[at] = np.where(due, 1, state.age[at] + 1)
+        chosen = ~stored  # a key the shard does not store is always sent: nothing tracks it
+        chosen[stored] = send
+        return np.flatnonzero(chosen)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,9 @@ class _Peer:
         # The acks of this connection's latest pushes by request id: a push sent again (its
         # reply was lost) gets the same ack and is not applied twice.
         self.acked: OrderedDict[int, Frame | None] = OrderedDict()  # None: on its way
+        # The worker whose pulls this connection carries, once one came: the pull filter
+        # forgets what it sent that worker when a new connection of it pulls first.
+        self.puller: int | None = None
 
     @property
     def queued_frames(self) -> int:
@@ -335,7 +338,7 @@ class ShardServer:
             raise ProtocolError(f"a server does not accept {frame.type.name} frames")
 
     def _pull(self, peer: _Peer, frame: Frame) -> None:
-        self.state.read(frame.keys, frame.index)  # validates the keys before the pull may wait
+        self.state.check_readable(frame.keys, frame.index)  # before the pull may wait
         if frame.dtype not in FLOAT_DTYPES:
             raise ProtocolError(f"a pull asks for its values as {frame.dtype.name}; ask for "
                                 "FLOAT32, FLOAT16, BFLOAT16 or FLOAT64")
@@ -470,6 +473,9 @@ class ShardServer:
 
     def _answer_pull(self, peer: _Peer, frame: Frame, *, waited_s: float) -> None:
         # Answered in the type the pull asked for and, for a key list, packed as it came.
+        if frame.role is Role.WORKER and peer.puller != frame.rank:
+            self.pull_filter.forget(frame.rank)
+            peer.puller = frame.rank
         index, values = self._pulled(frame)
         values = narrow(values, numpy_dtype(frame.dtype))
         reply = Frame(
@@ -494,11 +500,15 @@ class ShardServer:
                 self.on_first_pull(self)
 
     def _pulled(self, frame: Frame) -> tuple[np.ndarray | None, np.ndarray]:
-        """(keys, values) of a pull's answer: those asked for, or for a worker's range pull,
-        those the pull filter lets through (then as a key list)."""
-        values = self.state.read(frame.keys, frame.index)
-        if frame.index is not None or frame.role is not Role.WORKER:
-            return frame.index, values
+        """(keys, values) of a pull's answer: those asked for, or for a worker's pull, those
+        the pull filter lets through (then as a key list)."""
+        if frame.role is not Role.WORKER:
+            return frame.index, self.state.read(frame.keys, frame.index)
+        if frame.index is not None:
+            rows, values = self.state.read_keyed(frame.keys, frame.index)
+            kept = self.pull_filter.select_rows(frame.rank, rows, values)
+            return (frame.index, values) if kept is None else (frame.index[kept], values[kept])
+        values = self.state.read(frame.keys, None)
         span = self.state.keys.local(frame.keys)
         chosen = self.pull_filter.select(frame.rank, span, values)
         if chosen is None:

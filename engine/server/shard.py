@@ -14,7 +14,7 @@ A dense step whose optimizer bounds its result far from overflow (SGD: from the 
 gradient, the parameters and the momentum) cannot be such an update, and runs with no copy.
 
 A *sparse* shard (``SparseKeys``, issue 44) stores only the keys that were pushed: each gets a row
-of the value and optimizer arrays when its first push arrives (``engine.server.sparse_keys``),
+of the value and optimizer arrays when its first push arrives (``engine.keyrows``),
 starting from its initial value, which a pull of a key never pushed also answers. Its keys are
 pulled and pushed by key; the updates the optimizer and the aggregator see address rows, so every
 optimizer works on it unchanged. It needs no INIT: it is initialised from the start.
@@ -29,12 +29,12 @@ import numpy as np
 
 from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming, RangeClocks
 from engine.errors import BadPayload, ConfigError, ProtocolError, UnsafeUpdate
+from engine.keyrows import KeyRows
 from engine.keys import KeyRange, RangeIndex
 from engine.policies.optimizers import ServerOptimizer
 from engine.server.aggregation import Aggregator, make_aggregator
 from engine.server.learning import PLAIN, Learning
 from engine.server.optimizers import Proximal
-from engine.server.sparse_keys import KeyRows
 from engine.server.update import Update
 from engine.wire.codecs import widen
 from engine.wire.protocol import ANY_CLOCK
@@ -208,6 +208,12 @@ class ShardState:
             return 0
         return int(self.clocks.next[worker, ranges.start:ranges.stop].min())
 
+    def check_readable(self, keys: KeyRange, index: np.ndarray | None) -> None:
+        """Refuse (BadPayload) a pull this shard cannot answer, without reading it."""
+        self._check_owned(keys)
+        if self.rows is not None:
+            self._keyed(index)
+
     def read(self, keys: KeyRange, index: np.ndarray | None = None) -> np.ndarray:
         self._check_owned(keys)
         if self.rows is not None:
@@ -220,17 +226,30 @@ class ShardState:
         values: np.ndarray = self.params[index - self.keys.start]
         return values
 
-    def _read_rows(self, index: np.ndarray) -> np.ndarray:
-        """A sparse shard's values of ``index``: stored rows, or the initial values."""
-        assert self.rows is not None and self.sparse is not None
+    def read_keyed(self, keys: KeyRange, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, values) of the keys ``index``: their shard-local rows (int64; a sparse
+        shard's stored rows, -1 where a key is not stored) and values, in one lookup."""
+        if self.rows is None:
+            return index.astype(np.int64) - self.keys.start, self.read(keys, index)
+        self._check_owned(keys)
         rows = self.rows.find(index - self.keys.start)
+        return rows, self._read_rows(index, rows)
+
+    def _read_rows(self, index: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """A sparse shard's values of ``index`` (stored in ``rows`` if looked up already):
+        stored rows, or the initial values."""
+        assert self.rows is not None and self.sparse is not None
+        if rows is None:
+            rows = self.rows.find(index - self.keys.start)
         stored = rows >= 0
         if isinstance(self.optimizer, Proximal) and stored.any():
             self.optimizer.bring_current(self.params, slice(0, self.rows.used), rows[stored])
         values = np.empty(len(index), dtype=np.float32)
         values[stored] = self.params[rows[stored]]
         if not stored.all():
-            values[~stored] = self.sparse.initial(index[~stored])
+            initial = self.sparse.initial(index[~stored])
+            values[~stored] = (self.optimizer.fresh(initial)
+                               if isinstance(self.optimizer, Proximal) else initial)
         return values
 
     def _keyed(self, index: np.ndarray | None) -> np.ndarray:

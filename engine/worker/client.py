@@ -48,6 +48,7 @@ from engine.wire.protocol import (
 from engine.worker.connection import Link, ShardConnection
 from engine.worker.connection import LinkFaults as LinkFaults  # re-exported for the roles
 from engine.worker.connection import ShardAddress as ShardAddress
+from engine.worker.held import held_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +162,7 @@ class ParameterClient:
         # A push refused as a duplicate of a committed clock counts as acknowledged: a
         # restarted worker repeats the clock some shard already has.
         self._faults, self._duplicates_ok = faults, duplicates_ok
-        self._copy = (np.zeros(shards[-1].keys.end, dtype=np.float32)
-                      if wire.keeps_copy and shards else None)
+        self._copy = held_for(shards[-1].keys.end) if wire.keeps_copy and shards else None
         self._run, self._role, self._rank = run, role, rank
         self._connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
         self._max_frame_bytes = max_frame_bytes
@@ -335,16 +335,14 @@ class ParameterClient:
         dense: int = 0,
     ) -> Result:
         sent = sum(len(data) for _, data, _, _ in frames)
-        replies = await asyncio.gather(
-            *(self._connections[index].request(rid, data) for index, data, rid, _ in frames))
+        replies = await asyncio.gather(*(self._reply(kind, request_id, frame)
+                                         for frame in frames))
         answered_at = time.time()
         received = sum(nbytes for _, nbytes in replies)
         parts = [(index, data, extra) for index, data, _, extra in frames]
         versions = _versions(kind, [index for index, _, _ in parts],
                              [reply for reply, _ in replies])
         if kind is MsgType.PULL:
-            for (_, _, (out, asked)), (reply, _) in zip(parts, replies, strict=True):
-                self._fill(out, asked, reply, request_id)
             wait_s = max((reply.wait_ns for reply, _ in replies), default=0) / 1e9
             slowest = min((reply.clock for reply, _ in replies), default=0)
             return PullResult(versions, wait_s, sent, received, answered_at, slowest)
@@ -354,25 +352,46 @@ class ParameterClient:
         return PushResult(versions, max(staleness, 0), sent, received, answered_at, scale, keys,
                           dense)
 
+    async def _reply(self, kind: MsgType, request_id: int,
+                     frame: tuple[int, bytearray, int, Any]) -> tuple[Frame, int]:
+        # A pull's answer is filled in as it arrives, not when the request's last shard has
+        # answered: a shard's filtered answers are relative to what it sent before, so the
+        # copy takes them in the order the shard sent them.
+        index, data, rid, extra = frame
+        reply = await self._connections[index].request(rid, data)
+        if kind is MsgType.PULL:
+            out, asked = extra
+            self._fill(out, asked, reply[0], request_id)
+        return reply
+
     def _fill(self, out: np.ndarray, asked: Frame, reply: Frame, request_id: int) -> None:
-        """Put a pull's answer in ``out``: all of it, or (a filtered answer to a range pull)
-        the values that changed, over the copy this client keeps of what it was sent."""
-        values = reply.values
-        if reply.index is None or asked.index is not None:
+        """Put a pull's answer in ``out``: all of it, or (a filtered answer) the values that
+        changed, over the copy this client keeps of what it was sent."""
+        values, sent = reply.values, reply.key_count
+        if sent == asked.key_count:
             if values.shape != out.shape:
                 raise ProtocolError(f"request {request_id}: a shard answered "
                                     f"{values.shape[0]} values for {len(out)} keys")
             widen_into(out, values)
-            if self._copy is not None and asked.index is None:
-                self._copy[asked.keys.start:asked.keys.end] = out
+            if self._copy is not None:
+                self._keep(asked, out)
             return
-        if self._copy is None or reply.keys != asked.keys:
-            raise ProtocolError(f"request {request_id}: a shard answered a range pull with "
-                                "some of its keys, but this client keeps no copy to fill the "
-                                "rest from (comm.pull_filter)")
-        copy = self._copy[asked.keys.start:asked.keys.end]
-        copy[reply.index.astype(np.int64) - asked.keys.start] = values
-        np.copyto(out, copy)
+        if self._copy is None or reply.index is None or reply.keys != asked.keys \
+                or sent > asked.key_count or values.shape != (sent,):
+            raise ProtocolError(f"request {request_id}: a shard answered a pull with {sent} "
+                                f"of its {asked.key_count} keys, but this client keeps no copy "
+                                "to fill the rest from (comm.pull_filter)")
+        if asked.index is None:
+            self._copy.fill_range(asked.keys.start, reply.index, values, out)
+        else:
+            self._copy.fill(asked.index, reply.index, values, out)
+
+    def _keep(self, asked: Frame, values: np.ndarray) -> None:
+        assert self._copy is not None
+        if asked.index is None:
+            self._copy.put_range(asked.keys.start, values)
+        else:
+            self._copy.put(asked.index, values)
 
     async def _connect_all(self) -> None:
         self._connections = list(

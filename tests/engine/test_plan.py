@@ -110,3 +110,59 @@ def test_a_policys_own_settings_live_in_its_table(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ConfigError, match=r"sync\.stalenes: no such setting"):
         build_config({"sync": {"stalenes": 3}}, {})
     assert build_config({"sync": {"knobbed": {"knob": 2}}}, {}).sync.model == "bsp"  # kept
+
+
+SPARSE = "sparse-synthetic:features=1000,nnz=5,samples=200,test=50"
+
+
+def test_the_embedding_model_implies_adagrad_at_its_own_rate_unless_the_run_says() -> None:
+    implied = build_config({}, {"data.dataset": SPARSE, "model.name": "embedding"})
+    assert (implied.optimizer.name, implied.optimizer.lr) == ("adagrad", 0.005)
+    spelled = build_config({}, {"data.dataset": SPARSE, "model.name": " Embedding "})
+    assert (spelled.model.name, spelled.optimizer.name) == ("embedding", "adagrad")
+    # The user's word wins, a flag's or a file's; a rate given keeps the implied optimizer.
+    given: list[tuple[dict[str, Any], dict[str, Any], tuple[str, float]]] = [
+        ({}, {"optimizer.name": "sgd"}, ("sgd", 0.1)),
+        ({}, {"optimizer.lr": 0.01}, ("adagrad", 0.01)),
+        ({"optimizer": {"name": "adam"}}, {}, ("adam", 0.001)),
+        ({"optimizer": {"lr": 0.05}}, {"optimizer.name": "sgd"}, ("sgd", 0.05))]
+    for values, flags, kept in given:
+        config = build_config(values, {"data.dataset": SPARSE, "model.name": "embedding",
+                                       **flags})
+        assert (config.optimizer.name, config.optimizer.lr) == kept, (values, flags)
+    # Another model of sparse samples implies nothing of the optimizer.
+    logreg = build_config({}, {"data.dataset": SPARSE})
+    assert (logreg.model.name, logreg.optimizer.name, logreg.optimizer.lr) == ("logreg", "sgd",
+                                                                                0.1)
+
+
+def test_what_a_model_implies_is_declared_by_its_registration() -> None:
+    from engine.models.kinds import MODELS, BuiltinModel
+    from engine.registry import Lazy
+
+    assert MODELS.implied("embedding") == {"optimizer.name": "adagrad"}
+    with MODELS.registered("toy", BuiltinModel(Lazy("engine.models.spec:mlp_layout"), None),
+                           "a toy", implies={"optimizer.name": "rmsprop", "sync.model": "asp"}):
+        config = build_config({}, {"model.name": "toy", "data.dataset": "digits"})
+        assert (config.optimizer.name, config.optimizer.lr, config.sync.model) == (
+            "rmsprop", 0.0005, "asp")
+
+
+def test_a_models_own_settings_live_in_its_table() -> None:
+    chosen = build_config({}, {"data.dataset": SPARSE, "model.name": "embedding"})
+    assert chosen.to_json_dict()["model"]["embedding"] == {"dim": 8}  # its defaults, written out
+    given = build_config({"model": {"name": "embedding", "embedding": {"dim": 4}}},
+                         {"data.dataset": SPARSE})
+    assert given.to_json_dict()["model"]["embedding"] == {"dim": 4}
+    assert parse_config(given.to_json_dict()) == given
+    for dim, says in ((0, "greater than or equal to 1"), (257, "less than or equal to 256")):
+        with pytest.raises(ConfigError, match=rf"model\.embedding\.dim: Input should be {says}"):
+            build_config({}, {"data.dataset": SPARSE, "model.name": "embedding",
+                              "model.embedding.dim": dim})
+    with pytest.raises(ConfigError, match=r"model\.embedding\.dims: Extra inputs"):
+        build_config({}, {"model.embedding.dims": 4})
+    with pytest.raises(ConfigError, match=r"model\.hiden: no such setting"):
+        build_config({"model": {"hiden": [32]}}, {})
+    # As a policy's table, another model's is kept, not refused: a study may vary the model.
+    kept = build_config({}, {"data.dataset": SPARSE, "model.embedding.dim": 4})
+    assert kept.model.name == "logreg" and kept.to_json_dict()["model"]["embedding"] == {"dim": 4}

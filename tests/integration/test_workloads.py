@@ -88,10 +88,11 @@ def test_the_embedding_model_trains_a_sparse_table_beside_dense_layers(tmp_path:
     server stores only the rows pushed, starting each from its rule), the layers a dense range
     on the other; after an epoch the test set's log loss is below what the click rate alone gives
 (the entropy of 20 % clicks, 0.500: more epochs of 8,000 samples overfit the rare features' rows)
-and its AUC is recorded as the evaluator's."""
+and its AUC is recorded as the evaluator's. The optimizer is the model's (Adagrad, 0.005), and
+the pull filter answers the workers' working sets, of both kinds of shard, key by key."""
     db = tmp_path / "runs.db"
-    done = psctl("launch", "--dataset", CLICKS, "--model", "embedding", "--optimizer", "adagrad",
-                 "--lr", "0.005", "--workers", "2", "--servers", "2", "--epochs", "1",
+    done = psctl("launch", "--dataset", CLICKS, "--model", "embedding", "--workers", "2",
+                 "--servers", "2", "--epochs", "1", "--pull-filter", "significant:0.0005",
                  "--no-live", db=db)
     assert done.returncode == 0, done.stdout + done.stderr
     losses = [row[0] for row in query(db, "SELECT loss FROM evaluations ORDER BY at")]

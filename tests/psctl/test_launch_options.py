@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import typer
 import typer.main
 
 from engine.config import RunConfig
@@ -182,3 +183,23 @@ def test_a_target_accuracy_is_a_fraction_or_a_percentage_everywhere(
 def test_a_target_past_100_percent_is_refused_in_a_config_too() -> None:
     with pytest.raises(ValueError, match="less than or equal to 1"):
         RunConfig.model_validate({"stop": {"target_accuracy": 101}})
+
+
+def test_the_hash_space_and_the_embedding_dim_are_options_like_any_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from psctl.settings import OptionError
+
+    data = tmp_path / "clicks.svm"
+    data.write_text("1 3:1\n0 4:1\n")
+    hashed = ["--dataset", f"libsvm-hashed:{data}"]
+    run = configured([*hashed, "--hash-features", "2^24", "--model", "embedding",
+                      "--embedding-dim", "4"], tmp_path)
+    assert run.data.hash_features == 2**24
+    assert run.to_json_dict()["model"]["embedding"] == {"dim": 4}
+    assert (run.optimizer.name, run.optimizer.lr) == ("adagrad", 0.005)  # what it implies
+    with pytest.raises(typer.BadParameter, match=r"'2\^x' is not a whole number such as 2\^24"):
+        configured([*hashed, "--hash-features", "2^x"], tmp_path)
+    with pytest.raises(OptionError, match="data set digits is neither"):  # usage: exit 2
+        configured(["--hash-features", "2^8"], tmp_path)
+    monkeypatch.setenv("PSCTL_DATA__HASH_FEATURES", "2^20")  # not TOML: read as the flag is
+    assert configured(hashed, tmp_path).data.hash_features == 2**20

@@ -1,6 +1,7 @@
 """The run page in headless Chromium on runs seeded row by row: system metrics (CPU and memory
 per process, PSS beside RSS where it was read), the oversubscription banner, the ElasticBSP
-card only where there are barriers, the timeline's worker order, and the one duration format.
+card only where there are barriers, the timeline's worker order, the one duration format, and
+the keys the servers stored (issue 44) where their ``server_stats`` said, live as they say it.
 
 The database is written with plain SQL inserts of real rows (as bench/dashboard.py does), so
 each test knows exactly what the page must show. Every request off this machine is aborted.
@@ -34,11 +35,19 @@ PROCESSES = [("coordinator", 0), ("evaluator", 0), *(("server", s) for s in rang
 LABELS = {"coordinator", "evaluator", "server 0", "server 1", "worker 0", "worker 1",
           "worker 2", "worker 3"}
 BSP, ELASTIC, LIVE = "b" * 32, "e" * 32, "a" * 32
+# What each server's server_stats says at its end: summed, 4,000 keys of 80,000 bytes, sparse.
+SERVER_STATS = [{"rank": 0, "pushes": 9, "stored_keys": 3_000, "stored_bytes": 72_000,
+                 "sparse": True},
+                {"rank": 1, "pushes": 9, "stored_keys": 1_000, "stored_bytes": 8_000,
+                 "sparse": False}]
+STORED = {"keys": 4_000, "bytes": 80_000, "sparse": True}
+STORED_LINE = ("keys the servers stored: 4,000 (sparse: only keys pushed are stored), 20 bytes a "
+               "key: 78.1 KiB of values, optimizer state and key maps")
 
 
 def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "finished",
           oversubscribed: bool = False, syncs: int = 0, samples_s: float = DURATION_S,
-          simulated: bool = False, pss: bool = False) -> None:
+          simulated: bool = False, pss: bool = False, stored: bool = False) -> None:
     t0 = time.time() - DURATION_S - 60
     ended = None if status == "running" else t0 + DURATION_S
     heartbeat = 9e9 if status == "running" else t0 + DURATION_S
@@ -84,6 +93,13 @@ def _seed(conn: sqlite3.Connection, run_id: str, *, sync: str, status: str = "fi
                      (run_id, t0, "simulated", json.dumps(detail)))
     for k in range(syncs):
         _add_sync(conn, run_id, k, t0 + DURATION_S - 90 + 10 * k)
+    if stored:
+        _add_server_stats(conn, run_id, t0 + DURATION_S)
+
+
+def _add_server_stats(conn: sqlite3.Connection, run_id: str, at: float) -> None:
+    conn.executemany("INSERT INTO events (run_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                     [(run_id, at, "server_stats", json.dumps(d)) for d in SERVER_STATS])
 
 
 def _add_sync(conn: sqlite3.Connection, run_id: str, index: int, at: float) -> None:
@@ -99,7 +115,7 @@ def run_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("run-page") / "experiments.db"
     open_engine(db).dispose()
     with sqlite3.connect(db) as conn:
-        _seed(conn, BSP, sync="bsp", oversubscribed=True, pss=True)
+        _seed(conn, BSP, sync="bsp", oversubscribed=True, pss=True, stored=True)
         _seed(conn, ELASTIC, sync="elastic", syncs=5, samples_s=120, simulated=True)
     return db
 
@@ -147,6 +163,40 @@ def test_new_samples_arrive_as_deltas(run_db: Path, tmp_path: Path) -> None:
         assert change is not None and change["process_samples"] == [
             ["worker", 0, at + 1, 55.0, 3, 2]]
         assert live.delta(engine, state) is None  # sent once
+    finally:
+        engine.dispose()
+
+
+def test_the_stored_keys_reach_the_page_where_the_servers_said(run_db: Path) -> None:
+    """The run API and the page's snapshot carry the sums of engine.db.stored; a run whose
+    servers said nothing of them (before issue 44) has null there."""
+    client = TestClient(create_app(run_db, hosts=TEST_HOSTS))
+    assert client.get(f"/api/runs/{BSP}").json()["stored"] == STORED
+    assert client.get(f"/api/runs/{ELASTIC}").json()["stored"] is None
+    engine = open_engine(run_db, readonly=True)
+    try:
+        assert live.snapshot(engine, BSP)[0]["stored"] == STORED
+        assert live.snapshot(engine, ELASTIC)[0]["stored"] is None
+    finally:
+        engine.dispose()
+
+
+def test_the_stored_keys_arrive_as_a_delta_when_the_servers_end(run_db: Path,
+                                                                 tmp_path: Path) -> None:
+    db = tmp_path / "copy.db"
+    shutil.copy(run_db, db)
+    engine = open_engine(db, readonly=True)
+    try:
+        _, state = live.snapshot(engine, ELASTIC)
+        with sqlite3.connect(db) as conn:
+            conn.execute("INSERT INTO events (run_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                         (ELASTIC, time.time(), "checkpoint", "{}"))
+        change = live.delta(engine, state)
+        assert change is not None and "stored" not in change  # no server has said yet
+        with sqlite3.connect(db) as conn:
+            _add_server_stats(conn, ELASTIC, time.time())
+        change = live.delta(engine, state)
+        assert change is not None and change["stored"] == STORED
     finally:
         engine.dispose()
 
@@ -253,6 +303,8 @@ def test_bsp_run_page(browser: Any, base: str) -> None:
         ".map(t => [t.getBoundingClientRect().top, t.textContent])")
     assert [name for _, name in sorted(ticks)] == [f"worker {w}" for w in range(WORKERS)]
     assert page.locator("#run-duration").inner_text() == "duration 1:02:05"
+    # The keys the servers stored, as `psctl runs show` says it.
+    assert page.locator("#stored").inner_text() == STORED_LINE
     assert "updates since the pull" in _svg_text(page, "#chart-stale_t .ytitle")
     assert "updates since the pull" in _svg_text(page, "#chart-stale_h .xtitle")
     assert "seconds spent per phase" in _svg_text(page, "#chart-breakdown .xtitle")
@@ -285,6 +337,7 @@ def test_elastic_run_page(browser: Any, base: str) -> None:
     assert elastic.is_visible()
     assert int(elastic.get_attribute("data-points") or 0) == 4  # sync 0 predicts nothing
     assert not page.locator("#oversubscribed").is_visible()
+    assert not page.locator("#stored").is_visible()  # its servers said nothing of it
     # A simulated run says its times are virtual, and with which models.
     simulated = page.locator("#simulated")
     assert simulated.is_visible()
@@ -309,6 +362,7 @@ def test_live_run_shows_new_samples_and_barriers(browser: Any, base: str,
     errors: list[str] = []
     page = _open(browser, f"{base}/runs/{LIVE}", errors)
     assert not page.locator("#chart-elastic").is_visible()
+    assert not page.locator("#stored").is_visible()  # no server has ended yet
     points = int(page.get_attribute("#chart-cpu", "data-points") or 0)
     with sqlite3.connect(run_db) as conn:
         at = conn.execute("SELECT max(at) FROM process_samples WHERE run_id = ?",
@@ -318,9 +372,13 @@ def test_live_run_shows_new_samples_and_barriers(browser: Any, base: str,
                          [(LIVE, at + 1, role, rank) for role, rank in PROCESSES])
         _add_sync(conn, LIVE, 0, at)
         _add_sync(conn, LIVE, 1, at + 0.5)
+        _add_server_stats(conn, LIVE, at + 1)
     # The barriers show the ElasticBSP card at once; the CPU chart, out of view at the bottom
     # of a live page, is not redrawn (that is what a live page saves) until it is scrolled to.
     page.wait_for_selector("#chart-elastic", state="visible", timeout=10_000)
+    # The servers' server_stats: what they stored shows without a reload.
+    page.wait_for_selector("#stored", state="visible", timeout=10_000)
+    assert page.locator("#stored").inner_text() == STORED_LINE
     page.wait_for_function("window.__psctl.offScreen.includes('cpu')", timeout=10_000)
     assert page.evaluate("document.querySelector('#chart-cpu').getBoundingClientRect().top "
                          "> window.innerHeight + 200")

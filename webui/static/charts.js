@@ -60,6 +60,13 @@ PS.date = (unixS) => {
   return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
 };
 PS.pct = (v) => v === null || v === undefined ? "–" : (100 * v).toFixed(2) + " %";
+// Binary units, three significant digits, as the CLI prints them (psctl.detail_tables.fmt_bytes).
+PS.bytes = (n) => {
+  for (const [unit, scale] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
+    if (n >= scale) { const v = n / scale; return `${v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)} ${unit}`; }
+  }
+  return `${n.toFixed(0)} B`;
+};
 PS.el = (tag, attrs, text) => {
   const e = document.createElement(tag);
   Object.entries(attrs || {}).forEach(([k, v]) => e.setAttribute(k, v));

@@ -32,7 +32,7 @@
   });
   const S = { records: new Map(), evals: [], events: [], syncs: new Map(), stale: new Map(),
     last: [], timeline: [], summary: null, origin: 0, width: 1, total: 0, f: {},
-    procs: new Map(), procWidth: 0, reason: null, simulated: false };
+    procs: new Map(), procWidth: 0, reason: null, simulated: false, stored: null };
   // A version per kind of data: a chart is redrawn only when one it draws from has changed.
   const V = { records: 0, evals: 0, events: 0, syncs: 0, stale: 0, timeline: 0, procs: 0,
     tools: 0, size: 0 };
@@ -147,6 +147,7 @@
     document.getElementById("config").textContent = JSON.stringify(m.config, null, 2);
     document.getElementById("run-title").textContent = `${m.summary.name} (${m.summary.id.slice(0, 8)})`;
     S.reason = m.reason;
+    S.stored = m.stored || null;
     if (m.reason) document.getElementById("run-summary").dataset.reason = m.reason;
     const cluster = (m.config && m.config.cluster) || {};
     S.simulated = cluster.backend === "sim" || m.events.some((e) => e.kind === "simulated");
@@ -156,6 +157,7 @@
   function applyDelta(m) {
     S.summary = m.summary;
     if (m.clock) { S.clock = m.clock; bump("records", "evals", "events"); }
+    if (m.stored !== undefined) S.stored = m.stored;  // a server's server_stats arrived
     if (m.records) {
       for (const key of [...S.records.keys()]) if (S.records.get(key)[1] >= m.from_bucket) S.records.delete(key);
       m.records.forEach((r) => S.records.set(r[0] + ":" + r[1], r));
@@ -373,7 +375,7 @@
     const dur = document.getElementById("run-duration") || document.getElementById("run-summary").appendChild(PS.el("span", { id: "run-duration" }));
     dur.textContent = `duration ${PS.fmtS(sum.duration_s)}`;
     document.getElementById("run-summary").prepend(...(S.simulated ? [PS.el("span", { class: "sim-mark" }, "simulated · ")] : []));
-    renderBanner(); renderSimulated(); renderResumed(); renderFaults();
+    renderStored(); renderBanner(); renderSimulated(); renderResumed(); renderFaults();
     if (window.psctlRunStatus) window.psctlRunStatus.update(S);
     const ready = plotly === "ready";
     const top = (id, traces, layout) => {
@@ -738,6 +740,20 @@
     }
     div.dataset.labelsLeftOut = String(left);
     return out;
+  }
+
+  // The keys the servers stored, as `psctl runs show` says it (engine/db/stored.py sums what
+  // each server's server_stats said at its end): a sparse range stores only the keys pushed.
+  // A run whose servers said nothing of it (older runs, or none ended yet) shows nothing.
+  function renderStored() {
+    const line = document.getElementById("stored"), s = S.stored;
+    line.hidden = !s;
+    if (!s) return;
+    const kind = s.sparse ? "sparse: only keys pushed are stored" : "dense";
+    const each = s.keys ? `, ${(s.bytes / s.keys).toFixed(0)} bytes a key` : "";
+    line.dataset.sparse = String(s.sparse);
+    line.textContent = `keys the servers stored: ${s.keys.toLocaleString("en-US")} (${kind})${each}: ` +
+      `${PS.bytes(s.bytes)} of values, optimizer state and key maps`;
   }
 
   function renderResumed() {

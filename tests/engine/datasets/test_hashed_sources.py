@@ -1,5 +1,6 @@
 """The hashed sparse files of issue 44: ``libsvm-hashed:PATH`` and ``criteo:PATH``, their
-features hashed into ``FEATURES`` ids, read as the same sparse rows as sparse-synthetic."""
+features hashed into ``FEATURES`` ids or the run's ``data.hash_features``, read as the same
+sparse rows as sparse-synthetic."""
 
 from __future__ import annotations
 
@@ -22,14 +23,16 @@ from engine.datasets.sources import (
 )
 from engine.errors import ConfigError, DatasetFormatError
 from engine.hashing import mix64
+from engine.models.rows import rows_model
 from engine.plan import build_config
+from engine.roles.coordinator import model_layout
 from tests.conftest import psctl
 from tests.integration.support import query
 
 
-def _id(key: int) -> int:
-    """The documented hash: mix64(key, seed 0) % FEATURES."""
-    return int(mix64(np.array([key], dtype=np.uint64), SEED)[0] % np.uint64(FEATURES))
+def _id(key: int, features: int = FEATURES) -> int:
+    """The documented hash: mix64(key, seed 0) % features (FEATURES unless the run says)."""
+    return int(mix64(np.array([key], dtype=np.uint64), SEED)[0] % np.uint64(features))
 
 
 def _row(split: object, row: int) -> dict[int, float]:
@@ -67,17 +70,15 @@ def test_indices_above_2_to_the_31_are_hashed_like_any_other(tmp_path: Path) -> 
     assert _row(data.train, 0) == {_id(big): 1.0, _id(2**31): 3.0}
 
 
-def test_two_indices_landing_on_one_id_are_summed(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_indices_landing_on_one_id_are_summed(tmp_path: Path) -> None:
     # In 2^30 ids a collision takes about 2^15 indices; in 4, ten indices must collide.
-    monkeypatch.setattr("engine.datasets.hashed.FEATURES", 4)
     path = _write(tmp_path / "c.svm", ["1 " + " ".join(f"{i}:{i + 1}" for i in range(10))])
     _write(tmp_path / "c.svm.t", ["0 2:1"])
     expected: dict[int, float] = {}
     for index in range(10):
         column = int(mix64(np.array([index], dtype=np.uint64), SEED)[0] % np.uint64(4))
         expected[column] = expected.get(column, 0.0) + index + 1
-    data = load_sparse(f"libsvm-hashed:{path}")
+    data = load_sparse(f"libsvm-hashed:{path}", hash_features=4)
     assert _row(data.train, 0) == expected and len(expected) <= 4
     assert list(data.train.indices) == sorted(expected)  # one entry per id, sorted
 
@@ -192,6 +193,72 @@ def test_criteo_files_past_the_row_limit_are_refused(tmp_path: Path,
     path = _write(tmp_path / "long.tsv", [_criteo(0, [], [])] * 4)
     with pytest.raises(DatasetFormatError, match="more than 3 rows"):
         load_sparse(f"criteo:{path}")
+
+
+# The hashed space: data.hash_features, --hash-features
+
+
+def test_a_small_hash_space_gives_every_id_below_it_in_every_part_of_a_run(
+        tmp_path: Path) -> None:
+    path = _write(tmp_path / "s.svm", [f"{i % 2} " + " ".join(f"{1000 * i + j}:1"
+                                                               for j in range(20))
+                                       for i in range(40)])
+    config = build_config({}, {"data.dataset": f"libsvm-hashed:{path}",
+                               "data.hash_features": "2^8"})
+    assert config.data.hash_features == 256
+    data = load_sparse(config.data.dataset, hash_features=config.data.hash_features)
+    for split in (data.train, data.test):
+        assert split.indices.dtype == np.int32 and split.indices.min() >= 0
+        assert split.indices.max() < 2**8
+    expected: dict[int, float] = {}
+    for index in range(20):  # row 0's indices, some of them colliding in 256 ids
+        expected[_id(index, 2**8)] = expected.get(_id(index, 2**8), 0.0) + 1.0
+    assert _row(data.train, 0) == expected
+    assert data.spec.input_dim == 2**8 and "hashed into 2^8 ids" in data.spec.description
+    # The coordinator lays out, and the evaluator pulls, keys of that space, not of 2^30.
+    assert model_layout(config).num_keys == 2**8
+    evaluation = rows_model(config.model, data.spec.input_dim).evaluation(data.train,
+                                                                           data.test, 0.0)
+    assert evaluation.keys.max() < 2**8
+    embedding = build_config({}, {"data.dataset": f"libsvm-hashed:{path}",
+                                  "data.hash_features": 1000, "model.name": "embedding"})
+    assert model_layout(embedding).segments[0].shape == (1000, 8)
+
+
+def test_the_space_is_the_default_one_unless_the_run_gives_another(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.svm", ["1 3:1", "0 4:1"])
+    config = build_config({}, {"data.dataset": f"libsvm-hashed:{path}"})
+    assert config.data.hash_features == FEATURES == 2**30  # written out, as the run used it
+    assert describe(config.data.dataset).input_dim == FEATURES  # a run stored before: None
+    assert build_config({"data": {"hash_features": 4096}},
+                        {"data.dataset": f"criteo:{path}"}).data.hash_features == 4096
+    wide = load_sparse(f"libsvm-hashed:{path}", hash_features=2**40)
+    assert wide.train.indices.dtype == np.int64  # past 2^31 - 1 ids, as sparse-synthetic's
+    assert _row(wide.train, 0) == {_id(3, 2**40): 1.0}
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"data.hash_features": "2^x"}, "data.hash_features: a whole number such as 2^24 or "
+                                     "16777216, not '2^x'"),
+    ({"data.hash_features": 1}, "data.hash_features: Input should be greater than or equal "
+                                "to 2"),
+    ({"data.hash_features": "2^63"}, "data.hash_features: Input should be less than or equal "
+                                     "to 4611686018427387904"),
+    ({"data.hash_features": "2^8", "data.dataset": "digits"},
+     "data.hash_features (--hash-features) is the number of ids libsvm-hashed:PATH and "
+     "criteo:PATH hash their features into; data set digits is neither"),
+    ({"data.hash_features": 256, "data.dataset": "sparse-synthetic:features=1000"},
+     "data set sparse-synthetic is neither (sparse-synthetic sizes its own: "
+     "sparse-synthetic:features=N)"),
+])
+def test_a_space_that_cannot_be_used_is_refused_saying_why(tmp_path: Path,
+                                                          given: dict[str, object],
+                                                          says: str) -> None:
+    path = _write(tmp_path / "u.svm", ["1 3:1", "0 4:1"])
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        build_config({}, {"data.dataset": f"libsvm-hashed:{path}", **given})
+    with pytest.raises(ConfigError, match=r"hashed into 2\.\.2\^62 ids, not 1"):
+        load_sparse(f"libsvm-hashed:{path}", hash_features=1)
 
 
 # A real run

@@ -4,6 +4,7 @@ gives every role forked after it (the same arrays, read-only, so their pages sta
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,14 @@ def test_a_sparse_data_set_is_generated_once_and_a_users_is_left_to_the_roles() 
     kept = load_sparse(name)
     assert load_sparse(name) is kept and not kept.train.indices.flags.writeable
     assert not preload("some_file.py:make", None, None)
+
+
+def test_a_hashed_file_is_kept_for_the_space_it_was_hashed_into(tmp_path: Path) -> None:
+    path = tmp_path / "k.svm"
+    path.write_text("1 3:1 70000:1\n0 4:1\n")
+    name = f"libsvm-hashed:{path}"
+    assert preload(name, None, None, 2**8)
+    kept = load_sparse(name, hash_features=2**8)
+    assert load_sparse(name, hash_features=2**8) is kept and kept.spec.input_dim == 2**8
+    default = load_sparse(name)  # another space: read afresh, not the template's copy
+    assert default is not kept and default.spec.input_dim == 2**30

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from engine.config import ModelConfig
 from engine.errors import ConfigError
 from engine.models.build import build_module, layout_of
 from engine.models.flat import FlatModel, calibration_sample, evaluate, refresh_buffers, train_step
@@ -26,12 +27,13 @@ EXAMPLE = REPO / "docs" / "examples" / "small_cnn.py"
 def test_builtin_layouts_match_the_modules_they_build(model: str,
                                                        shape: tuple[int, ...]) -> None:
     module = build_module(model, (32, 16), shape, 7, seed=0)
-    assert builtin_layout(model, (32, 16), shape, 7) == layout_of(module)
+    config = ModelConfig(name=model, hidden=(32, 16))
+    assert builtin_layout(config, shape, 7) == layout_of(module)
     assert module(torch.zeros(3, *shape)).shape == (3, 7)
 
 
 def test_the_mnist_cnn_is_lenet_with_431080_keys() -> None:
-    layout = builtin_layout("cnn", (), (1, 28, 28), 10)
+    layout = builtin_layout(ModelConfig(name="cnn", hidden=()), (1, 28, 28), 10)
     assert layout is not None and layout.num_keys == 431_080
     assert [s.name for s in layout.segments][::2] == [
         "features.0.weight", "features.3.weight", "classifier.0.weight", "classifier.3.weight"]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine import initial
+from engine.config import ModelConfig
 from engine.datasets.sparse import SparseSplit, generate, parse
 from engine.errors import ConfigError
 from engine.keys import KeyLayout
@@ -22,6 +23,8 @@ from engine.models.embedding import (
     embedding_layout,
     log_loss,
 )
+from engine.models.rows import rows_model
+from engine.plan import build_config
 
 SMALL = EmbeddingSpec(features=50, dim=3, hidden=4)
 
@@ -86,6 +89,18 @@ def test_a_table_of_up_to_2_to_the_62_keys_is_laid_out_and_nothing_past_the_limi
             EmbeddingSpec(**fields)  # type: ignore[arg-type]
 
 
+def test_the_dim_setting_sizes_the_rows_of_the_run_model() -> None:
+    config = build_config({}, {"data.dataset": "sparse-synthetic:features=1000",
+                               "model.name": "embedding", "model.embedding.dim": 4})
+    model = rows_model(config.model, 1000)
+    assert isinstance(model, EmbeddingMLP) and model.spec == EmbeddingSpec(1000, 4, 512)
+    table, fc1 = model.layout().segments[:2]
+    assert (table.shape, table.keys.end, fc1.shape) == ((1000, 4), 1000 * 4, (512, 4))
+    assert model.num_keys == 1000 * 4 + 512 * (4 + 2) + 1
+    default = rows_model(ModelConfig(name="embedding", hidden=(32,)), 1000)
+    assert isinstance(default, EmbeddingMLP) and default.spec == EmbeddingSpec(1000, 8, 32)
+
+
 def test_the_working_set_is_the_rows_the_batch_uses_then_every_dense_key() -> None:
     model = EmbeddingMLP(SMALL)
     keys = model.working_set(BATCH)
@@ -116,10 +131,16 @@ def reference_logits(spec: EmbeddingSpec, rows: SparseSplit, values: np.ndarray,
     return logits, pre
 
 
-def test_the_gradient_matches_central_differences_on_every_key() -> None:
-    model = EmbeddingMLP(SMALL)
+# dim 3, and dim 4 as the run's setting builds it (--embedding-dim 4).
+DIM_4 = ModelConfig(name="embedding", hidden=(4,), embedding={"dim": 4})
+
+
+@pytest.mark.parametrize("model", [EmbeddingMLP(SMALL), rows_model(DIM_4, 50)],
+                         ids=["dim-3", "dim-4-set"])
+def test_the_gradient_matches_central_differences_on_every_key(model: EmbeddingMLP) -> None:
+    assert model.spec.dim in (3, 4) and model.features == 50
     everything = np.random.default_rng(3).normal(0.0, 0.6, model.num_keys)
-    logits, pre = reference_logits(SMALL, BATCH, everything)
+    logits, pre = reference_logits(model.spec, BATCH, everything)
     # A ReLU within reach of a step of eps would make the difference quotient meaningless, and a
     # unit dead on every row would leave its keys' gradients 0 on both sides: neither here.
     assert np.abs(pre).min() > 0.02 and (pre > 0).any(axis=0).all()

@@ -164,6 +164,7 @@ def test_evaluate_counts_accuracy_and_mean_loss_over_batches() -> None:
 
 
 def test_a_registered_model_is_named_laid_out_and_asked_for_its_capabilities() -> None:
+    from engine.config import ModelConfig
     from engine.models.kinds import MODELS, SPARSE_ROWS, BuiltinModel, trains_sparse_rows
     from engine.models.spec import builtin_layout, check_model, model_file
     from engine.registry import Lazy
@@ -174,10 +175,10 @@ def test_a_registered_model_is_named_laid_out_and_asked_for_its_capabilities() -
     with MODELS.registered("tiny", BuiltinModel(one_weight, Lazy("x:y")), "one weight",
                            capabilities=frozenset({SPARSE_ROWS})):
         assert check_model(" Tiny ") == "tiny" and model_file("tiny") is None
-        assert builtin_layout("tiny", (), (4,), 3).num_keys == 3
+        assert builtin_layout(ModelConfig(name="tiny", hidden=()), (4,), 3).num_keys == 3
         assert trains_sparse_rows("tiny")
         with pytest.raises(ConfigError, match="train --model logreg or embedding or tiny"):
-            builtin_layout("mlp", (), (4,), 2, sparse=True)
+            builtin_layout(ModelConfig(name="mlp", hidden=()), (4,), 2, sparse=True)
     with pytest.raises(ConfigError,
                        match="use mlp, cnn, logreg, embedding or path/to/file.py:build"):
         check_model("tiny")

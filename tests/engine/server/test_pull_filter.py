@@ -95,3 +95,47 @@ def test_a_whole_model_pull_after_layer_pulls_is_whole_when_any_key_is_due() -> 
     assert rule.select(0, slice(0, 2), values[:2]) is not None
     assert rule.select(0, slice(0, 4), values) is None  # keys 2-3 are due
     assert rule.select(0, slice(0, 4), values) is not None
+
+
+def test_a_key_list_pull_is_filtered_key_by_key() -> None:
+    rule = SignificantlyModified(delta=0.5, refresh_every=3, workers=1, size=100)
+    rows = np.array([2, 40, 7], dtype=np.int64)
+    values = np.zeros(3, dtype=np.float32)
+    assert rule.select_rows(0, rows, values).tolist() == [0, 1, 2]  # never sent: all due
+    values[:] = [0.6, 0.1, 0.0]
+    assert rule.select_rows(0, rows, values).tolist() == [0]  # moved past 0.5
+    # Row 9 joins the list: due on its own, while the others stay filtered (a range pull would
+    # have been answered whole for one due key; a working set nearly always holds one).
+    more, more_values = np.array([2, 9, 40, 7]), np.array([0.6, 0.0, 0.1, 0.0], np.float32)
+    assert rule.select_rows(0, more, more_values).tolist() == [1]
+    # Rows 2, 40 and 7 were due on the 1st pull: whole again on their 4th.
+    assert rule.select_rows(0, rows, values).tolist() == [0, 1, 2]
+
+
+def test_keys_a_shard_does_not_store_are_always_sent_and_nothing_tracks_them() -> None:
+    rule = SignificantlyModified(delta=1.0, refresh_every=100, workers=1, size=8)
+    rows = np.array([-1, 3, -1], dtype=np.int64)
+    for _ in range(3):
+        chosen = rule.select_rows(0, rows, np.zeros(3, np.float32))
+        assert chosen is not None and chosen[[0, -1]].tolist() == [0, 2]
+
+
+def test_a_forgotten_worker_is_sent_everything_again() -> None:
+    rule = SignificantlyModified(delta=1.0, refresh_every=100, workers=2, size=4)
+    rows, values = np.arange(4), np.zeros(4, np.float32)
+    rule.select_rows(0, rows, values)
+    rule.select(1, slice(0, 4), values)
+    assert rule.select_rows(0, rows, values).tolist() == []
+    rule.forget(0)
+    assert rule.select_rows(0, rows, values).tolist() == [0, 1, 2, 3]
+    assert rule.select(1, slice(0, 4), values) is not None  # worker 1 is still held to its copy
+    assert rule.select_rows(5, rows, values) is None  # a tool's pull: everything
+
+
+def test_a_sparse_shards_state_grows_with_the_rows_pulled_not_its_capacity() -> None:
+    rule = SignificantlyModified(delta=0.0, refresh_every=100, workers=1, size=1 << 28)
+    rule.select_rows(0, np.array([0, 5]), np.zeros(2, np.float32))
+    state = rule._sent[0]
+    assert len(state.values) < 64
+    rule.select_rows(0, np.array([100_000]), np.zeros(1, np.float32))
+    assert 100_000 < len(state.values) <= 200_002

@@ -38,7 +38,7 @@ from engine.server.learning import Learning, make_learning
 from engine.server.optimizers import SGD
 from engine.server.pull_filter import PullFilter, make_pull_filter
 from engine.server.service import MAX_BAD_FRAMES, ShardServer
-from engine.server.shard import ShardState
+from engine.server.shard import ShardState, SparseKeys
 from engine.transport import MemoryTransport, WebSocketTransport
 from engine.transport.base import Transport
 from engine.transport.tcp import TcpTransport
@@ -100,19 +100,22 @@ class Rig:
         momentum: float = 0.0,
         learning: Callable[[], Learning] | None = None,
         pull_filter: Callable[[int], PullFilter] | None = None,
+        sparse: SparseKeys | None = None,
     ) -> None:
         for rank, owned in enumerate(keys):
             ranges = layout.clock_ranges(owned) if layout is not None else None
+            size = len(owned) if sparse is None else sparse.capacity
             state = ShardState(
                 owned,
                 make_controller(model, workers=workers, ranges=len(ranges or [owned])),
-                SGD(len(owned), lr=LR, momentum=momentum),
+                SGD(size, lr=LR, momentum=momentum),
                 workers=workers,
                 ranges=ranges,
+                sparse=sparse,
                 **({"learning": learning()} if learning is not None else {}),
             )
             server = ShardServer(state, run=RUN, rank=rank, max_frame_bytes=max_frame_bytes,
-                                 pull_filter=pull_filter(len(owned)) if pull_filter else None)
+                                 pull_filter=pull_filter(size) if pull_filter else None)
             address = self.server_loop.call(
                 server.start(self.transport, "127.0.0.1", 0, token=TOKEN), 10
             )
@@ -415,6 +418,59 @@ def test_a_filtered_pull_sends_only_what_moved_and_the_client_fills_in_the_rest(
     probe.wait(probe.pull(keys, exact, clock=ANY_CLOCK))
     np.testing.assert_array_equal(out, exact)
     assert exact[1] == pytest.approx(START8[1] - 2 * LR * 0.01)
+
+
+def test_filtered_pulls_of_sparse_shards_by_key_send_what_moved_or_was_never_sent(
+        rig: Rig) -> None:
+    # Two sparse shards of a 2^40-key space, pulled by key as a sparse worker pulls its working
+    # set: the client holds what it was sent by key (no dense copy of 2^40 keys).
+    def initial(keys: np.ndarray) -> np.ndarray:
+        return (keys % 7).astype(np.float32)
+
+    half = 2**39
+    rig.start([KeyRange(0, half), KeyRange(half, 2 * half)], model="asp", workers=1,
+              pull_filter=lambda size: make_pull_filter("significant:0.1", 4, 1, size),
+              sparse=SparseKeys(capacity=64, initial=initial))
+    worker = rig.client(0, wire=WireFormat(keeps_copy=True))
+    probe = rig.client(0, role=Role.CLIENT)  # not a worker: never filtered
+
+    def exact(keys: np.ndarray) -> np.ndarray:
+        values = np.empty(len(keys), np.float32)
+        probe.wait(probe.pull(keys, values, clock=ANY_CLOCK))
+        return values
+
+    def pulled(client: ParameterClient, keys: np.ndarray) -> tuple[np.ndarray, PullResult]:
+        values = np.full(len(keys), -999.0, np.float32)
+        return values, client.wait(client.pull(keys, values, clock=ANY_CLOCK))
+
+    keys = np.array([3, 10, 2**38, half + 5, half + 2**30, 2 * half - 1], dtype=np.uint64)
+    out, first = pulled(worker, keys)  # nothing stored yet: every key is sent
+    np.testing.assert_array_equal(out, initial(keys))
+    grad = np.array([1.0, 0.01, -1.0, 0.01, 0.5, 0.0], np.float32)
+    worker.wait(worker.push(keys, grad, clock=0, base_versions=first.versions))
+    held, second = pulled(worker, keys)  # stored rows never sent by row: due, so all sent
+    np.testing.assert_array_equal(held, exact(keys))
+    worker.wait(worker.push(keys, grad, clock=1, base_versions=second.versions))
+    out, third = pulled(worker, keys)
+    # Moved by 0.5, 0.5 and 0.25: sent; by 0.005, or not at: the values the worker holds.
+    big = np.abs(LR * grad) > 0.1
+    np.testing.assert_array_equal(out[big], exact(keys)[big])
+    np.testing.assert_array_equal(out[~big], held[~big])
+    assert third.bytes_received < second.bytes_received
+    # A key the shard does not store is sent (its initial value) beside the filtered ones.
+    more = np.sort(np.append(keys, np.uint64(12345)))
+    out, _ = pulled(worker, more)
+    assert out[np.searchsorted(more, 12345)] == initial(np.array([12345]))[0]
+    # Every 4th answer of a row is whole (the 2nd pull, then the 6th): exact values again.
+    out, _ = pulled(worker, keys)
+    np.testing.assert_array_equal(out[~big], held[~big])
+    out, _ = pulled(worker, keys)
+    np.testing.assert_array_equal(out, exact(keys))
+    # A new connection of worker 0 (a restarted worker, holding nothing) is sent every value.
+    worker.wait(worker.push(keys, grad / 100, clock=2, base_versions={}))
+    restarted = rig.client(0, wire=WireFormat(keeps_copy=True))
+    out, _ = pulled(restarted, keys)
+    np.testing.assert_array_equal(out, exact(keys))
 
 
 def test_a_filtered_answer_without_a_copy_is_refused_clearly(rig: Rig) -> None:

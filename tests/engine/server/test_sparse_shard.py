@@ -88,6 +88,34 @@ def test_a_sparse_shard_holds_what_a_dense_one_does(optimizer: str, model: str) 
     assert sparse.version == dense.version
 
 
+@pytest.mark.parametrize("optimizer", ["sgd-l1", "adagrad-l1"])
+def test_keys_never_pushed_shrink_from_their_initial_values_as_a_dense_shards_do(
+        optimizer: str) -> None:
+    # Nonzero starting values (a rule, as an embedding's) under the L1 proximal step: a key
+    # nobody pushed has been shrunk by every step so far, stored or not.
+    def ruled(sparse: bool) -> KeyLayout:
+        return KeyLayout((Segment("w", (2000,), KeyRange(0, 2000), sparse=sparse,
+                                  init="normal:0.5"),))
+
+    cfg = config(optimizer)
+    dense, sparse = build_shard(cfg, KEYS, ruled(False)), build_shard(cfg, KEYS, ruled(True))
+    start = everything(sparse)
+    apply(dense, pushes(2, 10, 2)[:5])
+    apply(sparse, pushes(2, 10, 2)[:5])
+    after = everything(sparse)
+    np.testing.assert_array_equal(after, everything(dense))
+    unpushed = np.setdiff1d(np.arange(len(KEYS)), np.concatenate(
+        [keys - KEYS.start for _, _, keys, _ in pushes(2, 10, 2)[:5]]))
+    assert (np.abs(after[unpushed]) <= np.abs(start[unpushed])).all()
+    assert (after[unpushed] != start[unpushed]).any()
+    # The rest, and read again: the dense shard settled its keys at the first read and again
+    # now, the sparse one shrinks an unstored key once by the whole sum (the same in reals,
+    # within float32's rounding of the two subtractions).
+    apply(dense, pushes(2, 10, 2)[5:])
+    apply(sparse, pushes(2, 10, 2)[5:])
+    np.testing.assert_allclose(everything(sparse), everything(dense), rtol=1e-6, atol=1e-7)
+
+
 def test_a_key_never_pushed_reads_its_initial_value_and_is_not_stored() -> None:
     def initial(keys: np.ndarray) -> np.ndarray:
         return (keys % 7).astype(np.float32)

@@ -1,4 +1,4 @@
-"""engine/server/sparse_keys.py: the key -> row map of a sparse shard agrees with a dict through
+"""engine/keyrows.py: the key -> row map of a sparse shard agrees with a dict through
 many batches and merges, assigns rows in arrival order, and refuses what does not fit whole."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import engine.keyrows as sparse_keys
 from engine.errors import ShardFull
-from engine.server import sparse_keys
-from engine.server.sparse_keys import KeyRows
+from engine.keyrows import KeyRows
 
 
 def test_rows_agree_with_a_dict_through_batches_and_merges(
