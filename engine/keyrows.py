@@ -58,23 +58,33 @@ class KeyRows:
         keys = np.asarray(keys, dtype=np.int64)
         rows = self.find(keys)
         new = rows < 0
-        count = int(new.sum())
+        if new.any():
+            rows[new] = self.add(keys[new])
+        return rows, new
+
+    def add(self, keys: np.ndarray) -> np.ndarray:
+        """The rows of ``keys``, distinct and none of them stored (the caller looked them up
+        already: one search of the map fewer), stored now. Refused whole (ShardFull) if they do
+        not fit."""
+        keys = np.asarray(keys, dtype=np.int64)
+        count = len(keys)
+        rows = np.empty(count, dtype=np.int64)
         if count == 0:
-            return rows, new
+            return rows
         if self.used + count > self.capacity:
             raise ShardFull(f"this shard stores {self.used:,} keys and can hold "
                             f"{self.capacity:,}: {count:,} more do not fit")
-        order = np.argsort(keys[new], kind="stable")  # one sort: the run's keys, their rows
-        fresh = keys[new][order]
+        order = np.argsort(keys, kind="stable")  # one sort: the run's keys, their rows
+        fresh = keys[order]
         if len(fresh) > 1 and (fresh[1:] == fresh[:-1]).any():
             raise ValueError("keys to store must be distinct")
         fresh_rows = np.arange(self.used, self.used + count, dtype=np.int64)
-        rows[np.flatnonzero(new)[order]] = fresh_rows
+        rows[order] = fresh_rows
         self.used += count
         self._runs[1] = _merge(self._runs[1], (fresh, fresh_rows))
         if len(self._runs[1][0]) > max(MIN_DELTA, len(self._runs[0][0]) // DELTA_SHARE):
             self._runs = [_merge(*self._runs), _empty()]
-        return rows, new
+        return rows
 
     def keys(self) -> np.ndarray:
         """The key of each row 0..used-1 (what a checkpoint stores beside the rows)."""

@@ -47,6 +47,11 @@ class PullFilter(Protocol):
         """``worker`` holds nothing it was sent (a new connection: a restarted worker)."""
         ...
 
+    def forget_all(self) -> None:
+        """The shard's state was replaced (a copy restored from a snapshot): a sparse shard's
+        rows may hold other keys now, so every worker is sent everything again."""
+        ...
+
 
 class SendAll:
     def select(self, worker: int, span: slice, values: np.ndarray) -> np.ndarray | None:
@@ -56,6 +61,9 @@ class SendAll:
         return None
 
     def forget(self, worker: int) -> None:
+        pass
+
+    def forget_all(self) -> None:
         pass
 
 
@@ -86,6 +94,9 @@ class SignificantlyModified:
 
     def forget(self, worker: int) -> None:
         self._sent.pop(worker, None)
+
+    def forget_all(self) -> None:
+        self._sent.clear()
 
     def _of(self, worker: int, rows: int) -> _Sent | None:
         if not 0 <= worker < self.workers:

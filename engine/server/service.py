@@ -178,9 +178,9 @@ class ShardServer:
         self.budget = budget or ServerBudget(limits)
         self.limits = self.budget.limits if limits is None else limits
         self._waiting: WaitingPulls[_Peer] = WaitingPulls()
+        self.pull_filter = pull_filter or SendAll()
         self.state = state
         self._decisions: set[asyncio.Task[None]] = set()
-        self.pull_filter = pull_filter or SendAll()
         self._on_syncs = on_syncs
         self.run = run
         self.rank = rank
@@ -205,6 +205,7 @@ class ShardServer:
     def state(self, state: ShardState) -> None:
         state.controller.offload(OFFLOAD_FROM)
         self._state = state
+        self.pull_filter.forget_all()
         self._waiting.regroup(self._group_of)  # its clock ranges may differ
 
     async def start(self, transport: Transport, host: str, port: int, *, token: str) -> str:

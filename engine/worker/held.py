@@ -107,7 +107,7 @@ class KeyedHeld:
             raise ProtocolError("a shard answered a pull with keys it was not asked for")
         new = slots[at] < 0
         if new.any():
-            slots[at[new]], _ = self._slots.assign(asked[at[new]])
+            slots[at[new]] = self._slots.add(asked[at[new]])
             self._grow()
         if (slots < 0).any():
             _never_sent(asked[slots < 0])

@@ -139,3 +139,12 @@ def test_a_sparse_shards_state_grows_with_the_rows_pulled_not_its_capacity() -> 
     assert len(state.values) < 64
     rule.select_rows(0, np.array([100_000]), np.zeros(1, np.float32))
     assert 100_000 < len(state.values) <= 200_002
+
+
+def test_a_replaced_state_forgets_every_worker() -> None:
+    rule = SignificantlyModified(delta=1.0, refresh_every=100, workers=2, size=4)
+    rows, values = np.arange(4), np.zeros(4, np.float32)
+    for worker in (0, 1):
+        rule.select_rows(worker, rows, values)
+    rule.forget_all()
+    assert [rule.select_rows(w, rows, values).tolist() for w in (0, 1)] == [[0, 1, 2, 3]] * 2
