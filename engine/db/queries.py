@@ -611,8 +611,17 @@ def simulation_note(conn: Connection, run_id: str) -> str | None:
 
     return (f"compute {float(values.get('compute_ms', 0)):.3g} ms per batch "
             f"({how('compute_measured')}), network {values.get('network', '?')}, "
-            f"{float(values.get('update_ms', 0)):.3g} ms per dense update of the whole model "
+            f"{float(values.get('update_ms', 0)):.3g} ms per {update_of(values)} "
             f"({how('update_measured')})")
+
+
+def update_of(values: dict[str, Any]) -> str:
+    """What a simulated run's reference server update is: a model of sparse samples' is the
+    push of one batch's working set (its event says so), any other's the whole model."""
+    of = values.get("update_of")
+    if of is None:
+        return "dense update of the whole model"
+    return f"{of} ({int(values.get('update_keys', 0)):,} keys)"
 
 
 def _sync_summary(conn: Connection, run_id: str) -> SyncSummary | None:

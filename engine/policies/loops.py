@@ -101,8 +101,7 @@ def sparse_fits(run: RunConfig) -> None:
         ("train.overlap", train.overlap), ("train fetch_every/push_every/warm_start",
                                            train.downpour),
         ("comm.prune", comm.prune != "none"), ("comm.schedule", comm.schedule != "none"),
-        ("comm.range_size", comm.range_size is not None),
-        ("cluster.backend sim", run.cluster.backend == "sim")) if used]
+        ("comm.range_size", comm.range_size is not None)) if used]
     if unsupported:
         raise ValueError(f"the sparse logistic-regression loop does not take "
                          f"{', '.join(unsupported)}")

@@ -8,17 +8,18 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from engine import usermetrics
 from engine.budget import budget_of
 from engine.config import RunConfig
+from engine.datasets.sparse import SparseSplit
 from engine.errors import PsctlError, RunFailed
-from engine.keys import KeyLayout, RangePartitioner
+from engine.keys import KeyLayout, partition, split_keys_by_shard
 from engine.sim.client import SimClient
-from engine.sim.compute import Costs, costs_for
+from engine.sim.compute import Costs, costs_for, sparse_costs_for
 from engine.sim.network import Link, parse_network
 from engine.sim.server import Network, SimServer
 from engine.sim.worker import SIM_LOOPS, SharedModel, SimWorker, WorkerContext
@@ -32,6 +33,9 @@ from engine.wire.records import (
     divergence,
 )
 from engine.worker.loops import Shard, logged_with, shard_for
+
+if TYPE_CHECKING:
+    from engine.models.rows import Measured, RowsEvaluation, RowsModel
 
 # Rows go to the recorder in batches of this many (it queues them; the writer batches again).
 FLUSH_ROWS = 512
@@ -62,6 +66,19 @@ class _Progress:
         return sum(self.iterations.get(w, 0) / ipe for w, ipe in self.per_epoch.items()) / workers
 
 
+@dataclass
+class _Model:
+    """What the run's model gives the cluster."""
+
+    layout: KeyLayout
+    costs: Costs
+    initial: np.ndarray | None  # what worker 0 sends the servers; None: they start every key
+    inputs: np.ndarray | SparseSplit  # the training set
+    targets: np.ndarray
+    update_keys: int  # the keys of the reference update (the ``simulated`` event's update_ms)
+    detail: dict[str, Any] = field(default_factory=dict)  # more for the ``simulated`` event
+
+
 class SimCluster:
     def __init__(self, config: RunConfig, sink: Sink, *, epoch: float,
                  interrupted: threading.Event) -> None:
@@ -79,6 +96,11 @@ class SimCluster:
         self._marks = list(self.budget.marks()) if self.budget else []
         self._spent = 0
         self._evaluated_at: float | None = None
+        # The model: a dense one shared by every simulated worker, or one of sparse samples.
+        self.shared: SharedModel | None = None
+        self.rows: RowsModel | None = None
+        self._test: tuple[np.ndarray, np.ndarray] | None = None
+        self._evaluation: RowsEvaluation | None = None
 
     # -- building ---------------------------------------------------------------------------
 
@@ -107,6 +129,28 @@ class SimCluster:
 
     def _build(self) -> list[SimWorker]:
         """The data, the model, the costs, the servers (initialised) and the workers."""
+        from engine.datasets.sources import is_sparse_source
+
+        cfg = self.config
+        built = (self._sparse_model() if is_sparse_source(cfg.data.dataset)
+                 else self._dense_model())
+        layout, costs = built.layout, built.costs
+        self._event("simulated", network=cfg.sim.network,
+                    server_network=cfg.sim.server_network or cfg.sim.network,
+                    **costs.as_detail(built.update_keys), **built.detail)
+        self.network = Network()
+        self.servers = self._servers(layout, costs, built.initial)
+        workers = [self._worker(rank, layout, costs, built.inputs, built.targets)
+                   for rank in range(cfg.cluster.workers)]
+        per_epoch = workers[0].shard.iterations_per_epoch
+        for server in self.servers:  # schedules by epoch: as the coordinator's Start tells them
+            server.state.learning.start(per_epoch / cfg.train.push_every)
+        self._event("training_started", total_iterations=(
+            None if self.budget is not None else
+            per_epoch * cfg.train.epochs * cfg.cluster.workers))
+        return workers
+
+    def _dense_model(self) -> _Model:
         import torch
 
         from engine.datasets import load_dataset
@@ -118,47 +162,56 @@ class SimCluster:
         data_dir = Path(cfg.data.data_dir) if cfg.data.data_dir else None
         data = load_dataset(cfg.data.dataset, data_dir, train_limit=cfg.data.train_limit)
         model = FlatModel.for_run(cfg.model, data.spec, seed=cfg.train.seed)
-        layout = model.layout
         costs = costs_for(cfg, model, data.train_x, data.train_y)
-        self._event("simulated", network=cfg.sim.network,
-                    server_network=cfg.sim.server_network or cfg.sim.network,
-                    **costs.as_detail(model.num_keys))
         self.shared = SharedModel(model)
         self._test = data.test_x, data.test_y
-        self.network = Network()
-        self.servers = self._servers(layout, costs, model.params_np)
-        workers = [self._worker(rank, layout, costs, data.train_x, data.train_y)
-                   for rank in range(cfg.cluster.workers)]
-        per_epoch = workers[0].shard.iterations_per_epoch
-        for server in self.servers:  # schedules by epoch: as the coordinator's Start tells them
-            server.state.learning.start(per_epoch / cfg.train.push_every)
-        self._event("training_started", total_iterations=(
-            None if self.budget is not None else
-            per_epoch * cfg.train.epochs * cfg.cluster.workers))
-        return workers
+        return _Model(model.layout, costs, model.params_np, data.train_x, data.train_y,
+                      model.num_keys)
+
+    def _sparse_model(self) -> _Model:
+        """A model of sparse samples (engine.models.rows), as its workers and evaluator build
+        it: no torch, no values held; the servers start every key (worker 0 sends no INIT
+        unless the model gives initial values)."""
+        from engine.datasets.sources import load_sparse
+        from engine.models.rows import rows_model
+
+        cfg = self.config
+        data = load_sparse(cfg.data.dataset, train_limit=cfg.data.train_limit,
+                           hash_features=cfg.data.hash_features)
+        model = rows_model(cfg.model, data.spec.input_dim)
+        layout = model.layout()
+        costs, update_keys = sparse_costs_for(cfg, model, layout, data.train)
+        self.rows = model
+        self._evaluation = model.evaluation(data.train, data.test, cfg.optimizer.l1)
+        return _Model(layout, costs, model.initial_values(), data.train, data.train.labels,
+                      update_keys, {"update_keys": update_keys,
+                                    "update_of": "push of a batch's working set"})
 
     def _servers(self, layout: KeyLayout, costs: Costs,
-                 initial: np.ndarray) -> list[SimServer]:
+                 initial: np.ndarray | None) -> list[SimServer]:
         from engine.roles.server import build_shard
         from engine.server.pull_filter import make_pull_filter
 
         cfg = self.config
         servers = []
-        ranges = RangePartitioner().ranges(layout.num_keys, cfg.cluster.servers)
+        # As the coordinator cuts them: a mixed layout (the embedding model's sparse table and
+        # dense layers) never puts both kinds on one shard.
+        ranges = partition(layout, cfg.cluster.servers)
         for index, keys in enumerate(ranges):
             state = build_shard(cfg, keys, layout)
-            state.init(keys, initial[keys.start:keys.end])
+            if initial is not None:  # worker 0's INIT; sparse shards and rules start alone
+                state.init(keys, initial[keys.start:keys.end])
             link = Link(parse_network(cfg.sim.server_network or cfg.sim.network))
             pulls = make_pull_filter(cfg.comm.pull_filter, cfg.comm.refresh_every,
-                                     cfg.cluster.workers, len(keys))
+                                     cfg.cluster.workers, state.size)
             servers.append(SimServer(index, state, self.network, link, costs,
                                      max_queued=QUEUED_PER_WORKER * cfg.cluster.workers,
                                      on_syncs=self._syncs if index == 0 else None,
                                      pull_filter=pulls))
         return servers
 
-    def _worker(self, rank: int, layout: KeyLayout, costs: Costs, inputs: np.ndarray,
-                targets: np.ndarray) -> SimWorker:
+    def _worker(self, rank: int, layout: KeyLayout, costs: Costs,
+                inputs: np.ndarray | SparseSplit, targets: np.ndarray) -> SimWorker:
         from engine.policies.loops import loop_name
         from engine.wire.protocol import numpy_dtype, wire_dtype
         from engine.worker.filters import make_filter
@@ -168,13 +221,15 @@ class SimCluster:
                                  seed=cfg.train.seed, batch_size=cfg.train.batch_size)
         self.progress.per_epoch[rank] = shard.iterations_per_epoch
         ctx = WorkerContext(cfg, layout, self.shared, costs.compute_s, self._should_stop,
-                            self._record, self._epoch_done)
+                            self._record, self._epoch_done, self.rows)
         client = SimClient(rank, self.servers, Link(parse_network(cfg.sim.network)),
                            dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)), epoch=self.epoch,
                            keeps_copy=cfg.comm.pull_filter != "none")
-        grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments], layout.num_keys,
-                                  cfg.cluster.workers)
-        params = np.empty(layout.num_keys, dtype=np.float32)
+        grad_filter, params = None, np.empty(0, dtype=np.float32)
+        if self.rows is None:  # the sparse loop has no push filter and holds no values
+            grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments],
+                                      layout.num_keys, cfg.cluster.workers)
+            params = np.empty(layout.num_keys, dtype=np.float32)
         return SIM_LOOPS.get(loop_name(cfg))(rank, ctx, client, shard, params, grad_filter)
 
     # -- running ----------------------------------------------------------------------------
@@ -279,26 +334,21 @@ class SimCluster:
     def _evaluate(self, epoch: float) -> EvaluationRecord | None:
         """Test the model the servers hold now (once per virtual instant: a budget's mark and
         the periodic timer may fall together)."""
-        import torch
-
-        from engine.models.flat import evaluate
-
-        model = self.shared.model
-        for server in self.servers:
-            keys = server.state.keys
-            np.copyto(model.params_np[keys.start:keys.end], server.state.params)
-        inputs, targets = self._test
         usermetrics.take_open()  # only what testing logs is the evaluation's
-        accuracy, loss = evaluate(model.module, torch.from_numpy(inputs),
-                                  torch.from_numpy(targets))
+        if self._evaluation is not None:
+            measured, step = self._measure_sparse(self._evaluation)
+            accuracy, loss, facts = measured.accuracy, measured.loss, measured.facts
+        else:
+            (accuracy, loss), step, facts = self._measure_dense(), self._newest_version(), {}
         logged = usermetrics.take_open()
         now = asyncio.get_running_loop().time()
         if now == self._evaluated_at:
             return None
         self._evaluated_at = now
-        row = EvaluationRecord(at=self.epoch + now, elapsed_s=now, step=max(
-            int(s.state.versions.max()) for s in self.servers), accuracy=accuracy, loss=loss,
-            epoch=epoch)
+        row = EvaluationRecord(at=self.epoch + now, elapsed_s=now, step=step, accuracy=accuracy,
+                               loss=loss, epoch=epoch)
+        if facts:  # as the real evaluator: how sparse the model is, per measurement
+            self._event("sparse_model", epoch=row.epoch, objective=row.loss, **facts)
         self._metrics.extend(UserMetricRecord(role="evaluator", rank=0, iteration=row.step,
                                               at=row.at, name=name, value=value)
                              for name, value in logged.items())
@@ -315,6 +365,41 @@ class SimCluster:
         if target is not None and accuracy >= target:
             self._stop(f"target accuracy {target:.4f} reached")
         return row
+
+    def _measure_dense(self) -> tuple[float, float]:
+        """(accuracy, loss) of the servers' values on the test set, by the shared model."""
+        import torch
+
+        from engine.models.flat import evaluate
+
+        assert self.shared is not None and self._test is not None
+        model = self.shared.model
+        for server in self.servers:
+            keys = server.state.keys
+            np.copyto(model.params_np[keys.start:keys.end], server.state.params)
+        inputs, targets = self._test
+        return evaluate(model.module, torch.from_numpy(inputs), torch.from_numpy(targets))
+
+    def _newest_version(self) -> int:
+        return max(int(s.state.versions.max()) for s in self.servers)
+
+    def _measure_sparse(self, evaluation: RowsEvaluation) -> tuple[Measured, int]:
+        """As the real evaluator (engine.roles.evaluator.SparseEvaluator): the values of the
+        keys its evaluation asks for, read as its pulls are (any clock, no pull filter), and
+        the newest version of a shard they were read from; its metrics (``auc``) logged as the
+        evaluator's."""
+        keys = evaluation.keys
+        values = np.empty(len(keys), dtype=np.float32)
+        step = 0
+        ranges = [server.state.keys for server in self.servers]
+        for index, mine in split_keys_by_shard(keys, ranges):
+            state = self.servers[index].state
+            values[mine] = state.read(state.keys, keys[mine])
+            step = max(step, state.version_of(state.keys))
+        measured = evaluation.measure(values)
+        for name, value in measured.metrics.items():
+            usermetrics.log(name, value)
+        return measured, step
 
     def _finish(self, done: int, now: float) -> tuple[RunStatus, str | None, float]:
         self._flush()

@@ -24,7 +24,12 @@ from engine.wire.records import SyncRecord
 
 # An ACK carries its version in the header and one float64 scale as payload.
 ACK_BYTES = HEADER_BYTES + 8 + 8
-KEY_BYTES = 4  # a filtered pull's answer names its keys (uint32: every simulated model fits)
+
+
+def key_bytes(span: KeyRange) -> int:
+    """The bytes of one key of a frame's key list over ``span``: as the wire's ``key_kind``,
+    uint32 while the span ends within 2^32, else uint64 (a hashed feature space)."""
+    return 4 if span.end <= 2**32 else 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,10 @@ class Reply:
     wait_s: float = 0.0
     slowest_clock: int = 0
     scale: float | None = None
+    # A key-list pull answered to a client that keeps a copy: the keys sent and their values
+    # (a pull filter may leave some out), for the client to fill its copy from.
+    keys: np.ndarray | None = None
+    values: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -46,6 +55,8 @@ class PullRequest:
     link: Link
     reply: asyncio.Future[Reply]
     since: float = 0.0
+    index: np.ndarray | None = None  # a key-list pull: the sorted global keys asked for
+    keeps_copy: bool = False  # the client fills ``out`` itself, from the reply's keys
 
 
 @dataclass(slots=True)
@@ -140,6 +151,9 @@ class SimServer:
             self.pending.append(request)
 
     def _answer(self, request: PullRequest, waited_s: float) -> None:
+        if request.index is not None:
+            self._answer_keys(request, request.index, waited_s)
+            return
         # As the real shard: the pull filter picks the values to send (the worker's client
         # keeps its copy, into which ``out`` looks), and a filtered answer names its keys.
         current = self.state.read(request.span)
@@ -153,9 +167,26 @@ class SimServer:
             at = chosen - local.start
             values = narrow(current[at], request.dtype)
             request.out[at] = values
-            nbytes = HEADER_BYTES + 8 + values.nbytes + len(at) * KEY_BYTES
+            nbytes = HEADER_BYTES + 8 + values.nbytes + len(at) * key_bytes(request.span)
         reply = Reply(self.state.version_of(request.span), nbytes, waited_s,
                       self.state.slowest_clock(request.span))
+        self.network.send(self.link, request.link, nbytes, _resolve, request.reply, reply)
+
+    def _answer_keys(self, request: PullRequest, index: np.ndarray, waited_s: float) -> None:
+        """A key-list pull (a sparse model's working set), as the real shard answers it: the
+        values of the keys asked for, or those the pull filter lets through, key by key; the
+        answer names its keys either way."""
+        rows, current = self.state.read_keyed(request.span, index)
+        kept = self.pull_filter.select_rows(request.worker, rows, current)
+        keys, values = (index, current) if kept is None else (index[kept], current[kept])
+        values = narrow(values, request.dtype)
+        if not request.keeps_copy:  # no filter: every key asked for is answered
+            request.out[...] = values
+        nbytes = HEADER_BYTES + 8 + values.nbytes + len(keys) * key_bytes(request.span)
+        reply = Reply(self.state.version_of(request.span), nbytes, waited_s,
+                      self.state.slowest_clock(request.span),
+                      keys=keys if request.keeps_copy else None,
+                      values=values if request.keeps_copy else None)
         self.network.send(self.link, request.link, nbytes, _resolve, request.reply, reply)
 
     def _push(self, request: PushRequest) -> None:

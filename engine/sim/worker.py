@@ -1,9 +1,10 @@
 """A simulated worker: the worker role's loops as coroutines in virtual time.
 
-Each loop mirrors its real counterpart (``engine.worker.loops``, ``downpour``, ``delayed``):
-the same order of pulls, computations and pushes, the same push filter, the same rows. The
-gradient is real, computed on one model shared by every simulated worker (the values each worker
-pulled are copied in first); the virtual time it takes is the compute model's, stretched by the
+Each loop mirrors its real counterpart (``engine.worker.loops``, ``downpour``, ``delayed``,
+``sparse``): the same order of pulls, computations and pushes, the same push filter, the same
+rows. The gradient is real, computed on one model shared by every simulated worker (the values
+each worker pulled are copied in first; a model of sparse samples holds no values and computes
+on the pulled working set); the virtual time it takes is the compute model's, stretched by the
 worker's straggler factor and jitter.
 """
 
@@ -21,7 +22,10 @@ import numpy as np
 from engine import usermetrics
 from engine.budget import epochs_to_run
 from engine.config import RunConfig
+from engine.consistency.registry import CONSISTENCY_MODELS, OWN_DELAY, asynchronous
+from engine.datasets.sparse import SparseSplit
 from engine.keys import KeyLayout, KeyRange
+from engine.models.logreg import kkt_mask
 from engine.registry import Registry
 from engine.sim.client import SimClient
 from engine.wire.protocol import ANY_CLOCK
@@ -31,10 +35,11 @@ from engine.worker.client import PullResult, PushResult
 from engine.worker.filters import GradientFilter
 from engine.worker.heterogeneity import Slowdown
 from engine.worker.local_step import LocalStep
-from engine.worker.loops import Shard, iteration_row, merge_pushes, push_bytes
+from engine.worker.loops import Shard, finite_loss, iteration_row, merge_pushes, push_bytes
 
 if TYPE_CHECKING:
     from engine.models.flat import FlatModel
+    from engine.models.rows import RowsModel
 
 WARM_START_POLL_S = 0.05
 
@@ -50,7 +55,7 @@ class SharedModel:
         from engine.models.flat import train_step_np
 
         np.copyto(self.model.params_np, params)
-        assert isinstance(shard.inputs, np.ndarray)  # the simulator refuses sparse data sets
+        assert isinstance(shard.inputs, np.ndarray)  # sparse samples train in SparseWorker
         loss = train_step_np(self.model, shard.inputs[batch], shard.targets[batch])
         return loss, self.model.grads_np.copy()
 
@@ -61,11 +66,12 @@ class WorkerContext:
 
     config: RunConfig
     layout: KeyLayout
-    shared: SharedModel
+    shared: SharedModel | None  # None: a model of sparse samples (``rows``)
     compute_s: float
     should_stop: Callable[[], bool]
     record: Callable[[IterationRecord], None]
     epoch_done: Callable[[int, int], None]  # (rank, epoch)
+    rows: RowsModel | None = None
 
 
 class SimWorker:
@@ -83,6 +89,7 @@ class SimWorker:
         self.slowdown = Slowdown(self.config.heterogeneity, rank=rank,
                                  seed=self.config.train.seed, clock=self.loop.time)
         self.last_clock = -1
+        self.next_batch: np.ndarray | None = None
         self._ahead: tuple[int, asyncio.Future[PullResult]] | None = None
         self.cache = read_cache(self.config)  # SSP's: reads within the bound from the copy
 
@@ -102,9 +109,13 @@ class SimWorker:
             if self.filter is not None:
                 self.filter.start_epoch(epoch)
             rng = np.random.default_rng([self.config.train.seed, self.rank, epoch])
-            for batch in self.shard.batches(rng):
+            batches = self.shard.batches(rng)
+            for index, batch in enumerate(batches):
                 if self.ctx.should_stop():
                     return clock
+                # As the real loops: the sparse loop prefetches what the next batch needs
+                # (None: the epoch's last batch, whose successor is pulled when it comes).
+                self.next_batch = batches[index + 1] if index + 1 < len(batches) else None
                 await self.step(batch, epoch, clock)
                 clock += 1
             self.ctx.epoch_done(self.rank, epoch)
@@ -121,11 +132,16 @@ class SimWorker:
             self._ahead = None
 
     async def compute(self, batch: np.ndarray) -> tuple[float, np.ndarray]:
+        assert self.ctx.shared is not None  # a dense model's loop
         loss, grads = self.ctx.shared.gradient(self.params, self.shard, batch)
+        await self.computing()
+        return loss, grads
+
+    async def computing(self) -> None:
+        """The virtual time of the gradient just computed."""
         # Before another worker computes: what the user's code logged since is this worker's.
         usermetrics.hold(self.rank)
         await asyncio.sleep(self.ctx.compute_s * self.slowdown.factor_now())
-        return loss, grads
 
     def push_order(self) -> list[KeyRange]:
         return [self.keys]
@@ -411,6 +427,98 @@ class DelayedWorker(SimWorker):
             await self._finish(task)
 
 
+@dataclass
+class _WorkingSet:
+    keys: np.ndarray  # sorted global keys
+    values: np.ndarray
+    pulled: asyncio.Future[PullResult]
+
+
+@dataclass
+class _SparseTask:
+    clock: int
+    push: asyncio.Future[PushResult]
+    row: IterationRecord  # provisional until the push is acknowledged
+
+
+class SparseWorker(SimWorker):
+    """A model of sparse samples, as the real sparse loop (``engine.worker.sparse``): bounded
+    delay's tasks, each compute, push, then the pull of the next batch's working set right
+    behind the push; task c computes once the pushes of tasks older than c - T are
+    acknowledged. Pulls and pushes are key lists of the batch's working set (the KKT filter
+    leaves out what the proximal step would keep at 0); each pull asks for the clock of the
+    batch it feeds (the newest values under an asynchronous model)."""
+
+    async def begin(self) -> None:
+        config = self.config
+        assert self.ctx.rows is not None
+        self.sparse: RowsModel = self.ctx.rows
+        self.l1 = config.optimizer.l1
+        self.kkt = config.comm.kkt_filter and self.l1 > 0
+        self.newest = asynchronous(config)
+        self.delay = (config.sync.delay if CONSISTENCY_MODELS.can(config.sync.model, OWN_DELAY)
+                      else 0)
+        self._tasks: deque[_SparseTask] = deque()
+        self._next: _WorkingSet | None = None
+
+    async def step(self, batch: np.ndarray, epoch: int, clock: int) -> None:
+        rows = self.shard.inputs
+        assert isinstance(rows, SparseSplit)
+        current = rows.rows(np.sort(batch))
+        following = None if self.next_batch is None else rows.rows(np.sort(self.next_batch))
+        started, t0 = self.client.now(), self.loop.time()
+        while self._tasks and self._tasks[0].clock < clock - self.delay:
+            await self._finish(self._tasks.popleft())
+        pull = self._next or self._pull(current, clock)
+        self._next = None  # taken: end() must not wait for it again
+        pulled = await pull.pulled
+        t1 = self.loop.time()
+        loss, grad = self.sparse.gradient(current, pull.keys, pull.values)
+        finite_loss(loss)
+        await self.computing()
+        keys, values = pull.keys, grad
+        if self.kkt:
+            mask = kkt_mask(pull.values, grad, self.l1)
+            keys, values = keys[mask], grad[mask]
+        t2 = self.loop.time()
+        pushed_at = self.client.now()
+        # Every shard gets a frame (an empty one commits the clock), as the real push's span.
+        push = asyncio.ensure_future(self.client.push(
+            self.keys, values, index=keys, clock=clock, base_versions=pulled.versions,
+            pushed_at=pushed_at, waited_s=0.0, final=clock == self.last_clock))
+        # Started after the push's task, so its frames take the link behind the push's.
+        self._next = self._pull(following, clock + 1) if following is not None else None
+        t3 = self.loop.time()
+        wait_s = min(pulled.wait_s, t1 - t0)
+        row = iteration_row(self.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
+                            t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
+        self._tasks.append(_SparseTask(clock, push,
+                                       row.model_copy(update={"pushed_at": pushed_at})))
+
+    def _pull(self, batch: SparseSplit, clock: int) -> _WorkingSet:
+        keys = self.sparse.working_set(batch)
+        values = np.empty(len(keys), dtype=np.float32)
+        return _WorkingSet(keys, values, asyncio.ensure_future(self.client.pull_keys(
+            keys, values, ANY_CLOCK if self.newest else clock)))
+
+    async def _finish(self, task: _SparseTask) -> None:
+        pushed = await task.push
+        self.ctx.record(task.row.model_copy(update={
+            "staleness": pushed.staleness, "lr_scale": pushed.lr_scale, **push_bytes(pushed),
+            "bytes_sent": task.row.bytes_sent + pushed.bytes_sent,
+            "bytes_received": task.row.bytes_received + pushed.bytes_received,
+            "acked_at": pushed.answered_at}))
+
+    async def end(self) -> None:
+        """Settle every task; a prefetch no step will use (the run stopped between it and its
+        batch) is dropped unless answered, as the other loops' pulls sent ahead."""
+        while self._tasks:
+            await self._finish(self._tasks.popleft())
+        if self._next is not None and not self._next.pulled.done():
+            self._next.pulled.cancel()
+        self._next = None
+
+
 async def _merged(pushes: list[asyncio.Future[PushResult]]) -> PushResult:
     return merge_pushes(list(await asyncio.gather(*pushes)))
 
@@ -425,3 +533,5 @@ SIM_LOOPS.register("downpour", DownpourWorker, "asp: fetch every N, push the sum
                    "the replica's own step between fetches")
 SIM_LOOPS.register("delayed", DelayedWorker, "bounded delay: up to T iterations of "
                    "communication in flight, the global dependency kept by the servers")
+SIM_LOOPS.register("sparse", SparseWorker, "sparse samples: pull and push each batch's working "
+                   "set by key, KKT filter, bounded delay's tasks")

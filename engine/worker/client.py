@@ -335,8 +335,10 @@ class ParameterClient:
         dense: int = 0,
     ) -> Result:
         sent = sum(len(data) for _, data, _, _ in frames)
-        replies = await asyncio.gather(*(self._reply(kind, request_id, frame)
-                                         for frame in frames))
+        extras = [extra for _, _, _, extra in frames]  # a pull's (out, asked) per frame
+        replies = await asyncio.gather(*(
+            self._reply(kind, request_id, (index, data, rid), extra)
+            for (index, data, rid, _), extra in zip(frames, extras, strict=True)))
         answered_at = time.time()
         received = sum(nbytes for _, nbytes in replies)
         parts = [(index, data, extra) for index, data, _, extra in frames]
@@ -352,12 +354,12 @@ class ParameterClient:
         return PushResult(versions, max(staleness, 0), sent, received, answered_at, scale, keys,
                           dense)
 
-    async def _reply(self, kind: MsgType, request_id: int,
-                     frame: tuple[int, bytearray, int, Any]) -> tuple[Frame, int]:
+    async def _reply(self, kind: MsgType, request_id: int, frame: tuple[int, bytearray, int],
+                     extra: Any) -> tuple[Frame, int]:
         # A pull's answer is filled in as it arrives, not when the request's last shard has
         # answered: a shard's filtered answers are relative to what it sent before, so the
         # copy takes them in the order the shard sent them.
-        index, data, rid, extra = frame
+        index, data, rid = frame
         reply = await self._connections[index].request(rid, data)
         if kind is MsgType.PULL:
             out, asked = extra

@@ -9,6 +9,7 @@ each test knows exactly what the page must show. Every request off this machine 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -148,12 +149,21 @@ def test_process_samples_follow_the_snapshot_bounded(run_db: Path) -> None:
         engine.dispose()
 
 
-def test_new_samples_arrive_as_deltas(run_db: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def watched_copy(run_db: Path, tmp_path: Path) -> Iterator[tuple[Path, Any, live.LiveState]]:
+    """A copy of the database to write to, and the live view of the elastic run on it."""
     db = tmp_path / "copy.db"
     shutil.copy(run_db, db)
     engine = open_engine(db, readonly=True)
     try:
         _, state = live.snapshot(engine, ELASTIC)
+        yield db, engine, state
+    finally:
+        engine.dispose()
+
+
+def test_new_samples_arrive_as_deltas(run_db: Path, tmp_path: Path) -> None:
+    with watched_copy(run_db, tmp_path) as (db, engine, state):
         with sqlite3.connect(db) as conn:
             at = conn.execute("SELECT max(at) FROM process_samples WHERE run_id = ?",
                               (ELASTIC,)).fetchone()[0]
@@ -163,8 +173,6 @@ def test_new_samples_arrive_as_deltas(run_db: Path, tmp_path: Path) -> None:
         assert change is not None and change["process_samples"] == [
             ["worker", 0, at + 1, 55.0, 3, 2]]
         assert live.delta(engine, state) is None  # sent once
-    finally:
-        engine.dispose()
 
 
 def test_the_stored_keys_reach_the_page_where_the_servers_said(run_db: Path) -> None:
@@ -183,11 +191,7 @@ def test_the_stored_keys_reach_the_page_where_the_servers_said(run_db: Path) -> 
 
 def test_the_stored_keys_arrive_as_a_delta_when_the_servers_end(run_db: Path,
                                                                  tmp_path: Path) -> None:
-    db = tmp_path / "copy.db"
-    shutil.copy(run_db, db)
-    engine = open_engine(db, readonly=True)
-    try:
-        _, state = live.snapshot(engine, ELASTIC)
+    with watched_copy(run_db, tmp_path) as (db, engine, state):
         with sqlite3.connect(db) as conn:
             conn.execute("INSERT INTO events (run_id, at, kind, detail) VALUES (?, ?, ?, ?)",
                          (ELASTIC, time.time(), "checkpoint", "{}"))
@@ -197,8 +201,6 @@ def test_the_stored_keys_arrive_as_a_delta_when_the_servers_end(run_db: Path,
             _add_server_stats(conn, ELASTIC, time.time())
         change = live.delta(engine, state)
         assert change is not None and change["stored"] == STORED
-    finally:
-        engine.dispose()
 
 
 def test_plotly_is_served_gzipped_and_immutable(run_db: Path) -> None:

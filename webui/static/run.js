@@ -797,8 +797,12 @@
     }
     const d = ev.detail || {};
     const how = (k) => (d[k] ? "measured" : "given");
+    // A model of sparse samples' reference update is a batch's working set (its event says so).
+    const update = d.update_of
+      ? `${d.update_of} (${Number(d.update_keys || 0).toLocaleString("en-US")} keys)`
+      : "dense update of the whole model";
     banner.textContent = `Simulated cluster, virtual time: compute ${Number(d.compute_ms).toPrecision(3)} ms per batch (${how("compute_measured")}), ` +
-      `network ${d.network}, ${Number(d.update_ms).toPrecision(3)} ms per dense update of the whole model (${how("update_measured")}).`;
+      `network ${d.network}, ${Number(d.update_ms).toPrecision(3)} ms per ${update} (${how("update_measured")}).`;
   }
 
   function renderEvents() {

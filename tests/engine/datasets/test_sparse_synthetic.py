@@ -92,8 +92,8 @@ def test_load_sparse_limits_the_training_rows() -> None:
 @pytest.mark.parametrize(("settings", "says"), [
     ({"model": {"name": "mlp"}}, "sparse data sets train model logreg or embedding, not mlp"),
     ({"model": {"name": "logreg"}, "comm": {"prune": "topk:1%"}}, "does not take comm.prune"),
-    ({"model": {"name": "logreg"}, "cluster": {"backend": "sim"}},
-     "does not take cluster.backend sim"),
+    ({"model": {"name": "logreg"}, "train": {"overlap": True}, "sync": {"model": "asp"}},
+     "does not take train.overlap"),
 ])
 def test_sparse_runs_refuse_what_their_loop_cannot_do(settings: dict[str, object],
                                                       says: str) -> None:

@@ -170,10 +170,10 @@ def test_every_worker_loop_has_a_simulated_twin() -> None:
     from engine.sim.worker import SIM_LOOPS
 
     # scheduled is refused on the sim backend (comm.schedule), as the config test above shows;
-    # sparse trains sparse data sets, which the simulator refuses (test_sparse_synthetic.py);
     # sandblaster is --optimizer lbfgs's, which the simulator refuses too (below); wait-free
-    # pushes from inside backward, which the compute model does not cut into layers (refused)
-    assert set(WORKER_LOOPS.names()) - {"scheduled", "sparse", "sandblaster", "wait-free"} == \
+    # pushes from inside backward, which the compute model does not cut into layers (refused).
+    # sparse has its twin: test_sparse.py
+    assert set(WORKER_LOOPS.names()) - {"scheduled", "sandblaster", "wait-free"} == \
         set(SIM_LOOPS.names())
 
 

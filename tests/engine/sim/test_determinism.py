@@ -44,3 +44,25 @@ def test_same_seed_same_rows_and_another_seed_differs(tmp_path: Path) -> None:
     assert first == _rows(db, "b", "iterations", "worker, iteration")
     assert _rows(db, "a", "evaluations", "at") == _rows(db, "b", "evaluations", "at")
     assert first != _rows(db, "c", "iterations", "worker, iteration")
+
+
+_SPARSE = ("launch", "--backend", "sim", "--dataset",
+           "sparse-synthetic:features=2^30,nnz=20,samples=2000,test=500,ctr=0.2",
+           "--model", "embedding", "--workers", "2", "--servers", "2", "--epochs", "2",
+           "--straggler", "1:2x", "--jitter", "lognormal:0.3", "--compute-ms", "10",
+           "--server-ms", "0.5", "--no-live")
+
+
+def test_a_sparse_run_gives_the_same_rows_and_metrics_twice(tmp_path: Path) -> None:
+    """The embedding model's working sets, sparse and dense shards and AUC, in virtual time."""
+    db = tmp_path / "sim.db"
+    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+        done = psctl_in_process(*_SPARSE, "--seed", seed, "--name", name, db=db)
+        assert done.returncode == 0, done.stderr
+    first = _rows(db, "a", "iterations", "worker, iteration")
+    assert len(first) == 2 * 2 * 16  # 1,000 samples a worker: 16 batches of 64, 2 epochs
+    assert first == _rows(db, "b", "iterations", "worker, iteration")
+    assert _rows(db, "a", "evaluations", "at") == _rows(db, "b", "evaluations", "at")
+    metrics = _rows(db, "a", "user_metrics", "at, name")
+    assert metrics and metrics == _rows(db, "b", "user_metrics", "at, name")
+    assert first != _rows(db, "c", "iterations", "worker, iteration")
