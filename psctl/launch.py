@@ -23,7 +23,7 @@ from engine.keys import partition, ranges_needed
 from engine.launcher import LaunchResult, default_run_name
 from engine.models.device import check_here as check_device
 from engine.models.spec import builtin_layout
-from engine.plan import build_config
+from engine.plan import build_config, parse_config
 from engine.proctime import usable_cores
 from engine.roles.sampling import oversubscription
 from psctl.display import (
@@ -89,11 +89,17 @@ def _enough_ranges(config: RunConfig, needed: int) -> RunConfig:
     """A layout of sparse and dense keys (the embedding model's table and layers) needs a key
     range of each kind: where the run does not say how many ranges, it gets that many, spread
     over its servers as --key-ranges would (one server then serves both kinds)."""
-    if config.cluster.key_ranges is not None or needed <= config.cluster.ranges:
+    cluster = config.cluster
+    if cluster.key_ranges is not None or needed <= cluster.ranges:
         return config
     values = config.to_json_dict()
     values["cluster"]["key_ranges"] = needed
-    return RunConfig.model_validate(values)
+    try:  # checked again by every policy: a backend may not serve two ranges on one server
+        return parse_config(values)
+    except ConfigError as exc:
+        raise ConfigError(f"the model needs {needed} key ranges (its sparse and dense keys are "
+                          f"never one range) and {cluster.servers} server(s) hold "
+                          f"{cluster.ranges}: give --servers {needed} ({exc})") from None
 
 
 def repeats(config: RunConfig, count: int) -> tuple[str, list[RunConfig]]:

@@ -35,3 +35,11 @@ def test_a_layout_of_one_kind_keeps_one_range_a_server() -> None:
     config = compose({}, {"data.dataset": "sparse-synthetic:features=2^30,nnz=20",
                           "model.name": "logreg", "cluster.servers": 1})
     assert config.cluster.key_ranges is None and config.cluster.ranges == 1
+
+
+def test_a_backend_that_serves_one_range_a_server_says_to_add_servers() -> None:
+    with pytest.raises(ConfigError, match=r"needs 2 key ranges .* give --servers 2 \(.*"
+                                          r"sim does not model cluster.key_ranges"):
+        compose({}, {**CLICKS, "cluster.servers": 1, "cluster.backend": "sim"})
+    simulated = compose({}, {**CLICKS, "cluster.servers": 2, "cluster.backend": "sim"})
+    assert simulated.cluster.ranges == 2
