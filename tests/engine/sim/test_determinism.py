@@ -34,11 +34,16 @@ def _rows(db: Path, name: str, table: str, order: str) -> list[tuple[object, ...
         return rows
 
 
+def _three_runs(db: Path, args: tuple[str, ...]) -> None:
+    """Runs a and b with seed 0, c with seed 1."""
+    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+        done = psctl_in_process(*args, "--seed", seed, "--name", name, db=db)
+        assert done.returncode == 0, done.stderr
+
+
 def test_same_seed_same_rows_and_another_seed_differs(tmp_path: Path) -> None:
     db = tmp_path / "sim.db"
-    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
-        done = psctl_in_process(*_ARGS, "--seed", seed, "--name", name, db=db)
-        assert done.returncode == 0, done.stderr
+    _three_runs(db, _ARGS)
     first = _rows(db, "a", "iterations", "worker, iteration")
     assert len(first) == 4 * 2 * 3  # 768 training samples: 192 per worker, 3 batches of 64
     assert first == _rows(db, "b", "iterations", "worker, iteration")
@@ -56,9 +61,7 @@ _SPARSE = ("launch", "--backend", "sim", "--dataset",
 def test_a_sparse_run_gives_the_same_rows_and_metrics_twice(tmp_path: Path) -> None:
     """The embedding model's working sets, sparse and dense shards and AUC, in virtual time."""
     db = tmp_path / "sim.db"
-    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
-        done = psctl_in_process(*_SPARSE, "--seed", seed, "--name", name, db=db)
-        assert done.returncode == 0, done.stderr
+    _three_runs(db, _SPARSE)
     first = _rows(db, "a", "iterations", "worker, iteration")
     assert len(first) == 2 * 2 * 16  # 1,000 samples a worker: 16 batches of 64, 2 epochs
     assert first == _rows(db, "b", "iterations", "worker, iteration")
