@@ -473,8 +473,8 @@ class SimConfig(_Frozen):
             "[--network]"))
     server_ms: float | None = Field(
         None, ge=0, le=_LONGEST_S, json_schema_extra=flag("--server-ms"), description=(
-            "sim: milliseconds a server takes to apply a dense update of the whole model "
-            "[measured]"))
+            "sim: milliseconds a server takes to apply a dense update of the whole model (a "
+            "model of sparse samples: the push of one batch's working set) [measured]"))
 
     @model_validator(mode="after")
     def _one_compute(self) -> SimConfig:
