@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import RunConfig
-from engine.db.queries import reading
-from engine.db.schema import open_engine
-from engine.db.startup import run_start_up
+from engine.db.startup import StartUp, run_start_up
 from engine.recorder import Recorder
 from engine.wire.records import EventRecord, IterationRecord, RunStatus
+from tests.engine.db.db_reading import read_once
 
 RUN = "e" * 32
 ORIGIN = 1000.0
@@ -32,13 +31,8 @@ def _record(db: Path, events: list[tuple[str, dict[str, object]]]) -> None:
         recorder.close()
 
 
-def _start_up(db: Path):  # type: ignore[no-untyped-def]
-    engine = open_engine(db, readonly=True)
-    try:
-        with reading(engine, "reading start-up") as conn:
-            return run_start_up(conn, RUN)
-    finally:
-        engine.dispose()
+def _start_up(db: Path) -> StartUp | None:
+    return read_once(db, "reading start-up", lambda conn: run_start_up(conn, RUN))
 
 
 def test_the_moments_in_order_the_spans_and_each_process_s_own_start(tmp_path: Path) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import RunConfig
-from engine.db.queries import reading
-from engine.db.schema import open_engine
 from engine.db.stored import StoredKeys, stored_keys
 from engine.recorder import Recorder
 from engine.wire.records import EventRecord, RunStatus
 from psctl.detail_tables import stored_line
+from tests.engine.db.db_reading import read_once
 
 RUN = "d" * 32
 
@@ -26,12 +25,7 @@ def _stored(db: Path, details: list[dict[str, object]]) -> StoredKeys | None:
         recorder.finish(RunStatus.FINISHED)
     finally:
         recorder.close()
-    engine = open_engine(db, readonly=True)
-    try:
-        with reading(engine, "reading stored keys") as conn:
-            return stored_keys(conn, RUN)
-    finally:
-        engine.dispose()
+    return read_once(db, "reading stored keys", lambda conn: stored_keys(conn, RUN))
 
 
 def test_the_servers_stored_keys_are_summed_and_said(tmp_path: Path) -> None:
