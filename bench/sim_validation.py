@@ -178,12 +178,12 @@ def alone_costs(args: argparse.Namespace) -> dict[str, float]:
     """A batch's gradient and a dense server update of the model, each timed alone in this
     process with one torch thread (the simulator's own calibration, ``engine.sim.compute``)."""
     import torch
+    from engine.sim.compute import _time_compute, _time_update
 
     from engine.datasets import load_dataset
     from engine.models.flat import FlatModel
     from engine.models.spec import MLPSpec
     from engine.plan import build_config
-    from engine.sim.compute import _time_compute, _time_update
 
     torch.set_num_threads(1)
     dataset = "digits" if args.quick else "mnist"

@@ -12,11 +12,12 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from engine.errors import RequestTimeout
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 # While work runs on a thread beside an event loop, the thread is asked to hand the GIL back
 # every millisecond rather than every 5 (Python's default): numpy keeps the GIL between its
@@ -50,6 +51,30 @@ def _short_switches() -> Iterator[None]:
                 sys.setswitchinterval(_switch_saved)
 
 
+class Pending(Protocol[T_co]):
+    """A coroutine submitted to an ``IO``: a ``concurrent.futures.Future`` or an asyncio task."""
+
+    def done(self) -> bool: ...
+
+    def cancel(self) -> bool: ...
+
+
+class IO(Protocol):
+    """Where a client's network I/O runs, and how its caller waits for it: a ``LoopThread`` in a
+    real process (the caller blocks its thread), the simulator's event loop in virtual time
+    (``engine.sim.runtime.VirtualIO``: the caller's greenlet yields to the other roles)."""
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Pending[T]: ...
+
+    def result(self, pending: Pending[T], timeout: float) -> T:
+        """``pending``'s result; cancelled and ``TimeoutError`` after ``timeout`` seconds."""
+        ...
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float, what: str = "operation") -> T:
+        """Run ``coro`` and wait for it; ``RequestTimeout`` naming ``what`` after ``timeout``."""
+        ...
+
+
 class LoopThread:
     def __init__(self, name: str = "psctl-io") -> None:
         self.loop = asyncio.new_event_loop()
@@ -59,13 +84,20 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def result(self, pending: Pending[T], timeout: float) -> T:
+        assert isinstance(pending, concurrent.futures.Future)
+        try:
+            result: T = pending.result(timeout)
+            return result
+        except concurrent.futures.TimeoutError:
+            pending.cancel()
+            raise TimeoutError from None
+
     def call(self, coro: Coroutine[Any, Any, T], timeout: float, what: str = "operation") -> T:
         """Run ``coro`` on the loop and wait for it; RequestTimeout after ``timeout`` seconds."""
-        future = self.submit(coro)
         try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            return self.result(self.submit(coro), timeout)
+        except TimeoutError:
             raise RequestTimeout(f"{what} did not complete within {timeout:.1f} s") from None
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -99,9 +99,28 @@ BACKENDS.register("sim", _sim, "the whole cluster in one process, in virtual tim
                   capabilities=frozenset({VIRTUAL_TIME}))
 
 
+# The config sections only one backend reads: given to a run on another, they would be ignored.
+OWN_SECTIONS = {"sim": "sim", "ray": "ray"}
+
+
+def settings_apply(config: RunConfig) -> None:
+    """A setting that does not apply to the run's backend is refused, never ignored."""
+    backend = config.cluster.backend
+    for owner, section in OWN_SECTIONS.items():
+        given = getattr(config, section)
+        default = type(given)()
+        changed = [f"{section}.{name}" for name in type(given).model_fields
+                   if getattr(given, name) != getattr(default, name)]
+        if owner != backend and changed:
+            raise ValueError(f"{', '.join(changed)} appl{'ies' if len(changed) == 1 else 'y'} "
+                             f"to the {owner} backend only, and this run's is {backend} "
+                             f"(--backend {owner}, or leave {'it' if len(changed) == 1 else 'them'}"
+                             " out)")
+
+
 def load_free(config: RunConfig) -> bool:
     """Whether the run's numbers are the same however busy this machine is: a virtual-time
-    backend with every cost given (a measured cost is timed on this machine, once, and a busy
-    machine would time it slow)."""
-    given = config.sim.compute_ms is not None and config.sim.server_ms is not None
-    return BACKENDS.can(config.cluster.backend, VIRTUAL_TIME) and given
+    backend. Its measured costs are timed on this machine once and cached (a busy machine would
+    time them slow): ``engine.sim.cluster.calibrate`` measures them before several such runs
+    start at once."""
+    return BACKENDS.can(config.cluster.backend, VIRTUAL_TIME)

@@ -455,35 +455,65 @@ class EvalConfig(_Frozen):
             "evaluate at least every S seconds [10]"))
 
 
-class SimConfig(_Frozen):
-    """How the simulated cluster (``cluster.backend = "sim"``) turns work into virtual time."""
+class RegimeConfig(_Frozen):
+    """The compute and network a run is made to take, whatever runs it (``docs/simulation.md``):
+    the simulator models them in virtual time; real processes (local, ray) pad every batch and
+    shape every data-plane connection to them, so that a simulated verdict can be checked on
+    real processes in the same regime."""
 
-    compute: Literal["measured", "given"] = Field(
-        "measured", json_schema_extra=flag("--compute"), description=(
-            "sim: a worker's compute time per batch, measured (timed once on this machine, cached)"
-            " or given by --compute-ms [measured]"))
     compute_ms: float | None = Field(
         None, gt=0, le=_LONGEST_S, json_schema_extra=flag("--compute-ms"), description=(
-            "sim: milliseconds of compute per batch (implies --compute given)"))
-    network: str = Field("10gbit:50us", json_schema_extra=flag("--network"), description=(
-        "sim: BANDWIDTH:LATENCY of each server's link, e.g. 10gbit:50us [10gbit:50us]"))
+            "milliseconds of compute per batch at least: a real batch is padded to it (its "
+            "gradient still computed; a slower one takes what it takes), a simulated one "
+            "takes it; --straggler and --jitter stretch it [the batch's own time]"))
+    network: str | None = Field(
+        None, json_schema_extra=flag("--network"), description=(
+            "BANDWIDTH:LATENCY of each worker's link, e.g. 100mbit:5ms: real connections are "
+            "shaped to it in user space, the simulator models it [this machine's loopback]"))
     server_network: str | None = Field(
         None, json_schema_extra=flag("--server-network"), description=(
-            "sim: BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
+            "BANDWIDTH:LATENCY of each shard server's link, when it differs from a worker's "
             "[--network]"))
+
+
+class SimConfig(_Frozen):
+    """How the simulated cluster (``cluster.backend = "sim"``) turns work into virtual time,
+    beyond the regime every backend takes (``RegimeConfig``)."""
+
     server_ms: float | None = Field(
         None, ge=0, le=_LONGEST_S, json_schema_extra=flag("--server-ms"), description=(
             "sim: milliseconds a server takes to apply a dense update of the whole model (a "
             "model of sparse samples: the push of one batch's working set) [measured]"))
+    cores: int | None = Field(
+        None, ge=0, le=4096, json_schema_extra=flag("--sim-cores"), description=(
+            "sim: the cores the run's processes share, as a local run's share this machine's; "
+            "0: every role on a machine of its own [this machine's cores]"))
 
-    @model_validator(mode="after")
-    def _one_compute(self) -> SimConfig:
-        if self.compute == "given" and self.compute_ms is None:
-            raise ValueError("sim.compute given needs sim.compute_ms (--compute-ms MS)")
-        if self.compute == "measured" and self.compute_ms is not None:
-            raise ValueError("sim.compute_ms is only read with sim.compute given; "
-                             "--compute-ms sets both")
-        return self
+
+# Settings that moved (old stored configs and files name them so): old dotted key -> new, or
+# None where the setting is gone (its meaning is now always so).
+MOVED = {"sim.compute_ms": "regime.compute_ms", "sim.network": "regime.network",
+         "sim.server_network": "regime.server_network", "sim.compute": None}
+
+
+def upgraded(values: dict[str, Any]) -> dict[str, Any]:
+    """A stored run's ``values`` with the settings of ``MOVED`` under their new names (a copy),
+    so that a run recorded before they moved still resumes. They applied to the simulator only:
+    a real run's (its ``sim.network`` default among them) are dropped, never carried into a
+    regime it did not run in."""
+    sim = values.get("sim")
+    if not isinstance(sim, dict) or not any(old.split(".")[1] in sim for old in MOVED):
+        return values
+    out = {**values, "sim": {k: v for k, v in sim.items()
+                             if f"sim.{k}" not in MOVED}}
+    cluster = values.get("cluster")
+    simulated = isinstance(cluster, dict) and cluster.get("backend") == "sim"
+    regime = values.get("regime") or {}
+    if simulated and isinstance(regime, dict):
+        moved = {new.split(".")[1]: sim[old.split(".")[1]] for old, new in MOVED.items()
+                 if new is not None and sim.get(old.split(".")[1]) is not None}
+        out["regime"] = {**moved, **regime}
+    return out
 
 
 class FaultConfig(_Frozen):
@@ -561,6 +591,7 @@ class RunConfig(_Frozen):
     stop: StopConfig = StopConfig()
     eval: EvalConfig = EvalConfig()
     heterogeneity: HeterogeneityConfig = HeterogeneityConfig()
+    regime: RegimeConfig = RegimeConfig()
     sim: SimConfig = SimConfig()
     fault: FaultConfig = FaultConfig()
     ray: RayConfig = RayConfig()
@@ -660,6 +691,9 @@ def describe(exc: ValidationError, within: tuple[str, ...] = ()) -> str:
         if not (ours or error["type"] == "missing"):
             message += f" (got {_clipped(error['input'])})"
         where = ".".join([*within, *(str(part) for part in error["loc"])])
+        if error["type"] == "extra_forbidden" and where in MOVED:
+            message = (f"moved to {MOVED[where]}" if MOVED[where] else
+                       "is gone: --compute-ms alone says the compute time")
         problems.append(f"{where}: {message}" if where else message)
     return "invalid configuration: " + "; ".join(problems)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from engine.backends import BACKENDS
+from engine.backends import BACKENDS, settings_apply
 from engine.budget import parse_budget
 from engine.catalog import NAMED, OWNERS, names, own_settings
 from engine.config import RunConfig, describe, merge, validate
@@ -42,7 +42,7 @@ from engine.policies.loops import WORKER_LOOPS, loops_in_use
 from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
 from engine.server.pull_filter import parse_pull_filter
-from engine.sim.network import parse_network
+from engine.transport.shaping import parse_network
 from engine.worker.filters import parse_prune, warmup_fits
 
 # What a sparse data set implies (seed 003's workload), unless the run says otherwise.
@@ -187,7 +187,7 @@ CANONICAL: tuple[tuple[str, Callable[[Any], Any], bool], ...] = (
     ("data.dataset", check_source, False), ("model.name", check_model, False),
     ("comm.prune", lambda spec: parse_prune(spec).spec, True),
     ("comm.pull_filter", _pull_filter, True),
-    ("sim.network", _network, True), ("sim.server_network", _network, True),
+    ("regime.network", _network, True), ("regime.server_network", _network, True),
     ("fault.inject", _faults, True), ("stop.budget", _budget, True))
 
 
@@ -222,7 +222,7 @@ def _broken_rules(config: RunConfig) -> list[str]:
     problems: list[str] = []
     rules: list[Callable[[RunConfig], None]] = [
         partial(registry.check, name) for registry, name in checks]
-    for rule in [*rules, check_kills, _warmup_fits, hashed.hash_features_fit]:
+    for rule in [*rules, check_kills, _warmup_fits, hashed.hash_features_fit, settings_apply]:
         try:
             rule(config)
         except ValueError as exc:

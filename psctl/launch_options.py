@@ -235,8 +235,6 @@ def launch_overrides(options: Mapping[str, Any]) -> dict[str, Any]:
         if option.many:  # a repeated option: none given leaves the setting as it is
             value = tuple(value) if value else None
         overrides[option.setting] = value
-    if options.get("compute_ms") is not None:  # --compute-ms says the compute is given
-        overrides["sim.compute"] = "given"
     return overrides
 
 

@@ -52,6 +52,21 @@ def tags_for(study: Study, planned: Planned, study_id: str, *, smoke: bool) -> d
     return tags
 
 
+def _calibrate(configs: list[RunConfig], console: Console, name: str) -> None:
+    """Measure, one after another, the costs the simulations will read (each is timed on this
+    machine once and cached): several measured at once would time a busy machine."""
+    from engine.sim.cluster import calibrate
+
+    console.print(f"study {name}: measuring this machine's costs (once; cached)",
+                  highlight=False, markup=False)
+    seen: set[str] = set()
+    for config in configs:
+        key = config.model_dump_json(include={"data", "model", "optimizer", "train", "cluster"})
+        if key not in seen:
+            seen.add(key)
+            calibrate(config)
+
+
 def run_grid(study: Study, planned: list[Planned], db: Path, console: Console, *,
              study_id: str, smoke: bool, jobs: int = 1) -> Progress:
     """Every run: the load-free ones (engine.backends.load_free) ``jobs`` at a time, then the
@@ -72,6 +87,7 @@ def run_grid(study: Study, planned: list[Planned], db: Path, console: Console, *
                       highlight=False, markup=False, soft_wrap=True)
 
     if together:
+        _calibrate([one.config for _, one in together], console, study.name)
         console.print(f"study {study.name}: {len(together)} runs in virtual time, {jobs} at "
                       "a time", highlight=False, markup=False)
         run_parallel([(i, one, tags_for(study, one, study_id, smoke=smoke))

@@ -24,7 +24,6 @@ from engine.policies.loops import WORKER_LOOPS
 from engine.policies.optimizers import SERVER_OPTIMIZERS
 from engine.registry import Registry
 from engine.server.pull_filter import PULL_FILTERS
-from engine.sim.worker import SIM_LOOPS
 from engine.transport.kinds import TRANSPORTS
 from engine.wire.codecs import CODECS
 from engine.worker.filters import PRUNE_RULES
@@ -51,7 +50,6 @@ def table_after(heading: str) -> list[str]:
     ("### Wire codecs", CODECS),
     ("### Request schedules", REQUEST_SCHEDULES),
     ("### Backends", BACKENDS),
-    ("### Simulated worker loops", SIM_LOOPS),
     ("### Models", MODELS),
     ("### Data sets", DATASETS),
     ("### Transports", TRANSPORTS),

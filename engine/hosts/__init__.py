@@ -29,7 +29,7 @@ SECRETS = ("PSCTL_TOKEN", "PSCTL_CREDENTIAL")
 _NOT_PASSED_ON = ("PSCTL_TOKEN", "PSCTL_CREDENTIAL", "PSCTL_COORDINATOR", "PSCTL_RANK")
 # Measured on this machine kind: glibc returning and re-faulting 4 MB frames costs ~2 ms per
 # round trip; keeping large blocks mapped raised push/pull throughput by 25-47 %.
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
 # Fresh roles start in waves of this many per core: a hundred processes importing torch at once
 # on two cores all take minutes to say hello, where waves join one after the other.
 WAVE_PER_CPU = 2
@@ -128,7 +128,7 @@ def roles_own_environment() -> dict[str, str]:
     """What every role's environment takes from the launcher's: the allocator's settings and
     the settings meant for the roles (the data folder, the log level), never the run's
     secrets, which travel with them to whichever host runs them."""
-    own = dict(_MALLOC_ENV)
+    own = dict(MALLOC_ENV)
     own.update({key: value for key, value in os.environ.items()
                 if key.startswith("PSCTL_") and key not in _NOT_PASSED_ON})
     own["PYTHONUNBUFFERED"] = "1"

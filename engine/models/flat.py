@@ -22,7 +22,8 @@ from engine.keys import KeyLayout
 from engine.models.build import MLP, build_module, layout_of, trainable
 from engine.models.spec import MLPSpec
 
-__all__ = ["MLP", "FlatModel", "evaluate", "refresh_buffers", "train_step", "train_step_np"]
+__all__ = ["MLP", "FlatModel", "ModelSeat", "evaluate", "refresh_buffers", "train_step",
+           "train_step_np"]
 
 # Layers whose forward reads no parameter but their own, so that a pre-hook on each of them
 # runs before every read of every value (a custom module may read another's, or its own in a
@@ -163,11 +164,36 @@ class FlatModel:
         self.segment_to_host(index)
         ready(index)
 
+    def step(self, inputs: np.ndarray, targets: np.ndarray, *, to_host: bool = True) -> float:
+        """One gradient of a numpy batch into ``grads``; the batch loss."""
+        return train_step_np(self, inputs, targets, to_host=to_host)
+
     def segment_to_host(self, index: int) -> None:
         """Segment ``index``'s gradient into the host buffer (a copy on a GPU only)."""
         if not self.on_host:
             keys = self.layout.segments[index].keys
             self.grads[keys.start:keys.end].copy_(self._dgrads[keys.start:keys.end])
+
+
+class ModelSeat:
+    """One simulated worker's place at a model that every simulated worker shares: its own
+    parameters (what it pulled) and gradient, computed on the shared torch model one worker at a
+    time (its parameters are copied in first). What a worker loop reads of a ``FlatModel``."""
+
+    def __init__(self, shared: FlatModel) -> None:
+        self.shared = shared
+        self.layout, self.num_keys = shared.layout, shared.num_keys
+        self.params_np = shared.params_np.copy()
+        self.grads_np = np.zeros_like(self.params_np)
+
+    def initial_values(self) -> np.ndarray:
+        return self.params_np
+
+    def step(self, inputs: np.ndarray, targets: np.ndarray, *, to_host: bool = True) -> float:
+        np.copyto(self.shared.params_np, self.params_np)
+        loss = self.shared.step(inputs, targets)
+        np.copyto(self.grads_np, self.shared.grads_np)
+        return loss
 
 
 def train_step(model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor, *,

@@ -33,14 +33,20 @@ from engine.wire.messages import Evaluate, Evaluation, Event, Exit, Stop, Welcom
 from engine.wire.protocol import ANY_CLOCK, Role
 from engine.wire.records import EvaluationRecord, EventRecord, UserMetricRecord
 from engine.worker.client import ParameterClient
+from engine.worker.timing import WALL, Clock
 
 
 class Evaluator:
+    """``clock``: where the time comes from (the simulator's is virtual); ``spend``: called once
+    the test is computed, where its CPU time is not spent by itself (the simulator's)."""
+
     def __init__(self, model: FlatModel, inputs: torch.Tensor, targets: torch.Tensor,
                  client: ParameterClient, started_at: float,
-                 calibration: torch.Tensor | None = None) -> None:
+                 calibration: torch.Tensor | None = None, *, clock: Clock = WALL,
+                 spend: Callable[[], None] | None = None) -> None:
         self.model, self.inputs, self.targets = model, inputs, targets
         self.client, self.started_at = client, started_at
+        self.clock, self.spend = clock, spend
         self.keys = KeyRange(0, model.num_keys)
         # Training samples to re-estimate batch-norm statistics from (docs/models.md).
         self.calibration = calibration
@@ -53,7 +59,9 @@ class Evaluator:
             refresh_buffers(self.model.module, self.calibration)
         forget_logged()  # the user's metrics are the test's alone (not batch-norm refreshing's)
         accuracy, loss = evaluate(self.model.module, self.inputs, self.targets)
-        now = time.time()
+        if self.spend is not None:
+            self.spend()
+        now = self.clock.now()
         return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0),
                                 step=max(pulled.versions.values()), accuracy=accuracy,
                                 loss=loss, epoch=epoch)
@@ -65,10 +73,12 @@ class SparseEvaluator:
     the evaluation computes of them; its extra numbers are logged as the evaluator's metrics."""
 
     def __init__(self, evaluation: RowsEvaluation, client: ParameterClient,
-                 started_at: float) -> None:
+                 started_at: float, *, clock: Clock = WALL,
+                 spend: Callable[[], None] | None = None) -> None:
         self.evaluation, self.keys = evaluation, evaluation.keys
         self.values = np.zeros(len(self.keys), dtype=np.float32)  # the values of ``keys``
         self.client, self.started_at = client, started_at
+        self.clock, self.spend = clock, spend
         self.facts: dict[str, int] = {}  # of the last measurement, for the sparse_model event
 
     def measure(self, epoch: float) -> EvaluationRecord:
@@ -77,7 +87,9 @@ class SparseEvaluator:
         for name, value in measured.metrics.items():
             usermetrics.log(name, value)
         self.facts = measured.facts
-        now = time.time()
+        if self.spend is not None:
+            self.spend()
+        now = self.clock.now()
         return EvaluationRecord(at=now, elapsed_s=max(now - self.started_at, 0.0), step=step,
                                 accuracy=measured.accuracy, loss=measured.loss, epoch=epoch)
 

@@ -16,7 +16,7 @@ from engine.wire.messages import MAX_START_S, Hello, RoleName
 
 _PR_SET_PDEATHSIG = 1
 # glibc's mallopt parameters, and the values the launcher gives every role in its environment
-# (engine.hosts._MALLOC_ENV: large frames stay mapped instead of being returned and faulted
+# (engine.hosts.MALLOC_ENV: large frames stay mapped instead of being returned and faulted
 # in again, measured 25-47 % more push/pull throughput).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _TRIM_BYTES, _MMAP_BYTES = 268435456, 33554432

@@ -18,6 +18,7 @@ from engine.roles import copy_orders as orders
 from engine.roles.beating import BeatSender, beat_target
 from engine.roles.copies import Copies, Endpoint, build_shard
 from engine.roles.lifecycle import hello
+from engine.roles.links import server_transport
 from engine.server.vectors import ShardVectors
 from engine.transport.base import Transport
 from engine.transport.control import ControlChannel
@@ -61,7 +62,8 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
     # Every shard decides the same barriers; shard 0's copies report them, in order.
     reports: asyncio.Queue[list[SyncRecord]] = asyncio.Queue()
     copies = Copies(rank, channel, config, layout_of(welcome),
-                    Endpoint(listening(transport, config.cluster.transport), token,
+                    Endpoint(server_transport(listening(transport, config.cluster.transport),
+                                              config), token,
                              bytes.fromhex(welcome.run_id)[:16], host, port),
                     on_syncs=reports.put_nowait)
     resume = Path(welcome.checkpoint) if welcome.checkpoint is not None else None

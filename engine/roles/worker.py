@@ -20,6 +20,7 @@ from engine.models.flat import FlatModel
 from engine.models.rows import RowsModel, rows_model
 from engine.policies.loops import ANY_ROWS, WORKER_LOOPS, loop_name
 from engine.roles.lifecycle import hello
+from engine.roles.links import worker_transport
 from engine.transport.base import Transport
 from engine.transport.control import SyncControl
 from engine.wire.messages import Event, Replicas, Welcome, layout_info
@@ -47,7 +48,8 @@ def run_worker(transport: Transport, coordinator: str, rank: int, *, token: str,
     torch.set_num_threads(config.train.torch_threads)
     with control.reporting():  # a bad data or model file fails the run with its reason
         shard, model = _shard_and_model(config, rank, welcome)
-    client = connect_client(transport, welcome, config, Role.WORKER, rank, token, io,
+    client = connect_client(worker_transport(transport, config), welcome, config, Role.WORKER,
+                            rank, token, io,
                             wire=WireFormat.of(config.comm.wire_dtype, config.comm.compress,
                                                keeps_copy=config.comm.pull_filter != "none",
                                                range_size=config.comm.range_size),

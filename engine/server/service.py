@@ -125,7 +125,7 @@ class _Peer:
 
     def enqueue(self, data: bytearray) -> None:
         if not self.queue:
-            self.head_since = time.monotonic()
+            self.head_since = self.owner.monotonic()
         self.queue.append(data)
         self.queued_bytes += len(data)
         self.budget.queued_bytes += len(data)
@@ -136,7 +136,7 @@ class _Peer:
         size = len(self.queue.popleft())
         self.queued_bytes -= size
         self.budget.queued_bytes -= size
-        self.head_since = time.monotonic()
+        self.head_since = self.owner.monotonic()
 
     def stop_sending(self) -> None:
         """Cancel the sending task and let go of it: Python 3.11 keeps a cancelled task's
@@ -173,7 +173,12 @@ class ShardServer:
                  on_syncs: Callable[[list[SyncRecord]], None] | None = None,
                  limits: ServerLimits | None = None,
                  pull_filter: PullFilter | None = None,
-                 budget: ServerBudget | None = None) -> None:
+                 budget: ServerBudget | None = None,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 offload_from: int | None = OFFLOAD_FROM) -> None:
+        # The simulator passes its virtual clock, and runs every decision in place (a thread
+        # would make its runs depend on this machine's timing).
+        self.monotonic, self._offload_from = monotonic, offload_from
         # Shared by the copies of one process (``engine.server.limits``); its own otherwise.
         self.budget = budget or ServerBudget(limits)
         self.limits = self.budget.limits if limits is None else limits
@@ -203,7 +208,8 @@ class ShardServer:
 
     @state.setter
     def state(self, state: ShardState) -> None:
-        state.controller.offload(OFFLOAD_FROM)
+        if self._offload_from is not None:
+            state.controller.offload(self._offload_from)
         self._state = state
         self.pull_filter.forget_all()
         self._waiting.regroup(self._group_of)  # its clock ranges may differ
@@ -228,8 +234,8 @@ class ShardServer:
             await self.link.close()
         if self._listener is not None:
             await self._listener.close()
-        deadline = time.monotonic() + _FLUSH_TIMEOUT_S
-        while any(peer.queue for peer in self._peers) and time.monotonic() < deadline:
+        deadline = self.monotonic() + _FLUSH_TIMEOUT_S
+        while any(peer.queue for peer in self._peers) and self.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
     def drain(self, reason: str) -> None:
@@ -360,7 +366,7 @@ class ShardServer:
             raise ProtocolError(refusal)
         peer.pending += 1
         self.budget.pull_waits(sender)
-        self._waiting.add(self._group_of(frame), peer, frame, time.perf_counter())
+        self._waiting.add(self._group_of(frame), peer, frame, self.monotonic())
 
     def _group_of(self, frame: Frame) -> GroupKey:
         ranges = self.state.index.touched(frame.keys)
@@ -466,7 +472,7 @@ class ShardServer:
         if not len(self._waiting):
             return
         state = self.state
-        now = time.perf_counter()
+        now = self.monotonic()
         for pull in self._waiting.release(
                 lambda f: state.pull_ready(f.rank, f.clock, f.keys)):
             self._pull_ended(pull)
@@ -578,7 +584,7 @@ class ShardServer:
         ``peer`` itself was the one to go."""
         budget = self.budget
         while budget.over(size):
-            victim = budget.slowest(peer)
+            victim = budget.slowest(peer, self.monotonic())
             if not isinstance(victim, _Peer):
                 return True
             victim.owner._too_slow(victim, (
@@ -611,8 +617,8 @@ class ShardServer:
                 await peer.wake.wait()
 
     async def _flush(self, peer: _Peer, *, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while peer.queue and time.monotonic() < deadline:
+        deadline = self.monotonic() + timeout
+        while peer.queue and self.monotonic() < deadline:
             await asyncio.sleep(0.005)
 
     async def _disconnect(self, peer: _Peer, reason: str) -> None:

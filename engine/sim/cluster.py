@@ -1,12 +1,23 @@
-"""The simulated cluster: builds the servers, workers and evaluator of a run in one process and
-runs them on a virtual-time loop, recording as the coordinator does (same tables, same events),
-with every timestamp virtual: the run's start plus virtual seconds."""
+"""The simulated cluster: a run's real roles in one process, in virtual time.
+
+The shard servers are the real ``ShardServer``s, the workers run the real worker loops
+(``engine.policies.loops``) with the real ``ParameterClient``, and the evaluator is the real
+one; they talk through the simulator's transport (``engine.sim.transport``) on a virtual-time
+event loop. What is modelled is what each piece of work costs: the CPU of the simulated
+machine's processes (``engine.sim.cpu``, its costs measured on this machine:
+``engine.sim.costs``) and the links (``engine.sim.network``). This module does what the
+coordinator does: it starts the roles, keeps the budget, asks for evaluations, stops the run,
+and records as the coordinator does (same tables, same events), every timestamp virtual: the
+run's start plus virtual seconds.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,31 +28,37 @@ from engine.budget import budget_of
 from engine.config import RunConfig
 from engine.datasets.sparse import SparseSplit
 from engine.errors import PsctlError, RunFailed
-from engine.keys import KeyLayout, partition, split_keys_by_shard
-from engine.sim.client import SimClient
-from engine.sim.compute import Costs, costs_for, sparse_costs_for
-from engine.sim.network import Link, parse_network
-from engine.sim.server import Network, SimServer
-from engine.sim.worker import SIM_LOOPS, SharedModel, SimWorker, WorkerContext
+from engine.keys import KeyLayout, KeyRange, partition
+from engine.sim.costs import Costs
+from engine.sim.cpu import Machine, Process
+from engine.sim.green import run_blocking, wait_for
+from engine.sim.network import LOOPBACK, Link, link_of
+from engine.sim.runtime import SimulatedWorker, VirtualClock, VirtualIO
+from engine.sim.transport import Endpoint, VirtualNetwork
+from engine.transport.base import Message
+from engine.wire.protocol import MsgType, Role, peek_kind
 from engine.wire.records import (
     EvaluationRecord,
     EventRecord,
     IterationRecord,
+    LayerRecord,
     RunStatus,
     SyncRecord,
     UserMetricRecord,
     divergence,
 )
 from engine.worker.loops import Shard, logged_with, shard_for
+from engine.worker.timing import Pace, seconds
 
 if TYPE_CHECKING:
-    from engine.models.rows import Measured, RowsEvaluation, RowsModel
+    from engine.roles.evaluator import Measures
+    from engine.server.service import ShardServer
+    from engine.worker.client import ParameterClient
 
 # Rows go to the recorder in batches of this many (it queues them; the writer batches again).
 FLUSH_ROWS = 512
-# A server's inbox holds at most this many requests per worker (a delayed worker has up to
-# delay + 1 pushes and pulls in flight; more than this is a bug in a loop).
-QUEUED_PER_WORKER = 64
+RUN = bytes(16)  # the run's id on the simulated wire
+TOKEN = "psctl-simulated-run"  # the simulated roles' secret: admits them as the operator
 
 
 class Sink(Protocol):
@@ -55,6 +72,8 @@ class Sink(Protocol):
 
     def record_user_metrics(self, rows: list[UserMetricRecord]) -> None: ...
 
+    def record_layers(self, rows: list[LayerRecord]) -> None: ...
+
 
 @dataclass
 class _Progress:
@@ -66,9 +85,12 @@ class _Progress:
         return sum(self.iterations.get(w, 0) / ipe for w, ipe in self.per_epoch.items()) / workers
 
 
+MakeEvaluator = Callable[["ParameterClient", VirtualClock, Callable[[], None], float], "Measures"]
+
+
 @dataclass
-class _Model:
-    """What the run's model gives the cluster."""
+class Built:
+    """What the run's data set and model give the simulation."""
 
     layout: KeyLayout
     costs: Costs
@@ -76,7 +98,85 @@ class _Model:
     inputs: np.ndarray | SparseSplit  # the training set
     targets: np.ndarray
     update_keys: int  # the keys of the reference update (the ``simulated`` event's update_ms)
+    seat: Callable[[], Any]  # a worker's model (its own place at a shared one, or rows)
+    evaluator: MakeEvaluator  # the evaluator, on its client
     detail: dict[str, Any] = field(default_factory=dict)  # more for the ``simulated`` event
+
+
+def build_model(config: RunConfig) -> Built:
+    """The run's data, model and costs (measured where not cached: ``engine.sim.costs``)."""
+    from engine.datasets.sources import is_sparse_source
+
+    return (_sparse_model(config) if is_sparse_source(config.data.dataset)
+            else _dense_model(config))
+
+
+def calibrate(config: RunConfig) -> None:
+    """Measure every cost the run's simulation needs and is not cached yet (``psctl study``,
+    before it runs several simulations at once: a busy machine would time them slow)."""
+    build_model(config)
+
+
+def _dense_model(config: RunConfig) -> Built:
+    import torch
+
+    from engine.datasets import load_dataset
+    from engine.models.flat import FlatModel, ModelSeat, calibration_sample
+    from engine.roles.evaluator import Evaluator
+    from engine.sim.costs import costs_for
+
+    # As each worker process does: more intra-op threads than cores spin against each other.
+    torch.set_num_threads(config.train.torch_threads)
+    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
+    data = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
+    model = FlatModel.for_run(config.model, data.spec, seed=config.train.seed)
+    costs = costs_for(config, model, data.train_x, data.train_y, (data.test_x, data.test_y))
+    # The evaluator's own model: it tests while the workers' gradients use the shared one.
+    tested = FlatModel.for_run(config.model, data.spec, seed=config.train.seed)
+    calibration = calibration_sample(tested, data.train_x, config.train.seed)
+    test_x, test_y = torch.from_numpy(data.test_x), torch.from_numpy(data.test_y)
+
+    def evaluator(client: ParameterClient, clock: VirtualClock, spend: Callable[[], None],
+                  started_at: float) -> Measures:
+        return Evaluator(tested, test_x, test_y, client, started_at, calibration, clock=clock,
+                         spend=spend)
+
+    return Built(model.layout, costs, model.params_np.copy(), data.train_x, data.train_y,
+                 model.num_keys, lambda: ModelSeat(model), evaluator)
+
+
+def _sparse_model(config: RunConfig) -> Built:
+    """A model of sparse samples (engine.models.rows), as its workers and evaluator build it:
+    no torch, no values held; the servers start every key (worker 0 sends no INIT unless the
+    model gives initial values)."""
+    from engine.datasets.sources import load_sparse
+    from engine.models.rows import rows_model
+    from engine.roles.evaluator import SparseEvaluator
+    from engine.sim.costs import sparse_costs_for
+
+    data = load_sparse(config.data.dataset, train_limit=config.data.train_limit,
+                       hash_features=config.data.hash_features)
+    model = rows_model(config.model, data.spec.input_dim)
+    layout = model.layout()
+    evaluation = model.evaluation(data.train, data.test, config.optimizer.l1)
+    costs, update_keys = sparse_costs_for(config, model, layout, data.train, evaluation)
+
+    def evaluator(client: ParameterClient, clock: VirtualClock, spend: Callable[[], None],
+                  started_at: float) -> Measures:
+        return SparseEvaluator(evaluation, client, started_at, clock=clock, spend=spend)
+
+    return Built(layout, costs, model.initial_values(), data.train, data.train.labels,
+                 update_keys, lambda: model, evaluator,
+                 {"update_keys": update_keys, "update_of": "push of a batch's working set"})
+
+
+def machine_cores(config: RunConfig) -> int:
+    """The cores the simulated machine shares between the run's processes."""
+    if config.sim.cores is not None:
+        return config.sim.cores
+    from engine.proctime import usable_cores
+
+    return usable_cores()
 
 
 class SimCluster:
@@ -89,18 +189,17 @@ class SimCluster:
         self.failure: str | None = None  # set when the model diverged
         self.best_accuracy = 0.0
         self._rows: list[IterationRecord] = []
+        self._layers: list[LayerRecord] = []
         self._metrics: list[UserMetricRecord] = []  # what the user's code logged (psctl.log)
-        self.servers: list[SimServer] = []
+        self.servers: list[ShardServer] = []
+        self._server_processes: list[Process] = []
         # As the coordinator's budget (engine.roles.spending), in virtual time.
         self.budget = budget_of(config.stop.budget)
         self._marks = list(self.budget.marks()) if self.budget else []
         self._spent = 0
-        self._evaluated_at: float | None = None
-        # The model: a dense one shared by every simulated worker, or one of sparse samples.
-        self.shared: SharedModel | None = None
-        self.rows: RowsModel | None = None
-        self._test: tuple[np.ndarray, np.ndarray] | None = None
-        self._evaluation: RowsEvaluation | None = None
+        self._asked: asyncio.Queue[float] = asyncio.Queue()  # evaluations asked for (epochs)
+        self._asked_at: float | None = None
+        self._started = 0.0  # virtual time training started
 
     # -- building ---------------------------------------------------------------------------
 
@@ -110,145 +209,183 @@ class SimCluster:
             return await self._run()
 
     async def _run(self) -> tuple[RunStatus, str | None, float]:
-        workers = self._build()
-        usermetrics.take_open()  # what measuring the compute cost logged is no iteration's
-        serving: list[asyncio.Future[Any]] = [asyncio.ensure_future(server.serve())
-                                              for server in self.servers]
-        timers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._evaluations()),
-                                             asyncio.ensure_future(self._deadline()),
-                                             asyncio.ensure_future(self._spend_seconds())]
+        loop = asyncio.get_running_loop()
+        self.clock = VirtualClock(loop, self.epoch)
+        built = build_model(self.config)
+        usermetrics.take_open()  # what measuring the costs logged is no iteration's
+        self.machine, self.network = Machine(machine_cores(self.config)), VirtualNetwork()
+        self._event("simulated", network=self.config.regime.network or LOOPBACK.spec,
+                    server_network=(self.config.regime.server_network
+                                    or self.config.regime.network or LOOPBACK.spec),
+                    cores=self.machine.cores, compute_floor_ms=self.config.regime.compute_ms,
+                    **built.costs.as_detail(built.update_keys), **built.detail)
         try:
-            done = await self._train(workers, serving)
-        except PsctlError as exc:  # a refused push (a diverged model), a deadlock: the run fails
-            self._flush()
-            self._event("run_failed", reason=str(exc))
-            return RunStatus.FAILED, str(exc), asyncio.get_running_loop().time()
-        finally:
-            await _cancel(serving + timers)
-        return self._finish(done, asyncio.get_running_loop().time())
+            workers, evaluate = await self._start(built)
+        except PsctlError as exc:
+            return self._failed(exc)
+        timers = [asyncio.ensure_future(coro) for coro in (
+            self._evaluations(), self._deadline(), self._spend_seconds())]
+        evaluating = asyncio.ensure_future(evaluate)
+        try:
+            done = await self._train(workers, evaluating)
+            await self._finish_evaluations(evaluating)
+        except PsctlError as exc:  # a refused push (a diverged model), a deadlock: it fails
+            return self._failed(exc)
+        finally:  # what failed with the first failure is retrieved, what waits is ended
+            await _cancel([*timers, evaluating, *workers])
+            await self._close()
+        return self._finish(done, loop.time())
 
-    def _build(self) -> list[SimWorker]:
-        """The data, the model, the costs, the servers (initialised) and the workers."""
-        from engine.datasets.sources import is_sparse_source
-
+    async def _start(self, built: Built) -> tuple[list[asyncio.Future[int]],
+                                                  Coroutine[Any, Any, None]]:
+        """The servers listening, the workers and the evaluator connected, worker 0's INIT in;
+        returns the workers' training (started) and the evaluator's loop (not started)."""
         cfg = self.config
-        built = (self._sparse_model() if is_sparse_source(cfg.data.dataset)
-                 else self._dense_model())
-        layout, costs = built.layout, built.costs
-        self._event("simulated", network=cfg.sim.network,
-                    server_network=cfg.sim.server_network or cfg.sim.network,
-                    **costs.as_detail(built.update_keys), **built.detail)
-        self.network = Network()
-        self.servers = self._servers(layout, costs, built.initial)
-        workers = [self._worker(rank, layout, costs, built.inputs, built.targets)
-                   for rank in range(cfg.cluster.workers)]
-        per_epoch = workers[0].shard.iterations_per_epoch
+        self.costs = built.costs
+        # The coordinator and the launcher's recorder: CPU for every row recorded.
+        self._recording = self.machine.process("coordinator")
+        self.servers = [await self._server(index, keys, built)
+                        for index, keys in enumerate(partition(built.layout,
+                                                                 cfg.cluster.servers))]
+        shards = [(i, server.address, server.state.keys) for i, server in enumerate(self.servers)]
+        trainers = []
+        for rank in range(cfg.cluster.workers):
+            process = self.machine.process(f"worker-{rank}")
+            client = await self._client(shards, Role.WORKER, rank, process,
+                                        link_of(cfg.regime.network))
+            trainers.append(self._trainer(rank, client, process, built))
+        evaluator = self.machine.process("evaluator")
+        client = await self._client(shards, Role.EVALUATOR, 0, evaluator, Link(LOOPBACK))
+        if built.initial is not None:  # worker 0's INIT (the servers keep the first)
+            first = trainers[0][0].client
+            initial = built.initial
+            await run_blocking(lambda: first.wait(first.init(initial)))
+        self._started = asyncio.get_running_loop().time()
+        evaluate_s = self.costs.evaluate_s
+        measures = built.evaluator(client, self.clock,
+                                   lambda: wait_for(evaluator.work(evaluate_s)), self.clock.now())
+        per_epoch = trainers[0][2].iterations_per_epoch
         for server in self.servers:  # schedules by epoch: as the coordinator's Start tells them
             server.state.learning.start(per_epoch / cfg.train.push_every)
         self._event("training_started", total_iterations=(
             None if self.budget is not None else
             per_epoch * cfg.train.epochs * cfg.cluster.workers))
-        return workers
+        workers: list[asyncio.Future[int]] = [
+            asyncio.ensure_future(run_blocking(partial(host.train, loop, shard)))
+            for host, loop, shard in trainers]
+        return workers, run_blocking(partial(self._evaluator, measures))
 
-    def _dense_model(self) -> _Model:
-        import torch
-
-        from engine.datasets import load_dataset
-        from engine.models.flat import FlatModel
-
-        cfg = self.config
-        # As each worker process does: more intra-op threads than cores spin against each other.
-        torch.set_num_threads(cfg.train.torch_threads)
-        data_dir = Path(cfg.data.data_dir) if cfg.data.data_dir else None
-        data = load_dataset(cfg.data.dataset, data_dir, train_limit=cfg.data.train_limit)
-        model = FlatModel.for_run(cfg.model, data.spec, seed=cfg.train.seed)
-        costs = costs_for(cfg, model, data.train_x, data.train_y)
-        self.shared = SharedModel(model)
-        self._test = data.test_x, data.test_y
-        return _Model(model.layout, costs, model.params_np, data.train_x, data.train_y,
-                      model.num_keys)
-
-    def _sparse_model(self) -> _Model:
-        """A model of sparse samples (engine.models.rows), as its workers and evaluator build
-        it: no torch, no values held; the servers start every key (worker 0 sends no INIT
-        unless the model gives initial values)."""
-        from engine.datasets.sources import load_sparse
-        from engine.models.rows import rows_model
-
-        cfg = self.config
-        data = load_sparse(cfg.data.dataset, train_limit=cfg.data.train_limit,
-                           hash_features=cfg.data.hash_features)
-        model = rows_model(cfg.model, data.spec.input_dim)
-        layout = model.layout()
-        costs, update_keys = sparse_costs_for(cfg, model, layout, data.train)
-        self.rows = model
-        self._evaluation = model.evaluation(data.train, data.test, cfg.optimizer.l1)
-        return _Model(layout, costs, model.initial_values(), data.train, data.train.labels,
-                      update_keys, {"update_keys": update_keys,
-                                    "update_of": "push of a batch's working set"})
-
-    def _servers(self, layout: KeyLayout, costs: Costs,
-                 initial: np.ndarray | None) -> list[SimServer]:
-        from engine.roles.server import build_shard
+    async def _server(self, index: int, keys: KeyRange, built: Built) -> ShardServer:
+        from engine.proctime import usable_cores
+        from engine.roles.copies import build_shard
+        from engine.server.limits import ServerLimits
         from engine.server.pull_filter import make_pull_filter
+        from engine.server.service import ShardServer
 
         cfg = self.config
-        servers = []
-        # As the coordinator cuts them: a mixed layout (the embedding model's sparse table and
-        # dense layers) never puts both kinds on one shard.
-        ranges = partition(layout, cfg.cluster.servers)
-        for index, keys in enumerate(ranges):
-            state = build_shard(cfg, keys, layout)
-            if initial is not None:  # worker 0's INIT; sparse shards and rules start alone
-                state.init(keys, initial[keys.start:keys.end])
-            link = Link(parse_network(cfg.sim.server_network or cfg.sim.network))
-            pulls = make_pull_filter(cfg.comm.pull_filter, cfg.comm.refresh_every,
-                                     cfg.cluster.workers, state.size)
-            servers.append(SimServer(index, state, self.network, link, costs,
-                                     max_queued=QUEUED_PER_WORKER * cfg.cluster.workers,
-                                     on_syncs=self._syncs if index == 0 else None,
-                                     pull_filter=pulls))
-        return servers
+        state = build_shard(cfg, keys, built.layout)
+        pulls = make_pull_filter(cfg.comm.pull_filter, cfg.comm.refresh_every,
+                                 cfg.cluster.workers, state.size)
+        server = ShardServer(
+            state, run=RUN, rank=index, max_frame_bytes=cfg.cluster.max_frame_bytes,
+            limits=ServerLimits.from_cluster(cfg.cluster, usable_cores()),
+            on_syncs=self._syncs if index == 0 else None, pull_filter=pulls,
+            monotonic=asyncio.get_running_loop().time, offload_from=None)
+        process = self.machine.process(f"server-{index}")
+        self._server_processes.append(process)
+        link = link_of(cfg.regime.server_network or cfg.regime.network)
+        endpoint = Endpoint(f"server-{index}", process, link, self._server_costs())
+        await server.start(self.network.transport(endpoint), endpoint.name, 0, token=TOKEN)
+        return server
 
-    def _worker(self, rank: int, layout: KeyLayout, costs: Costs,
-                inputs: np.ndarray | SparseSplit, targets: np.ndarray) -> SimWorker:
-        from engine.policies.loops import loop_name
-        from engine.wire.protocol import numpy_dtype, wire_dtype
-        from engine.worker.filters import make_filter
+    async def _client(self, shards: list[tuple[int, str, KeyRange]], role: Role, rank: int,
+                      process: Process, link: Link) -> ParameterClient:
+        """A role's parameter client, connected, as the worker role builds it (its wire format:
+        the evaluator's stays float32)."""
+        from engine.worker.client import PLAIN_WIRE, ParameterClient, ShardAddress, WireFormat
 
         cfg = self.config
-        shard: Shard = shard_for(inputs, targets, rank=rank, workers=cfg.cluster.workers,
-                                 seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+        name = f"{role.name.lower()}-{rank}"
+        endpoint = Endpoint(name, process, link, self._client_costs())
+        wire = PLAIN_WIRE if role is Role.EVALUATOR else WireFormat.of(
+            cfg.comm.wire_dtype, cfg.comm.compress, keeps_copy=cfg.comm.pull_filter != "none",
+            range_size=cfg.comm.range_size)
+        client = ParameterClient(
+            self.network.transport(endpoint),
+            [ShardAddress(index, address, keys) for index, address, keys in shards],
+            token=TOKEN, run=RUN, role=role, rank=rank,
+            connect_timeout_s=cfg.cluster.connect_timeout_s,
+            request_timeout_s=cfg.cluster.request_timeout_s,
+            max_frame_bytes=cfg.cluster.max_frame_bytes,
+            io=VirtualIO(asyncio.get_running_loop()), wire=wire,
+            duplicates_ok=role is Role.WORKER, now=self.clock.now)
+        await run_blocking(client.connect)
+        return client
+
+    def _trainer(self, rank: int, client: ParameterClient, process: Process,
+                 built: Built) -> tuple[SimulatedWorker, Any, Shard]:
+        """Worker ``rank``: its host, its loop (the run's, from the registry) and its shard."""
+        from engine.policies.loops import WORKER_LOOPS, loop_name
+        from engine.worker.heterogeneity import Slowdown
+
+        cfg, loop = self.config, asyncio.get_running_loop()
+        shard = shard_for(built.inputs, built.targets, rank=rank, workers=cfg.cluster.workers,
+                          seed=cfg.train.seed, batch_size=cfg.train.batch_size)
         self.progress.per_epoch[rank] = shard.iterations_per_epoch
-        ctx = WorkerContext(cfg, layout, self.shared, costs.compute_s, self._should_stop,
-                            self._record, self._epoch_done, self.rows)
-        client = SimClient(rank, self.servers, Link(parse_network(cfg.sim.network)),
-                           dtype=numpy_dtype(wire_dtype(cfg.comm.wire_dtype)), epoch=self.epoch,
-                           keeps_copy=cfg.comm.pull_filter != "none")
-        grad_filter, params = None, np.empty(0, dtype=np.float32)
-        if self.rows is None:  # the sparse loop has no push filter and holds no values
-            grad_filter = make_filter(cfg.comm, [s.keys for s in layout.segments],
-                                      layout.num_keys, cfg.cluster.workers)
-            params = np.empty(layout.num_keys, dtype=np.float32)
-        return SIM_LOOPS.get(loop_name(cfg))(rank, ctx, client, shard, params, grad_filter)
+        compute_s = built.costs.compute_s
+        pace = Pace(self.clock, Slowdown(cfg.heterogeneity, rank=rank, seed=cfg.train.seed,
+                                         clock=loop.time),
+                    floor_s=seconds(cfg.regime.compute_ms),
+                    spend=lambda: wait_for(process.work(compute_s)))
+        overhead_s = built.costs.wire.worker_iteration_s
+
+        def record(row: IterationRecord, layers: list[LayerRecord]) -> None:
+            self._record(row, layers)
+            wait_for(process.work(overhead_s))  # the loop building and reporting its row
+
+        host = SimulatedWorker(cfg, rank, KeyRange(0, built.layout.num_keys), built.layout,
+                               client, self.clock, pace, should_stop=self._should_stop,
+                               record=record, epoch_done=self._epoch_done)
+        return host, WORKER_LOOPS.get(loop_name(cfg))(host, built.seat()), shard
+
+    # -- what a message costs -----------------------------------------------------------------
+
+    def _server_costs(self) -> Callable[[bool, Message], float]:
+        """A server's: sending and receiving a frame, and applying a push (or INIT) to its keys."""
+        costs = self.costs
+        wire = costs.wire
+
+        def charge(sending: bool, message: Message) -> float:
+            size = len(message)
+            if sending:
+                return wire.send_s(True, size)
+            kind, keys = peek_kind(message)
+            update = costs.update_s(keys) if kind in (MsgType.PUSH, MsgType.INIT) else 0.0
+            return wire.recv_s(True, size) + update
+        return charge
+
+    def _client_costs(self) -> Callable[[bool, Message], float]:
+        """A worker's or the evaluator's: sending and receiving a frame."""
+        wire = self.costs.wire
+        return lambda sending, message: (wire.send_s(False, len(message)) if sending
+                                         else wire.recv_s(False, len(message)))
 
     # -- running ----------------------------------------------------------------------------
 
-    async def _train(self, workers: list[SimWorker], serving: list[asyncio.Future[Any]]) -> int:
-        """Every worker to its end; a server that fails fails the run at once."""
-        runs = [asyncio.ensure_future(w.run()) for w in workers]
-        pending = set(runs) | set(serving)
-        while any(not r.done() for r in runs):
+    async def _train(self, workers: list[asyncio.Future[int]],
+                     evaluating: asyncio.Future[None]) -> int:
+        """Every worker to its end; a failing worker or evaluator fails the run at once."""
+        pending: set[asyncio.Future[Any]] = {*workers, evaluating}
+        while any(not w.done() for w in workers):
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in finished:
                 error = task.exception()
                 if error is not None:
-                    await _cancel(list(pending))
                     raise error
-                if task in serving:
-                    raise RunFailed("a simulated server stopped serving")
+                if task is evaluating:
+                    raise RunFailed("the simulated evaluator stopped")
         total = 0
-        for rank, task in enumerate(runs):
+        for rank, task in enumerate(workers):
             total += task.result()
             self._event("worker_done", rank=rank, iterations=task.result(),
                         reason=self.stop_reason or "epochs done")
@@ -260,14 +397,18 @@ class SimCluster:
         return self.stop_reason is not None
 
     def _stop(self, reason: str) -> None:
+        """As the coordinator's Stop: the workers stop at their next step, and the servers
+        drain (a worker held at a barrier is let go with the reason)."""
         if self.stop_reason is None:
             self.stop_reason = reason
             self._event("stop", reason=reason)
-            for server in self.servers:  # a worker held at a barrier must see the stop too
-                server.drain()
+            for server in self.servers:
+                server.drain(reason)
 
-    def _record(self, row: IterationRecord) -> None:
+    def _record(self, row: IterationRecord, layers: list[LayerRecord]) -> None:
+        self._recording.then(self.costs.wire.row_s, _nothing)
         self._rows.append(row)
+        self._layers.extend(layers)
         self._metrics.extend(logged_with(row))
         self.progress.iterations[row.worker] = row.iteration + 1
         budget = self.budget
@@ -275,7 +416,7 @@ class SimCluster:
             self._spent += row.samples if budget.unit == "samples" else 1
             while self._marks and self._spent >= self._marks[0]:
                 self._marks.pop(0)
-                self._evaluate(self.progress.epoch(self.config.cluster.workers))
+                self._ask(self.progress.epoch(self.config.cluster.workers))
             if self._spent >= budget.amount:
                 self._stop(f"budget of {budget.text} spent")
         if len(self._rows) >= FLUSH_ROWS:
@@ -285,6 +426,9 @@ class SimCluster:
         if self._rows:
             self.sink.record_iterations(self._rows)
             self._rows = []
+        if self._layers:
+            self.sink.record_layers(self._layers)
+            self._layers = []
         if self._metrics:
             self.sink.record_user_metrics(self._metrics)
             self._metrics = []
@@ -301,7 +445,17 @@ class SimCluster:
         if after > before:
             self._event("epoch_done", epoch=after)
             if after + 1 < self.config.train.epochs and self.budget is None:
-                self._evaluate(float(after + 1))
+                self._ask(float(after + 1))
+
+    # -- evaluations --------------------------------------------------------------------------
+
+    def _ask(self, epoch: float) -> None:
+        """An evaluation, as the coordinator asks its evaluator for one (once per instant: a
+        budget's mark and the periodic timer may fall together)."""
+        now = asyncio.get_running_loop().time()
+        if now != self._asked_at:
+            self._asked_at = now
+            self._asked.put_nowait(epoch)
 
     async def _evaluations(self) -> None:
         """Every eval.interval_s until the run stops: then no timer is left to tick, so roles
@@ -309,44 +463,18 @@ class SimCluster:
         while self.stop_reason is None:
             await asyncio.sleep(self.config.eval.interval_s)
             if self.progress.iterations and self.stop_reason is None:
-                self._evaluate(self.progress.epoch(self.config.cluster.workers))
+                self._ask(self.progress.epoch(self.config.cluster.workers))
 
-    async def _deadline(self) -> None:
-        limit = self.config.stop.max_seconds
-        if limit is not None:
-            await asyncio.sleep(limit)
-            self._stop(f"time limit of {limit:g} s reached")
+    def _evaluator(self, measures: Measures) -> None:
+        """The evaluator's loop (blocking code: its pulls and its test take virtual time): one
+        evaluation after another, as asked; a None asks it to end."""
+        while (epoch := wait_for(self._asked.get())) >= 0:
+            usermetrics.take_open()  # only what testing logs is the evaluation's
+            self._recorded(measures.measure(epoch), measures)
 
-    async def _spend_seconds(self) -> None:
-        """A budget in seconds: the model tested at each mark, the run stopped at its end,
-        counted from virtual time 0, when the workers start."""
-        budget = self.budget
-        if budget is None or budget.unit != "s":
-            return
-        loop = asyncio.get_running_loop()
-        for mark in self._marks:
-            await asyncio.sleep(max(0.0, mark - loop.time()))
-            if self.stop_reason is None:
-                self._evaluate(self.progress.epoch(self.config.cluster.workers))
-        await asyncio.sleep(max(0.0, budget.amount - loop.time()))
-        self._stop(f"budget of {budget.text} spent")
-
-    def _evaluate(self, epoch: float) -> EvaluationRecord | None:
-        """Test the model the servers hold now (once per virtual instant: a budget's mark and
-        the periodic timer may fall together)."""
-        usermetrics.take_open()  # only what testing logs is the evaluation's
-        if self._evaluation is not None:
-            measured, step = self._measure_sparse(self._evaluation)
-            accuracy, loss, facts = measured.accuracy, measured.loss, measured.facts
-        else:
-            (accuracy, loss), step, facts = self._measure_dense(), self._newest_version(), {}
+    def _recorded(self, row: EvaluationRecord, measures: Measures) -> None:
         logged = usermetrics.take_open()
-        now = asyncio.get_running_loop().time()
-        if now == self._evaluated_at:
-            return None
-        self._evaluated_at = now
-        row = EvaluationRecord(at=self.epoch + now, elapsed_s=now, step=step, accuracy=accuracy,
-                               loss=loss, epoch=epoch)
+        facts = getattr(measures, "facts", {})
         if facts:  # as the real evaluator: how sparse the model is, per measurement
             self._event("sparse_model", epoch=row.epoch, objective=row.loss, **facts)
         self._metrics.extend(UserMetricRecord(role="evaluator", rank=0, iteration=row.step,
@@ -355,75 +483,81 @@ class SimCluster:
         self._flush()  # the iterations before it reach the database first
         diverged = divergence(row)
         if diverged is not None:  # as the coordinator: stop, and fail the run with the reason
-            self._event("diverged", accuracy=accuracy, step=row.step)
+            self._event("diverged", accuracy=row.accuracy, step=row.step)
             self.failure = self.failure or diverged
             self._stop(diverged)
-            return row
+            return
         self.sink.record_evaluation(row)
-        self.best_accuracy = max(self.best_accuracy, accuracy)
+        self.best_accuracy = max(self.best_accuracy, row.accuracy)
         target = self.config.stop.target_accuracy
-        if target is not None and accuracy >= target:
+        if target is not None and row.accuracy >= target:
             self._stop(f"target accuracy {target:.4f} reached")
-        return row
 
-    def _measure_dense(self) -> tuple[float, float]:
-        """(accuracy, loss) of the servers' values on the test set, by the shared model."""
-        import torch
+    async def _finish_evaluations(self, evaluating: asyncio.Future[None]) -> None:
+        """The final evaluation, of the model the servers hold now, after those asked for."""
+        if self.failure is None and self.progress.iterations:
+            self._asked_at = None
+            self._ask(self.progress.epoch(self.config.cluster.workers))
+        self._asked.put_nowait(-1.0)
+        await evaluating
 
-        from engine.models.flat import evaluate
+    async def _deadline(self) -> None:
+        limit = self.config.stop.max_seconds
+        if limit is not None:
+            await asyncio.sleep(self._started + limit - asyncio.get_running_loop().time())
+            self._stop(f"time limit of {limit:g} s reached")
 
-        assert self.shared is not None and self._test is not None
-        model = self.shared.model
+    async def _spend_seconds(self) -> None:
+        """A budget in seconds: the model tested at each mark, the run stopped at its end,
+        counted from when the workers start."""
+        budget = self.budget
+        if budget is None or budget.unit != "s":
+            return
+        loop = asyncio.get_running_loop()
+        for mark in self._marks:
+            await asyncio.sleep(max(0.0, self._started + mark - loop.time()))
+            if self.stop_reason is None:
+                self._ask(self.progress.epoch(self.config.cluster.workers))
+        await asyncio.sleep(max(0.0, self._started + budget.amount - loop.time()))
+        self._stop(f"budget of {budget.text} spent")
+
+    # -- the end ------------------------------------------------------------------------------
+
+    async def _close(self) -> None:
         for server in self.servers:
-            keys = server.state.keys
-            np.copyto(model.params_np[keys.start:keys.end], server.state.params)
-        inputs, targets = self._test
-        return evaluate(model.module, torch.from_numpy(inputs), torch.from_numpy(targets))
+            await server.close()
+        await _cancel(list(self.network.tasks))
 
-    def _newest_version(self) -> int:
-        return max(int(s.state.versions.max()) for s in self.servers)
+    def _failed(self, exc: PsctlError) -> tuple[RunStatus, str | None, float]:
+        self._flush()
+        self._event("run_failed", reason=str(exc))
+        return RunStatus.FAILED, str(exc), asyncio.get_running_loop().time()
 
-    def _measure_sparse(self, evaluation: RowsEvaluation) -> tuple[Measured, int]:
-        """As the real evaluator (engine.roles.evaluator.SparseEvaluator): the values of the
-        keys its evaluation asks for, read as its pulls are (any clock, no pull filter), and
-        the newest version of a shard they were read from; its metrics (``auc``) logged as the
-        evaluator's."""
-        keys = evaluation.keys
-        values = np.empty(len(keys), dtype=np.float32)
-        step = 0
-        ranges = [server.state.keys for server in self.servers]
-        for index, mine in split_keys_by_shard(keys, ranges):
-            state = self.servers[index].state
-            values[mine] = state.read(state.keys, keys[mine])
-            step = max(step, state.version_of(state.keys))
-        measured = evaluation.measure(values)
-        for name, value in measured.metrics.items():
-            usermetrics.log(name, value)
-        return measured, step
-
-    def _finish(self, done: int, now: float) -> tuple[RunStatus, str | None, float]:
+    def _finish(self, done: int, took: float) -> tuple[RunStatus, str | None, float]:
         self._flush()
         if self.stop_reason is None:
             self._stop("all epochs done")
         if self.stop_reason == "interrupted" and done == 0:
-            return RunStatus.INTERRUPTED, "interrupted before any iteration", now
+            return RunStatus.INTERRUPTED, "interrupted before any iteration", took
         if done == 0:
-            return RunStatus.FAILED, f"no worker completed an iteration ({self.stop_reason})", now
-        if self.failure is None:  # the final evaluation, of the model the servers hold now
-            self._evaluate(self.progress.epoch(self.config.cluster.workers))
-        for server in self.servers:
-            self._event("server_stats", rank=server.index, version=server.state.version,
-                        pushes=server.state.pushes, busy_s=server.busy_s,
+            return RunStatus.FAILED, f"no worker completed an iteration ({self.stop_reason})", took
+        for index, server in enumerate(self.servers):
+            self._event("server_stats", rank=server.rank, version=server.state.version,
+                        pushes=server.state.pushes,
+                        busy_s=self._server_processes[index].busy_s,
                         range_versions=server.state.versions.tolist())
         if self.failure is not None:
-            return RunStatus.FAILED, self.failure, now
+            return RunStatus.FAILED, self.failure, took
         status = (RunStatus.INTERRUPTED if self.stop_reason == "interrupted"
                   else RunStatus.FINISHED)
-        return status, self.stop_reason, now
+        return status, self.stop_reason, took
 
     def _event(self, kind: str, **detail: Any) -> None:
-        now = asyncio.get_running_loop().time()
-        self.sink.record_event(EventRecord(at=self.epoch + now, kind=kind, detail=detail))
+        self.sink.record_event(EventRecord(at=self.clock.now(), kind=kind, detail=detail))
+
+
+def _nothing() -> None:
+    pass
 
 
 async def _cancel(tasks: list[asyncio.Future[Any]]) -> None:
@@ -431,3 +565,5 @@ async def _cancel(tasks: list[asyncio.Future[Any]]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+

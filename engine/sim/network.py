@@ -1,63 +1,20 @@
-"""The network model: every endpoint (a worker, a shard server) has one link; workers' links
-have ``sim.network``'s bandwidth and latency, servers' links ``sim.server_network``'s (the same
-unless set). A message occupies the sender's outgoing side for ``bytes / its bandwidth`` and the
-receiver's incoming side for ``bytes / its bandwidth``, first come first served on each, and
-arrives when the slower of the two is done plus the larger latency. The frames of one request
-(a push cut per shard) leave their sender together, interleaved as a socket per shard would,
-and all arrive when the whole request has passed the sender's link."""
+"""The network model: every endpoint (a worker, a shard server, the evaluator) has one link;
+workers' links have ``regime.network``'s bandwidth and latency, servers' links
+``regime.server_network``'s (the same unless set). A message occupies the sender's outgoing
+side for ``bytes / its bandwidth`` and the receiver's incoming side for ``bytes / its
+bandwidth``, first come first served on each side: it leaves when the sender's side has sent
+it, its receiving starts when its first byte left or once the receiver's side is free, whichever
+is later, and it arrives when both are done plus the larger latency (the real shaper,
+``engine.transport.shaping``, paces each side the same way). Without ``--network`` the links
+are this machine's loopback: no time of their own (what moving the bytes costs is the CPU's,
+``engine.sim.cpu``); the evaluator's link is so always, as the real shaper leaves the
+evaluator's connections alone."""
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass
+from engine.transport.shaping import LOOPBACK, NetworkModel, parse_network
 
-from engine.errors import ConfigError
-
-_BANDWIDTH_UNITS = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8,
-                    "gbyte": 1e9, "mbyte": 1e6, "kbyte": 1e3}
-_LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_SPEC = re.compile(r"^\s*(?P<bw>[0-9.]+(?:e[+-]?\d+)?)(?P<bwu>[a-z]+)\s*:\s*"
-                   r"(?P<lat>[0-9.]+(?:e[+-]?\d+)?)(?P<latu>[a-z]+)\s*$")
-
-
-@dataclass(frozen=True, slots=True)
-class NetworkModel:
-    bytes_per_s: float
-    latency_s: float
-    spec: str
-
-    def transfer_s(self, nbytes: int) -> float:
-        """Time a message of ``nbytes`` occupies a link (without the latency)."""
-        return nbytes / self.bytes_per_s
-
-
-def parse_network(text: str) -> NetworkModel:
-    """``BANDWIDTH:LATENCY``, e.g. ``10gbit:50us``; bandwidth in gbit, mbit, kbit, gbyte, mbyte or
-    kbyte per second, latency in s, ms, us or ns."""
-    match = _SPEC.match(text.lower())
-    if match is None:
-        raise ConfigError(f"network {text!r} is not BANDWIDTH:LATENCY, e.g. 10gbit:50us or "
-                          "1gbit:0.2ms")
-    bw_unit, lat_unit = match["bwu"], match["latu"]
-    if bw_unit not in _BANDWIDTH_UNITS:
-        raise ConfigError(f"network {text!r}: bandwidth unit {bw_unit!r} is not one of "
-                          f"{', '.join(_BANDWIDTH_UNITS)}")
-    if lat_unit not in _LATENCY_UNITS:
-        raise ConfigError(f"network {text!r}: latency unit {lat_unit!r} is not one of "
-                          f"{', '.join(_LATENCY_UNITS)}")
-    try:
-        bandwidth, latency = float(match["bw"]), float(match["lat"])
-    except ValueError:
-        raise ConfigError(f"network {text!r}: not a number") from None
-    rate = bandwidth * _BANDWIDTH_UNITS[bw_unit]
-    if not (math.isfinite(rate) and 1e3 <= rate <= 1e15):
-        raise ConfigError(f"network {text!r}: bandwidth must be between 8kbit and 8000000gbit")
-    delay = latency * _LATENCY_UNITS[lat_unit]
-    if not (math.isfinite(delay) and delay <= 10.0):
-        raise ConfigError(f"network {text!r}: latency must be at most 10 s")
-    spec = f"{bandwidth:g}{bw_unit}:{latency:g}{lat_unit}"
-    return NetworkModel(rate, delay, spec)
+__all__ = ["LOOPBACK", "Link", "NetworkModel", "link_of", "transmit"]
 
 
 class Link:
@@ -72,21 +29,15 @@ class Link:
         self.out_free = 0.0
 
 
+def link_of(spec: str | None) -> Link:
+    """A link of ``spec`` (``BANDWIDTH:LATENCY``), or of loopback."""
+    return Link(LOOPBACK if spec is None else parse_network(spec))
+
+
 def transmit(now: float, source: Link, target: Link, nbytes: int) -> float:
     """Occupy both sides for the message; returns when it arrives."""
-    return transmit_group(now, source, [(target, nbytes)])
-
-
-def transmit_group(now: float, source: Link, frames: list[tuple[Link, int]]) -> float:
-    """Send frames to several targets at once, interleaved on the source's link; returns when
-    they all have arrived."""
-    start = max(now, source.out_free, *(target.in_free for target, _ in frames))
-    sending = source.model.transfer_s(sum(nbytes for _, nbytes in frames))
-    source.out_free = start + sending
-    done = sending
-    for target, nbytes in frames:
-        receiving = target.model.transfer_s(nbytes)
-        target.in_free = start + receiving
-        done = max(done, receiving)
-    latency = max(source.model.latency_s, *(target.model.latency_s for target, _ in frames))
-    return start + done + latency
+    start = max(now, source.out_free)
+    source.out_free = start + source.model.transfer_s(nbytes)
+    target.in_free = max(start, target.in_free) + target.model.transfer_s(nbytes)
+    latency = max(source.model.latency_s, target.model.latency_s)
+    return max(source.out_free, target.in_free) + latency

@@ -254,6 +254,21 @@ def peek_request_id(data: bytes | bytearray | memoryview) -> int:
     return 0
 
 
+def peek_kind(data: bytes | bytearray | memoryview | str) -> tuple[MsgType | None, int]:
+    """A frame's type and the number of keys it carries, from its header alone (the simulator
+    charges a server's push by its keys); (None, 0) for what is no frame."""
+    if isinstance(data, str) or len(data) < HEADER_BYTES or bytes(data[:2]) != MAGIC:
+        return None, 0
+    fields = _HEADER.unpack_from(data, 0)
+    try:
+        kind = MsgType(fields[2])
+    except ValueError:
+        return None, 0
+    listed = fields[-1]
+    return kind, int(listed) if fields[-3] != KeyKind.RANGE else max(int(fields[13] - fields[12]),
+                                                                     0)
+
+
 # frame_limit's floor: small enough to allocate for any peer, large enough that a small garbage
 # message is answered with an ERROR rather than a closed connection
 MIN_FRAME_LIMIT = 2**16

@@ -14,8 +14,6 @@ optimizers the copy waits for the next fetch to show the worker's own updates.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from engine.config import RunConfig
@@ -40,13 +38,13 @@ class ReadCache:
     def fetched(self, pulled: PullResult) -> None:
         self._fetched = pulled
 
-    def read(self) -> PullResult:
-        """A read served from the copy: nothing sent or waited for; the versions (from which a
-        push's staleness counts) and the slowest clock are the fetch's."""
+    def read(self, now: float) -> PullResult:
+        """A read served from the copy at ``now``: nothing sent or waited for; the versions
+        (from which a push's staleness counts) and the slowest clock are the fetch's."""
         fetched = self._fetched
         assert fetched is not None  # only after serves()
         self.hits += 1
-        return PullResult(fetched.versions, 0.0, 0, 0, time.time(), fetched.slowest_clock)
+        return PullResult(fetched.versions, 0.0, 0, 0, now, fetched.slowest_clock)
 
     @property
     def saved_per_read(self) -> int:

@@ -5,25 +5,25 @@ lists over all shards.
 until every shard involved has answered and returns the matching result type. Keys are a
 ``KeyRange`` (a layer, the whole model) or a sorted array of unique keys (a sparse gradient);
 either is cut per shard here. Network I/O runs on an event loop in a background
-thread (a ``LoopThread`` shared with the control channel), so a worker's computation overlaps
-its communication. Values passed to ``push`` are copied before the call returns: the caller may
-reuse its buffer at once.
+thread (a ``LoopThread`` shared with the control channel; in the simulator, its virtual-time
+loop), so a worker's computation overlaps its communication. Values passed to ``push`` are
+copied before the call returns: the caller may reuse its buffer at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from engine.aio import LoopThread
+from engine.aio import IO, Pending
 from engine.errors import (
     ProtocolError,
     PsctlError,
@@ -152,10 +152,11 @@ class ParameterClient:
         connect_timeout_s: float,
         request_timeout_s: float,
         max_frame_bytes: int,
-        io: LoopThread,
+        io: IO,
         wire: WireFormat = PLAIN_WIRE,
         faults: LinkFaults | None = None,
         duplicates_ok: bool = False,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self._transport, self._shards, self._token = transport, shards, token
         self._wire = wire
@@ -167,8 +168,8 @@ class ParameterClient:
         self._connect_timeout_s, self.request_timeout_s = connect_timeout_s, request_timeout_s
         self._max_frame_bytes = max_frame_bytes
         self._ids = itertools.count(1)
-        self._requests: dict[int, concurrent.futures.Future[Result]] = {}
-        self._io = io
+        self._requests: dict[int, Pending[Result]] = {}
+        self._io, self._now = io, now
         self._connections: list[ShardConnection] = []
 
     @property
@@ -264,9 +265,8 @@ class ParameterClient:
             raise ProtocolError(f"unknown or already awaited request id {handle.request_id}")
         limit = self.request_timeout_s if timeout is None else timeout
         try:
-            result = future.result(limit)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            result = self._io.result(future, limit)
+        except TimeoutError:
             raise RequestTimeout(
                 f"request {handle.request_id} got no answer within {limit:.1f} s"
             ) from None
@@ -339,7 +339,7 @@ class ParameterClient:
         replies = await asyncio.gather(*(
             self._reply(kind, request_id, (index, data, rid), extra)
             for (index, data, rid, _), extra in zip(frames, extras, strict=True)))
-        answered_at = time.time()
+        answered_at = self._now()
         received = sum(nbytes for _, nbytes in replies)
         parts = [(index, data, extra) for index, data, _, extra in frames]
         versions = _versions(kind, [index for index, _, _ in parts],

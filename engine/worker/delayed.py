@@ -15,7 +15,6 @@ T = 0 is sequential: every iteration c starts on the model holding every worker'
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -68,23 +67,23 @@ class DelayedLoop(PlainLoop):
                 self._finish(task)
 
     def _task(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> _Task:
-        started, t0 = time.time(), time.perf_counter()
+        started, t0 = self.timer.now(), self.timer.perf()
         # Blocked on the dependency: the tasks older than the delay must be done. Any task
         # already done is taken too, so the computation uses the freshest values that arrived.
         held = 0.0  # of the time blocked, what the servers held a pull back (idle time)
         tasks = self._tasks
         while tasks and (tasks[0].clock < clock - self.delay or self._done(tasks[0])):
             held += self._finish(tasks.popleft())
-        t1 = time.perf_counter()
+        t1 = self.timer.perf()
         loss = self.compute(shard, batch)
-        t2 = time.perf_counter()
+        t2 = self.timer.perf()
         wait_s = min(held, t1 - t0)
         pushes, pushed_at = self.push(clock, self._newest, wait_s)
         values, pull = self._free.pop(), None
         if gated_clock(clock, self.delay) <= self.last_clock:
             pull = self.client.pull(self.worker.keys, values,
                                     clock=gated_clock(clock, self.delay))
-        t3 = time.perf_counter()
+        t3 = self.timer.perf()
         row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
                             t1 - t0 - wait_s, wait_s, None, self._newest, loss, len(batch))
         return _Task(clock, pushes, pull, values, row.model_copy(update={"pushed_at": pushed_at}))

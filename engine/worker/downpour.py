@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,26 +75,26 @@ class DownpourLoop(PlainLoop):
                                                        clock=ANY_CLOCK))
             if min(pulled.versions.values(), default=0) >= pushes:
                 return
-            time.sleep(WARM_START_POLL_S)
+            self.timer.sleep(WARM_START_POLL_S)
 
     def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
-        started, t0 = time.time(), time.perf_counter()
+        started, t0 = self.timer.now(), self.timer.perf()
         if clock % self.fetch_every == 0 and clock > self.first_clock and self._fetch is None:
             self._fetch = self.client.pull(self.worker.keys, self._staging, clock=ANY_CLOCK)
         self._take_fetch()
         landed, self._landed = self._landed, NOTHING
         if self._held == 0:
             self._base = self._copy
-        t1 = time.perf_counter()
+        t1 = self.timer.perf()
         loss = self.compute(shard, batch)
         self._sum += self.model.grads_np
         self._held += 1
         self.local.apply(self.model.params_np, self.model.grads_np)
-        t2 = time.perf_counter()
+        t2 = self.timer.perf()
         pushing = self._held == self.push_every or clock == self.last_clock
         if pushing:
             self._settle_push()  # at most one in flight: its sum's buffer is reused
-        t3 = time.perf_counter()
+        t3 = self.timer.perf()
         row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
                             t1 - t0, 0.0, None, landed, loss, len(batch))
         if pushing:
@@ -112,7 +111,7 @@ class DownpourLoop(PlainLoop):
         self._copy = self._landed = fetched
 
     def _push_sum(self, clock: int, row: IterationRecord) -> None:
-        pushed_at = time.time()
+        pushed_at = self.timer.now()
         requests = self.send(self._sum.copy(), clock=self._pushes,
                              base_versions=self._base.versions, pushed_at=pushed_at,
                              waited_s=0.0, final=clock == self.last_clock)

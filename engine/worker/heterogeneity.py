@@ -1,5 +1,7 @@
 """Injected slowness: stragglers and per-iteration jitter, so that the consistency models differ
-visibly on one machine. The delay is slept inside the compute phase and so recorded as compute."""
+visibly on one machine. ``engine.worker.timing.Pace`` stretches each compute phase by
+``factor_now()`` (a real worker sleeps the extra time, a simulated one spends it in virtual time),
+so the delay is recorded as compute."""
 
 from __future__ import annotations
 
@@ -39,10 +41,3 @@ class Slowdown:
         if self.jitter.distribution == "lognormal":
             return factor * float(self._rng.lognormal(0.0, self.jitter.sigma))
         return factor * (1.0 + float(self._rng.exponential(self.jitter.sigma)))
-
-    def stretch(self, compute_s: float) -> None:
-        """Sleep so that a compute phase of ``compute_s`` lasts ``factor_now()`` times as long."""
-        if self.active:
-            extra = compute_s * (self.factor_now() - 1.0)
-            if extra > 0:
-                time.sleep(extra)

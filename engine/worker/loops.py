@@ -4,9 +4,12 @@ Each iteration's wall time is split into the time the loop was blocked in each p
 compute_s + push_s + pull_s + wait_s equals it exactly (wait_s is the part of a pull the servers
 held back for consistency: idle time). With ``train.overlap`` (asp only) the pull for the next
 iteration is issued before computing, so communication runs while torch computes; bounded delay
-has its own loop (``engine.worker.delayed``). Injected slowness
-(``engine.worker.heterogeneity``) is slept
-inside the compute phase.
+has its own loop (``engine.worker.delayed``). The regime's compute time and injected slowness
+(``engine.worker.timing.Pace``) are spent inside the compute phase.
+
+Every loop is written once, against its ``Host``: a real worker process (``Worker`` below) or a
+simulated one (``engine.sim.runtime``). The host gives the loop its clock, its pace, its
+parameter client and the run's control; a loop reads the time only from ``host.clock``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -25,7 +28,7 @@ from engine.budget import budget_of, epochs_to_run
 from engine.config import RunConfig
 from engine.datasets.sparse import SparseSplit
 from engine.errors import Diverged, PsctlError, RunFailed, ShuttingDown
-from engine.keys import KeyRange
+from engine.keys import KeyLayout, KeyRange
 from engine.transport.control import Lost, SyncControl
 from engine.wire.messages import (
     MAX_REPORTED_METRICS,
@@ -54,6 +57,7 @@ from engine.worker.client import (
 )
 from engine.worker.filters import make_filter
 from engine.worker.heterogeneity import Slowdown
+from engine.worker.timing import WALL, Clock, Pace, seconds
 
 if TYPE_CHECKING:  # torch is imported by the worker role, not by whoever lists the loops
     from engine.models.flat import FlatModel
@@ -100,7 +104,38 @@ def shard_for(inputs: np.ndarray | SparseSplit, targets: np.ndarray, *, rank: in
     return Shard(rows, targets[mine], batch_size)
 
 
+class Host(Protocol):
+    """What a worker loop is given by the process it runs in (``Worker`` for a real worker,
+    ``engine.sim.runtime.SimulatedWorker`` in the simulator)."""
+
+    config: RunConfig
+    rank: int
+    keys: KeyRange
+    layout: KeyLayout
+    client: ParameterClient
+    clock: Clock
+    pace: Pace
+
+    def should_stop(self) -> bool: ...
+
+    def stop_with(self, reason: str) -> None:
+        """The loop ends early for ``reason`` (a server is draining)."""
+        ...
+
+    def record(self, row: IterationRecord, layers: list[LayerRecord] | None = None) -> None: ...
+
+    def epoch_done(self, epoch: int) -> None: ...
+
+    def inbox(self) -> list[ControlMessage]: ...
+
+    def send(self, message: ControlMessage) -> None:
+        """To the coordinator (Sandblaster's reports)."""
+        ...
+
+
 class Worker:
+    """A real worker process's host: the control channel to the coordinator, the wall clock."""
+
     def __init__(self, welcome: Welcome, rank: int, control: SyncControl,
                  client: ParameterClient) -> None:
         self.config = RunConfig.model_validate(welcome.config)
@@ -116,7 +151,10 @@ class Worker:
         self._stopping: str | None = None
         # Messages for the loop itself that came with or before the start (a Sandblaster task).
         self._backlog: list[ControlMessage | Lost] = []
-        self.slowdown = Slowdown(self.config.heterogeneity, rank=rank, seed=self.config.train.seed)
+        self.clock: Clock = WALL
+        self.pace = Pace(WALL, Slowdown(self.config.heterogeneity, rank=rank,
+                                        seed=self.config.train.seed),
+                         floor_s=seconds(self.config.regime.compute_ms))
         budget = budget_of(self.config.stop.budget)
         self.report_every_s = (COUNTED_REPORT_EVERY_S if budget is not None and budget.unit != "s"
                                else REPORT_EVERY_S)
@@ -149,11 +187,7 @@ class Worker:
     def _report_divergence(self, exc: Diverged) -> None:
         """The run ends saying which worker diverged, where, and what to try."""
         self._flush()
-        iteration = self._last_iteration + 1
-        lr = self.config.optimizer.lr
-        message = (f"the model diverged: worker {self.rank} at iteration {iteration}: {exc}; "
-                   f"try a lower learning rate (optimizer.lr is {lr:g}), gradient clipping "
-                   "(--clip-norm), or less staleness")
+        message = diverged(self.rank, self._last_iteration + 1, self.config.optimizer.lr, exc)
         with contextlib.suppress(PsctlError):
             self.control.send_and_wait(Fatal(message=message, diverged=True), timeout=5.0)
         raise Diverged(message) from exc
@@ -195,6 +229,12 @@ class Worker:
     def put_back(self, messages: list[ControlMessage]) -> None:
         """Messages the loop took but is not ready for: the next ``inbox`` returns them first."""
         self._backlog[:0] = messages
+
+    def stop_with(self, reason: str) -> None:
+        self._stopping = self._stopping or reason
+
+    def send(self, message: ControlMessage) -> None:
+        self.control.send(message)
 
     def _take(self) -> list[ControlMessage | Lost]:
         messages, self._backlog = [*self._backlog, *self.control.poll()], []
@@ -240,9 +280,10 @@ class PlainLoop:
     (BSP: once every worker has pushed c), as it would a pull sent after the ack.
     """
 
-    def __init__(self, worker: Worker, model: FlatModel) -> None:
+    def __init__(self, worker: Host, model: FlatModel) -> None:
         self.worker, self.model = worker, model
         self.client = worker.client
+        self.timer = worker.clock
         self.next_batch: np.ndarray | None = None
         self.last_clock = -1
         self.first_clock = 0  # above 0 for a restarted or resumed worker
@@ -258,17 +299,18 @@ class PlainLoop:
         """Before computing clock ``clock`` (loops that push from inside backward get ready)."""
 
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
-        """One gradient into ``model.grads_np``, stretched by any injected slowness."""
-        started = time.perf_counter()
+        """One gradient into ``model.grads_np``, its phase paced (``Host.pace``)."""
+        started = self.timer.perf()
         loss = compute_gradient(self.model, shard, batch)
-        self.worker.slowdown.stretch(time.perf_counter() - started)
+        usermetrics.hold(self.worker.rank)  # what the user's code logged is this worker's
+        self.worker.pace.computed(started)
         return loss
 
     def push(self, clock: int, pulled: PullResult,
              waited_s: float) -> tuple[list[PushHandle], float]:
         """Send this clock's gradient stamped with its timing, committing the clock on every
         key; (the requests in flight, pushed_at)."""
-        pushed_at = time.time()
+        pushed_at = self.timer.now()
         requests = self.send(self.model.grads_np, clock=clock, base_versions=pulled.versions,
                              pushed_at=pushed_at, waited_s=waited_s,
                              final=clock == self.last_clock)
@@ -338,7 +380,7 @@ class PlainLoop:
                 self.worker.epoch_done(epoch)
             return done
         except ShuttingDown as exc:
-            self.worker._stopping = self.worker._stopping or str(exc)
+            self.worker.stop_with(str(exc))
             return done
         finally:
             self.end()
@@ -357,14 +399,13 @@ class PlainLoop:
 
     def _iteration(self, shard: Shard, batch: np.ndarray, epoch: int,
                    clock: int) -> IterationRecord:
-        started = time.time()
-        t0 = time.perf_counter()
+        started, t0 = self.timer.now(), self.timer.perf()
         pulled, saved = self._read(clock)
-        t1 = time.perf_counter()
+        t1 = self.timer.perf()
         wait_s = min(pulled.wait_s, t1 - t0)
         self.prepare(clock, pulled, wait_s)
         loss = self.compute(shard, batch)
-        t2 = time.perf_counter()
+        t2 = self.timer.perf()
         requests, pushed_at = self.push(clock, pulled, wait_s)
         cached = self.cache is not None and self.cache.serves(clock + 1)
         if self.pipelined and clock < self.last_clock and not cached:
@@ -372,7 +413,7 @@ class PlainLoop:
         pushed = self.settle(requests)
         if self.cache is not None and self._next_pull is None:  # no fetch will overwrite it
             self.cache.write(self.model.params_np, self.model.grads_np, pushed)
-        t3 = time.perf_counter()
+        t3 = self.timer.perf()
         row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2, t1 -
                             t0 - wait_s, wait_s, pushed, pulled, loss, len(batch))
         return row.model_copy(update={"pushed_at": pushed_at, "acked_at": pushed.answered_at,
@@ -383,7 +424,7 @@ class PlainLoop:
         read, the bytes a read from the cache saved)."""
         cache = self.cache
         if cache is not None and self._next_pull is None and cache.serves(clock):
-            return cache.read(), cache.saved_per_read
+            return cache.read(self.timer.now()), cache.saved_per_read
         pulled = merge_pulls([self.client.wait(request) for request in self._clock_pull(clock)])
         if cache is not None:
             cache.fetched(pulled)
@@ -427,19 +468,19 @@ class OverlappedLoop(PlainLoop):
                                            clock=self.first_clock)
 
     def step(self, shard: Shard, batch: np.ndarray, epoch: int, clock: int) -> None:
-        started, t0 = time.time(), time.perf_counter()
+        started, t0 = self.timer.now(), self.timer.perf()
         pulled = self.client.wait(self._in_flight)
         np.copyto(self.model.params_np, self._staging)
         if clock < self.last_clock:
             self._in_flight = self.client.pull(self.worker.keys, self._staging, clock=clock + 1)
-        t1 = time.perf_counter()
+        t1 = self.timer.perf()
         loss = self.compute(shard, batch)
-        t2 = time.perf_counter()
+        t2 = self.timer.perf()
         unacked, self._unacked = self._unacked, None  # settled once, even if it fails
         self._settle(unacked)
         wait_s = min(pulled.wait_s, t1 - t0)
         requests, pushed_at = self.push(clock, pulled, wait_s)
-        t3 = time.perf_counter()
+        t3 = self.timer.perf()
         provisional = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 -
                                     t2, t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))
         self._unacked = (requests, pulled, provisional.model_copy(update={"pushed_at": pushed_at}))
@@ -508,11 +549,15 @@ def merge_pulls(results: list[PullResult], *, one_by_one: bool = False) -> PullR
 
 def compute_gradient(model: FlatModel, shard: Shard, batch: np.ndarray, *,
                      to_host: bool = True) -> float:
-    from engine.models.flat import train_step_np
-
     assert isinstance(shard.inputs, np.ndarray), "sparse rows train in engine.worker.sparse"
-    return finite_loss(train_step_np(model, shard.inputs[batch], shard.targets[batch],
-                                     to_host=to_host))
+    return finite_loss(model.step(shard.inputs[batch], shard.targets[batch], to_host=to_host))
+
+
+def diverged(rank: int, iteration: int, lr: float, exc: Diverged) -> str:
+    """Why a run whose worker ``rank`` diverged ends: where, and what to try."""
+    return (f"the model diverged: worker {rank} at iteration {iteration}: {exc}; try a lower "
+            f"learning rate (optimizer.lr is {lr:g}), gradient clipping (--clip-norm), or less "
+            "staleness")
 
 
 def finite_loss(loss: float) -> float:

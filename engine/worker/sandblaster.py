@@ -10,12 +10,12 @@ and says so once the shards have acknowledged it.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine import usermetrics
 from engine.config import RunConfig
 from engine.errors import RunFailed, ShuttingDown
 from engine.sandblaster.balancer import portion_count
@@ -26,35 +26,35 @@ from engine.worker.loops import PlainLoop, Shard, compute_gradient, push_bytes
 
 if TYPE_CHECKING:
     from engine.models.flat import FlatModel
-    from engine.worker.loops import Worker
+    from engine.worker.loops import Host
 
 CHUNK_ROWS = 1024  # rows per forward/backward: the memory a pass needs is one chunk's
 IDLE_SLEEP_S = 0.002
 
 
 class SandblasterLoop(PlainLoop):
-    def __init__(self, worker: Worker, model: FlatModel) -> None:
+    def __init__(self, worker: Host, model: FlatModel) -> None:
         super().__init__(worker, model)
         self.total = np.zeros_like(model.params_np)
         self.pulled: PullResult | None = None
         self.pulled_for = -1  # the pass whose parameters are in the model
-        self.clock = 0
+        self.push_clock = 0
         self.queue: deque[Task] = deque()
         self.verdicts: dict[int, Verdict] = {}
 
     def train(self, shard: Shard, start: int = 0, base: int = 0) -> int:
         """Serve tasks until the coordinator says stop; returns the pushes made (clocks)."""
-        self.clock = self._even_clocks(base + start)
+        self.push_clock = self._even_clocks(base + start)
         try:
             while not self.worker.should_stop():
                 self._collect()
                 if not self.queue:
-                    time.sleep(IDLE_SLEEP_S)
+                    self.timer.sleep(IDLE_SLEEP_S)
                 elif not self._serve(shard, self.queue.popleft()):
                     break
         except ShuttingDown as exc:
-            self.worker._stopping = self.worker._stopping or str(exc)
-        return self.clock - base
+            self.worker.stop_with(str(exc))
+        return self.push_clock - base
 
     def _even_clocks(self, clock: int) -> int:
         """A worker that died during a push may have left its clock one ahead on some shards;
@@ -86,28 +86,28 @@ class SandblasterLoop(PlainLoop):
         if task.end > len(shard.targets):
             raise RunFailed(f"task {task.task} asks for rows up to {task.end}; this worker "
                             f"has {len(shard.targets)}")
-        started, t0 = time.time(), time.perf_counter()
+        started, t0 = self.timer.now(), self.timer.perf()
         pulled = self._pull(task.evaluation)
-        t1 = time.perf_counter()
+        t1 = self.timer.perf()
         loss_sum = self._sums(shard, task)
         if loss_sum is None:  # another copy finished first: this one stops
             return True
-        t2 = time.perf_counter()
+        t2 = self.timer.perf()
         samples = task.end - task.start
-        self.worker.control.send(TaskDone(task=task.task, loss_sum=loss_sum, samples=samples))
+        self.worker.send(TaskDone(task=task.task, loss_sum=loss_sum, samples=samples))
         verdict = self._verdict(task.task)
         if verdict is None:
             return False
-        t3 = time.perf_counter()
+        t3 = self.timer.perf()
         pushed = None
         if verdict.commit:
             pushed = self.client.wait(self.client.push(
-                self.worker.keys, self.total, clock=self.clock,
+                self.worker.keys, self.total, clock=self.push_clock,
                 base_versions=self.pulled.versions if self.pulled else {},
-                pushed_at=time.time()))
-            self.clock += 1
-            self.worker.control.send(TaskPushed(task=task.task))
-        t4 = time.perf_counter()
+                pushed_at=self.timer.now()))
+            self.push_clock += 1
+            self.worker.send(TaskPushed(task=task.task))
+        t4 = self.timer.perf()
         pull_bytes = (pulled.bytes_sent, pulled.bytes_received) if pulled else (0, 0)
         self.worker.record(IterationRecord(
             worker=self.worker.rank, iteration=task.iteration, epoch=task.evaluation,
@@ -124,7 +124,7 @@ class SandblasterLoop(PlainLoop):
         if evaluation == self.pulled_for:
             return None
         self.pulled = self.client.wait(self.client.pull(self.worker.keys, self.model.params_np,
-                                                        clock=self.clock))
+                                                        clock=self.push_clock))
         self.pulled_for = evaluation
         return self.pulled
 
@@ -135,12 +135,13 @@ class SandblasterLoop(PlainLoop):
         self.total.fill(0)
         loss_sum = 0.0
         for low in range(start, end, CHUNK_ROWS):
-            began = time.perf_counter()
+            began = self.timer.perf()
             rows = np.arange(low, min(end, low + CHUNK_ROWS))
             loss = compute_gradient(self.model, shard, rows)
+            usermetrics.hold(self.worker.rank)
             self.total += self.model.grads_np * np.float32(len(rows))
             loss_sum += loss * len(rows)
-            self.worker.slowdown.stretch(time.perf_counter() - began)
+            self.worker.pace.computed(began)
             if self._dropped(task.task):
                 return None
         if not math.isfinite(loss_sum):
@@ -156,15 +157,15 @@ class SandblasterLoop(PlainLoop):
     def _verdict(self, task: int) -> Verdict | None:
         """Wait for the coordinator's word on ``task``; None if the run stops first."""
         limit = self.worker.config.cluster.request_timeout_s
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
+        deadline = self.timer.perf() + limit
+        while self.timer.perf() < deadline:
             self._collect()
             verdict = self.verdicts.pop(task, None)
             if verdict is not None:
                 return verdict
-            if self.worker._stopping is not None:
+            if self.worker.should_stop():
                 return None
-            time.sleep(IDLE_SLEEP_S / 2)
+            self.timer.sleep(IDLE_SLEEP_S / 2)
         raise RunFailed(f"no verdict on task {task} within {limit:g} s "
                         "(cluster.request_timeout_s)")
 

@@ -24,13 +24,13 @@ Each layer's suspend time (how long the servers held its pull) and staleness are
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from engine import usermetrics
 from engine.keys import KeyRange
 from engine.registry import Registry
 from engine.wire.records import IterationRecord, LayerRecord
@@ -99,8 +99,9 @@ class RequestWindow(Generic[T, H]):
     it waits adds up in ``waited_s``), ``drain()`` all of them."""
 
     def __init__(self, order: Sequence[T], start: Callable[[T], H],
-                 finish: Callable[[T, H], None], size: int) -> None:
-        self._start, self._finish, self._size = start, finish, size
+                 finish: Callable[[T, H], None], size: int,
+                 perf: Callable[[], float] = lambda: 0.0) -> None:
+        self._start, self._finish, self._size, self._perf = start, finish, size, perf
         self._waiting: deque[T] = deque(order)
         self._in_flight: deque[tuple[T, H]] = deque()
         self._finished: set[T] = set()
@@ -108,10 +109,10 @@ class RequestWindow(Generic[T, H]):
         self._fill()
 
     def need(self, item: T) -> None:
-        began = time.perf_counter()
+        began = self._perf()
         while item not in self._finished and self._in_flight:
             self._finish_oldest()
-        self.waited_s += time.perf_counter() - began
+        self.waited_s += self._perf() - began
 
     def drain(self) -> None:
         while self._in_flight:
@@ -167,35 +168,36 @@ class ScheduledLoop(PlainLoop):
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
         """The gradient, with the time forward waited for values left out of what a slowed
         worker's compute phase is stretched by."""
-        started = time.perf_counter()
+        started = self.timer.perf()
         loss = compute_gradient(self.model, shard, batch)
+        usermetrics.hold(self.worker.rank)
         waited = self._window.waited_s if self._window is not None else 0.0
-        self.worker.slowdown.stretch(time.perf_counter() - started - waited)
+        self.worker.pace.computed(started, left_out=waited)
         return loss
 
     def _iteration(self, shard: Shard, batch: np.ndarray, epoch: int,
                    clock: int) -> IterationRecord:
-        started, t0 = time.time(), time.perf_counter()
+        started, t0 = self.timer.now(), self.timer.perf()
         window, pulled = self._pull_layers(clock)
         if self._unwatch is None:
             window.drain()
-        t1 = time.perf_counter()
+        t1 = self.timer.perf()
         self._window = window
         try:
             loss = self.compute(shard, batch)
         finally:
             self._window = None
-        t2 = time.perf_counter()
+        t2 = self.timer.perf()
         window.drain()  # the layers forward never read (the loss does not reach them)
-        t3 = time.perf_counter()
+        t3 = self.timer.perf()
         # The pull phase: before forward, inside it (layer by layer) and after it.
         pull_s = t1 - t0 + window.waited_s + t3 - t2
         merged = merge_pulls([pulled[layer] for layer in range(len(self.layers))],
                              one_by_one=True)
         wait_s = min(merged.wait_s, pull_s)
-        pushed_at = time.time()
+        pushed_at = self.timer.now()
         pushed = self._push_layers(clock, pulled, pushed_at, wait_s)
-        t4 = time.perf_counter()
+        t4 = self.timer.perf()
         row = iteration_row(self.worker.rank, clock, epoch, started, t4 - t0,
                             t2 - t1 - window.waited_s, t4 - t3, pull_s - wait_s, wait_s,
                             merge_pushes(list(pushed.values())), merged, loss, len(batch))
@@ -226,7 +228,7 @@ class ScheduledLoop(PlainLoop):
             self.known[layer] = max(self.known[layer], self.received[layer])
             self.slowest[layer] = result.slowest_clock
 
-        return RequestWindow(order, start, finish, self.pool_size), results
+        return RequestWindow(order, start, finish, self.pool_size, self.timer.perf), results
 
     def _push_layers(self, clock: int, pulled: dict[int, PullResult], pushed_at: float,
                      waited_s: float) -> dict[int, PushResult]:

@@ -20,13 +20,13 @@ loop; under asp pulls take the newest values.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine import usermetrics
 from engine.consistency.registry import CONSISTENCY_MODELS, OWN_DELAY, asynchronous
 from engine.datasets.sparse import SparseSplit
 from engine.errors import ShuttingDown
@@ -38,7 +38,7 @@ from engine.worker.client import PullHandle, PushHandle
 from engine.worker.loops import PlainLoop, Shard, finite_loss, iteration_row, push_bytes
 
 if TYPE_CHECKING:
-    from engine.worker.loops import Worker
+    from engine.worker.loops import Host
 
 
 @dataclass
@@ -56,9 +56,10 @@ class _Pull:
 
 
 class SparseLoop(PlainLoop):
-    def __init__(self, worker: Worker, model: RowsModel) -> None:
+    def __init__(self, worker: Host, model: RowsModel) -> None:
         self.worker, self.sparse = worker, model
         self.client = worker.client
+        self.timer = worker.clock
         self.next_batch: np.ndarray | None = None
         self.last_clock, self.first_clock, self.filter = -1, 0, None
         config = worker.config
@@ -93,28 +94,29 @@ class SparseLoop(PlainLoop):
 
     def _task(self, batch: SparseSplit, following: SparseSplit | None, epoch: int,
               clock: int) -> _Task:
-        started, t0 = time.time(), time.perf_counter()
+        started, t0 = self.timer.now(), self.timer.perf()
         while self._tasks and self._tasks[0].clock < clock - self.delay:
             self._finish(self._tasks.popleft())
         pull = self._next or self._pull(batch, clock)
         self._next = None  # taken: a stop before the next prefetch must not wait for it again
         pulled = self.client.wait(pull.handle)
-        t1 = time.perf_counter()
+        t1 = self.timer.perf()
         loss, grad = self.sparse.gradient(batch, pull.keys, pull.values)
         finite_loss(loss)
-        self.worker.slowdown.stretch(time.perf_counter() - t1)
+        usermetrics.hold(self.worker.rank)
+        self.worker.pace.computed(t1)
         keys, values = pull.keys, grad
         if self.kkt:
             mask = kkt_mask(pull.values, grad, self.l1)
             keys, values = keys[mask], grad[mask]
-        t2 = time.perf_counter()
-        pushed_at = time.time()
+        t2 = self.timer.perf()
+        pushed_at = self.timer.now()
         pushes = [self.client.push(keys, values, clock=clock, base_versions=pulled.versions,
                                    pushed_at=pushed_at, waited_s=0.0,
                                    final=clock == self.last_clock, span=self.worker.keys)]
         # The next batch's working set, right behind this push on the same connections.
         self._next = self._pull(following, clock + 1) if following is not None else None
-        t3 = time.perf_counter()
+        t3 = self.timer.perf()
         wait_s = min(pulled.wait_s, t1 - t0)
         row = iteration_row(self.worker.rank, clock, epoch, started, t3 - t0, t2 - t1, t3 - t2,
                             t1 - t0 - wait_s, wait_s, None, pulled, loss, len(batch))

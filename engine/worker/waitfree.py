@@ -15,11 +15,11 @@ loop: pushing early would hide the straggler it is meant to be.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
+from engine import usermetrics
 from engine.worker.client import PullHandle, PullResult, PushHandle
-from engine.worker.loops import LayeredLoop, Shard, Worker, compute_gradient
+from engine.worker.loops import Host, LayeredLoop, Shard, compute_gradient
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class WaitFreeLoop(LayeredLoop):
     """The layered loop with each layer pushed from backward as soon as it is ready."""
 
-    def __init__(self, worker: Worker, model: FlatModel) -> None:
+    def __init__(self, worker: Host, model: FlatModel) -> None:
         super().__init__(worker, model)
         self._header: dict[str, Any] | None = None  # the clock's push header while armed
         self._sent: dict[int, PushHandle] = {}
@@ -41,7 +41,7 @@ class WaitFreeLoop(LayeredLoop):
         self._ahead_clock: int | None = None
         self._first_at: float | None = None
         self._error: BaseException | None = None
-        self._hold = worker.slowdown.active
+        self._hold = worker.pace.active
         self._unwatch = model.watch_gradients(self._ready)
 
     def end(self) -> None:
@@ -58,9 +58,10 @@ class WaitFreeLoop(LayeredLoop):
                              else None)
 
     def compute(self, shard: Shard, batch: np.ndarray) -> float:
-        started = time.perf_counter()
+        started = self.timer.perf()
         loss = compute_gradient(self.model, shard, batch, to_host=False)
-        self.worker.slowdown.stretch(time.perf_counter() - started)
+        usermetrics.hold(self.worker.rank)
+        self.worker.pace.computed(started)
         return loss
 
     def push(self, clock: int, pulled: PullResult,
@@ -91,7 +92,7 @@ class WaitFreeLoop(LayeredLoop):
     def _send(self, index: int) -> None:
         assert self._header is not None
         keys = self.worker.layout.segments[index].keys
-        pushed_at = time.time()
+        pushed_at = self.timer.now()
         self._first_at = self._first_at or pushed_at
         self._sent[index] = self.client.push(keys, self.model.grads_np[keys.start:keys.end],
                                              pushed_at=pushed_at, **self._header)

@@ -69,8 +69,9 @@ def test_switches_repeats_and_sugar(tmp_path: Path) -> None:
                          "--name", "r1", "--data-dir", str(tmp_path)], tmp_path)
     assert config.train.pipeline is False and config.name == "r1"
     assert config.fault.inject == ("kill:worker:1@5", "drop:1%")
-    simulated = configured(["--backend", "sim", "--compute-ms", "5"], tmp_path).sim
-    assert (simulated.compute, simulated.compute_ms) == ("given", 5.0)  # --compute-ms: both
+    regime = configured(["--backend", "sim", "--compute-ms", "5", "--network", "1gbit:1ms"],
+                        tmp_path).regime
+    assert (regime.compute_ms, regime.network) == (5.0, "1gbit:1ms")
 
 
 def test_every_launch_option_is_a_setting_or_one_of_the_few_others() -> None:
@@ -87,8 +88,7 @@ def test_each_setting_option_overrides_its_own_setting() -> None:
         given = {option.param: ["x"] if option.many else "x"}
         changed = {key: value for key, value in launch_overrides(given).items()
                    if value is not None}
-        implied = {"sim.compute": "given"} if option.flag == "--compute-ms" else {}
-        assert changed == {option.setting: ("x",) if option.many else "x"} | implied, option
+        assert changed == {option.setting: ("x",) if option.many else "x"}, option
 
 
 def test_the_help_is_grouped_by_section_with_the_policies_listed() -> None:

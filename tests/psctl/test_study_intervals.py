@@ -32,8 +32,7 @@ cluster.servers = 1
 data.dataset = "digits"
 model.hidden = [32]
 stop.budget = "3s"
-sim.compute = "given"
-sim.compute_ms = 20.0
+regime.compute_ms = 20.0
 heterogeneity.stragglers = [{ rank = 0, factor = 3.0 }]
 eval.interval_s = 0.5
 

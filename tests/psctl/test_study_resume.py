@@ -28,8 +28,7 @@ cluster.servers = 1
 data.dataset = "digits"
 model.hidden = [32]
 train.epochs = 2
-sim.compute = "given"
-sim.compute_ms = 10.0
+regime.compute_ms = 10.0
 
 [[axis]]
 name = "sync"

@@ -27,8 +27,7 @@ cluster.servers = 1
 data.dataset = "digits"
 model.hidden = [32]
 stop.budget = "3s"
-sim.compute = "given"
-sim.compute_ms = 10.0
+regime.compute_ms = 10.0
 sim.server_ms = 1.0
 
 [[axis]]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ConfigError
-from engine.sim.network import Link, parse_network, transmit, transmit_group
+from engine.sim.network import LOOPBACK, Link, link_of, parse_network, transmit
 
 
 @pytest.mark.parametrize(("text", "rate", "latency", "spec"), [
@@ -45,9 +45,16 @@ def test_each_side_takes_its_own_bandwidth_and_the_larger_latency() -> None:
     assert server.in_free == pytest.approx(0.1) and worker.out_free == pytest.approx(1.0)
 
 
-def test_a_requests_frames_leave_together_and_arrive_together() -> None:
-    model = parse_network("8kbit:0s")
-    worker, one, two = Link(model), Link(model), Link(model)
-    # 300 + 700 bytes through the worker's link at 1000 B/s: both are in at 1 s, not 0.3 and 1
-    assert transmit_group(0.0, worker, [(one, 300), (two, 700)]) == pytest.approx(1.0)
-    assert one.in_free == pytest.approx(0.3) and two.in_free == pytest.approx(0.7)
+def test_a_busy_receiver_delays_the_arrival_not_the_senders_side() -> None:
+    """As the real shaper paces them: the sender's side sends at once; the receiver's side takes
+    the bytes from their first one's departure or once it is free, whichever is later."""
+    model = parse_network("8kbit:0s")  # 1000 bytes per second
+    one, two, server = Link(model), Link(model), Link(model)
+    assert transmit(0.0, one, server, 1000) == pytest.approx(1.0)
+    assert transmit(0.0, two, server, 1000) == pytest.approx(2.0)
+    assert two.out_free == pytest.approx(1.0)  # two's own side was free after 1 s
+
+
+def test_loopback_takes_no_time_of_its_own() -> None:
+    assert link_of(None).model is LOOPBACK
+    assert transmit(5.0, link_of(None), link_of(None), 10**8) == pytest.approx(5.0)

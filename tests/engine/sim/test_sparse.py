@@ -23,8 +23,8 @@ CLICKS = "sparse-synthetic:features=2^30,nnz=20,samples=4000,test=1000,ctr=0.2"
 
 def config(dataset: str, **overrides: Any) -> RunConfig:
     values = {"cluster.backend": "sim", "data.dataset": dataset, "cluster.workers": 2,
-              "cluster.servers": 2, "train.epochs": 3, "sim.compute": "given",
-              "sim.compute_ms": 10.0, "sim.server_ms": 0.5, "sim.network": "1gbit:0.2ms"}
+              "cluster.servers": 2, "train.epochs": 3,
+              "regime.compute_ms": 10.0, "sim.server_ms": 0.5, "regime.network": "1gbit:0.2ms"}
     return build_config({}, values | overrides)
 
 

@@ -21,7 +21,7 @@ def test_a_copy_answers_the_reads_its_slowest_clock_covers() -> None:
     cache.fetched(fetch(slowest=5))  # holds every push of clocks 0..4
     # a read at c needs clocks up to c - 4: served while 5 >= c - 3
     assert [c for c in range(12) if cache.serves(c)] == list(range(9))
-    read = cache.read()
+    read = cache.read(123.0)
     assert (read.bytes_sent, read.bytes_received, read.wait_s) == (0, 0, 0.0)
     assert read.versions == {0: 7} and read.slowest_clock == 5
     assert cache.saved_per_read == 424 and cache.hits == 1

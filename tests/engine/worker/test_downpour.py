@@ -16,6 +16,7 @@ from engine.wire.records import IterationRecord
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.downpour import DownpourLoop
 from engine.worker.loops import Shard
+from tests.engine.worker.hosts import timing
 
 KEYS, ETA, ALPHA = 3, 0.1, 0.05
 TARGET = np.array([1.0, -2.0, 0.5], dtype=np.float32)
@@ -88,7 +89,7 @@ def run_loop(n_fetch: int, n_push: int, alpha: float, steps: int = 12) -> tuple[
     server = SGDServer()
     worker = SimpleNamespace(
         client=server, config=config, layout=KeyLayout.single(KEYS), keys=KeyRange(0, KEYS),
-        rank=0, slowdown=SimpleNamespace(stretch=lambda s: None),
+        rank=0, **timing(),
         record=lambda row, layers=None: rows.append(row), should_stop=lambda: False,
         epoch_done=lambda epoch: None)
     model = SimpleNamespace(params_np=np.zeros(KEYS, dtype=np.float32),

@@ -19,6 +19,7 @@ from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.delayed import DelayedLoop
 from engine.worker.downpour import DownpourLoop
 from engine.worker.loops import OverlappedLoop, PlainLoop, Shard, logged_with
+from tests.engine.worker.hosts import timing
 
 KEYS = 4
 SAMPLES, BATCH = 40, 4
@@ -60,7 +61,7 @@ def test_each_row_gets_the_values_its_own_batch_logged(loop: type[PlainLoop],
     recorded: list[tuple[IterationRecord, list[UserMetricRecord]]] = []
     worker = SimpleNamespace(
         client=AnsweringClient(), config=config, layout=KeyLayout.single(KEYS),
-        keys=KeyRange(0, KEYS), rank=1, slowdown=SimpleNamespace(stretch=lambda s: None),
+        keys=KeyRange(0, KEYS), rank=1, **timing(),
         record=lambda row, layers=None: recorded.append((row, logged_with(row))),
         should_stop=lambda: False, epoch_done=lambda epoch: None)
     model = SimpleNamespace(params_np=np.zeros(KEYS, dtype=np.float32),

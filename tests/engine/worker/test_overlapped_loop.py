@@ -14,6 +14,7 @@ from engine.keys import KeyLayout, KeyRange
 from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import OverlappedLoop, Shard
+from tests.engine.worker.hosts import timing
 
 KEYS = 4
 
@@ -51,7 +52,7 @@ def test_a_refused_push_fails_the_loop_with_the_servers_reason() -> None:
                                "sync.model": "asp", "train.overlap": True})
     worker = SimpleNamespace(
         client=RefusingClient(), config=config, layout=KeyLayout.single(KEYS),
-        keys=KeyRange(0, KEYS), rank=0, slowdown=SimpleNamespace(stretch=lambda s: None),
+        keys=KeyRange(0, KEYS), rank=0, **timing(),
         record=lambda row, layers=None: None, should_stop=lambda: False,
         epoch_done=lambda epoch: None)
     model = SimpleNamespace(params_np=np.zeros(KEYS, dtype=np.float32),

@@ -15,6 +15,7 @@ from engine.keys import KeyLayout, KeyRange
 from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import PlainLoop, Shard
+from tests.engine.worker.hosts import timing
 
 KEYS = 6
 
@@ -58,7 +59,7 @@ def make_loop(pipeline: bool, stop_after: int | None = None) -> tuple[PlainLoop,
     steps: list[int] = []
     worker = SimpleNamespace(
         client=client, config=config, layout=KeyLayout.single(KEYS), keys=KeyRange(0, KEYS),
-        rank=0, slowdown=SimpleNamespace(stretch=lambda seconds: None),
+        rank=0, **timing(),
         record=lambda row, layers=None: steps.append(row.iteration),
         should_stop=lambda: stop_after is not None and len(steps) >= stop_after,
         epoch_done=lambda epoch: None)

@@ -18,6 +18,7 @@ from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import Shard
 from engine.worker.scheduled import REQUEST_SCHEDULES, RequestWindow, ScheduledLoop, run_pool
+from tests.engine.worker.hosts import timing
 
 
 def test_fifo_and_filo_follow_the_order_requests_arise_in_and_its_reverse() -> None:
@@ -115,7 +116,7 @@ def test_forward_starts_on_a_layer_once_its_own_pulls_are_answered() -> None:
     worker = SimpleNamespace(
         client=ArrivingClient(model, events), config=config, layout=model.layout,
         keys=KeyRange(0, model.num_keys), rank=0,
-        slowdown=SimpleNamespace(stretch=lambda seconds: None, active=False),
+        **timing(),
         record=lambda row, layers=None: rows.append(row), should_stop=lambda: False,
         epoch_done=lambda epoch: None, _stopping=None)
     rows: list[Any] = []

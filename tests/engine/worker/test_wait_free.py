@@ -20,6 +20,7 @@ from engine.plan import build_config
 from engine.worker.client import Handle, PullResult, PushResult
 from engine.worker.loops import Shard
 from engine.worker.waitfree import WaitFreeLoop
+from tests.engine.worker.hosts import timing
 
 SPEC = MLPSpec(input_dim=4, hidden=(6, 5), num_classes=3)
 rng = np.random.default_rng(0)
@@ -64,7 +65,7 @@ def make_loop(model: FlatModel, *, slowed: bool = False, fail: bool = False,
     worker = SimpleNamespace(
         client=client, config=config, layout=model.layout,
         keys=KeyRange(0, model.num_keys), rank=0,
-        slowdown=SimpleNamespace(stretch=lambda seconds: None, active=slowed),
+        **timing(active=slowed),
         record=lambda row, layers=None: None, should_stop=lambda: False,
         epoch_done=lambda epoch: None, _stopping=None)
 
@@ -179,7 +180,7 @@ def test_a_push_that_fails_inside_backward_stops_the_loop_after_backward() -> No
     loop, client = make_loop(model, fail=True)
     assert loop.train(SHARD) == 0  # ShuttingDown ends the epochs, as from any push
     assert client.pushes == []
-    assert loop.worker._stopping == "the server is draining"
+    assert loop.worker.stopped == ["the server is draining"]
     assert model.module.layers[0].weight.grad is not None  # backward itself completed
 
 

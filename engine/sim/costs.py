@@ -1,15 +1,24 @@
-"""The compute model: how long a worker's batch and a server's update take in virtual time.
+"""The simulator's costs: the CPU time each piece of a run's work takes on this machine.
 
-``sim.compute = "measured"`` times the real gradient step of the run's model and batch size on
-this machine, alone (one process, its torch threads), once: the median of several steps after a
-warm-up. A server's dense update of the whole model is timed the same way unless ``sim.server_ms``
-gives it. Measurements are cached in a JSON file keyed by everything that changes them, so that
-runs of the same configuration are identical (the simulator's determinism); delete the file to
-measure again. The values a run used are recorded in its ``simulated`` event.
+Every cost is measured on this machine, once, and cached (``cache_path()``), keyed by everything
+that changes it, so that runs of the same configuration are identical (the simulator's
+determinism); delete the file to measure again. The values a run used are recorded in its
+``simulated`` event. They are CPU seconds of one core: the simulated machine shares its cores
+between the run's processes (``engine.sim.cpu``), as a local run's processes share this one's.
 
-A model of sparse samples (``engine.models.rows``) has no dense update of the whole model (its key
-space may be 2^33 keys): its reference update is the push of one batch's working set, timed
-through shards built as the run's, and ``sim.server_ms`` given is that push's time.
+- **a batch**: the real gradient step of the run's model and batch size, alone (one process, its
+  torch threads): the median of several steps after a warm-up. The regime's ``compute_ms`` pads
+  it, as it pads a real batch (``engine.worker.timing.Pace``);
+- **a server's update**: a whole dense push through a shard as a server applies it (checks,
+  rollback copy, the run's optimizer, finiteness check), per key; ``sim.server_ms`` gives it
+  instead. A model of sparse samples has no dense update of the whole model (its key space may
+  be 2^33 keys): its reference update is the push of one batch's working set, timed through
+  shards built as the run's, and ``sim.server_ms`` given is that push's time;
+- **moving a frame**: what sending and receiving a frame costs a worker's and a server's process
+  per message and per byte, measured on the real data plane between two processes on the run's
+  transport (``engine.sim.calibrate``);
+- **an evaluation**: the evaluator's test of the model (its forward passes over the test set,
+  or a model of sparse samples' measurement), alone.
 """
 
 from __future__ import annotations
@@ -17,11 +26,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,29 +43,62 @@ if TYPE_CHECKING:
     from engine.datasets.sparse import SparseSplit
     from engine.keys import KeyLayout
     from engine.models.flat import FlatModel
-    from engine.models.rows import RowsModel
+    from engine.models.rows import RowsEvaluation, RowsModel
 
 WARMUP_STEPS = 3
 TIMED_STEPS = 15
+CALIBRATION_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class WireCosts:
+    """CPU seconds a real run's processes spend beyond the gradient and the update
+    (``engine.sim.calibrate``): a frame, to the process that sends it and the one that receives
+    it, per message and per byte; a worker's loop, per iteration; the coordinator and the
+    recorder, per row recorded."""
+
+    worker_message_s: float
+    server_message_s: float
+    worker_send_byte_s: float
+    worker_recv_byte_s: float
+    server_recv_byte_s: float
+    server_send_byte_s: float
+    worker_iteration_s: float
+    row_s: float
+
+    def send_s(self, server: bool, nbytes: int) -> float:
+        if server:
+            return self.server_message_s + self.server_send_byte_s * nbytes
+        return self.worker_message_s + self.worker_send_byte_s * nbytes
+
+    def recv_s(self, server: bool, nbytes: int) -> float:
+        if server:
+            return self.server_message_s + self.server_recv_byte_s * nbytes
+        return self.worker_message_s + self.worker_recv_byte_s * nbytes
 
 
 @dataclass(frozen=True, slots=True)
 class Costs:
-    """Virtual seconds of work: a worker's batch, and a server's update per key."""
+    """CPU seconds of work: a worker's batch, a server's update per key, moving frames, an
+    evaluation."""
 
     compute_s: float
     update_s_per_key: float
     compute_measured: bool
     update_measured: bool
+    wire: WireCosts
+    evaluate_s: float
 
     def update_s(self, keys: int) -> float:
         return keys * self.update_s_per_key
 
-    def as_detail(self, num_keys: int) -> dict[str, float | bool]:
+    def as_detail(self, num_keys: int) -> dict[str, Any]:
         return {"compute_ms": self.compute_s * 1e3,
                 "compute_measured": self.compute_measured,
                 "update_ms": self.update_s(num_keys) * 1e3,
-                "update_measured": self.update_measured}
+                "update_measured": self.update_measured,
+                "evaluate_ms": self.evaluate_s * 1e3,
+                "wire": asdict(self.wire)}
 
 
 def cache_path() -> Path:
@@ -66,43 +110,85 @@ def cache_path() -> Path:
     return Path(root) / "psctl" / "sim-calibration.json"
 
 
-def costs_for(config: RunConfig, model: FlatModel, inputs: np.ndarray,
-              targets: np.ndarray) -> Costs:
+def costs_for(config: RunConfig, model: FlatModel, inputs: np.ndarray, targets: np.ndarray,
+              test: tuple[np.ndarray, np.ndarray]) -> Costs:
     """The run's costs: given ones as given, the rest measured (or read from the cache)."""
-    sim, num_keys = config.sim, model.num_keys
-    compute_s = (sim.compute_ms / 1e3 if sim.compute_ms is not None
-                 else _cached(_compute_key(config, model), lambda: _time_compute(
-                     model, inputs, targets, config.train.batch_size)))
-    if sim.server_ms is not None:
-        per_key = sim.server_ms / 1e3 / num_keys
+    server_ms, num_keys = config.sim.server_ms, model.num_keys
+    compute_s = _cached(_compute_key(config, model), lambda: _time_compute(
+        model, inputs, targets, config.train.batch_size))
+    if server_ms is not None:
+        per_key = server_ms / 1e3 / num_keys
     else:
         per_key = _cached(_update_key(config, model), lambda: _time_update(config, num_keys))
-    return Costs(compute_s, per_key, sim.compute_ms is None, sim.server_ms is None)
+    evaluate_s = _cached(f"evaluate|model={model.signature}|samples={len(test[1])}|threads="
+                         f"{config.train.torch_threads}|torch={_torch_version()}",
+                         lambda: _time_evaluation(model, *test))
+    return Costs(compute_s, per_key, True, server_ms is None, wire_costs(config), evaluate_s)
 
 
-def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout,
-                     train: SparseSplit) -> tuple[Costs, int]:
+def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout, train: SparseSplit,
+                     evaluation: RowsEvaluation) -> tuple[Costs, int]:
     """A model of sparse samples' costs, and the keys of its reference update: the working set
     of one sample batch of the training set, whose gradient is timed for the compute cost and
     whose push for the update cost (per key, so that each push costs its own keys)."""
-    sim = config.sim
+    server_ms = config.sim.server_ms
     rng = np.random.default_rng(0)
     chosen = rng.choice(len(train), size=min(config.train.batch_size, len(train)), replace=False)
     batch = train.rows(np.sort(chosen))
     keys = model.working_set(batch)
     values = starting_values(layout, keys, config.train.seed)
     shape = _layout_key(layout)
-    compute_s = (sim.compute_ms / 1e3 if sim.compute_ms is not None
-                 else _cached(_sparse_compute_key(config, shape), lambda: _median_time(
-                     lambda: model.gradient(batch, keys, values))))
-    if sim.server_ms is not None:
-        per_key = sim.server_ms / 1e3 / len(keys)
+    compute_s = _cached(_sparse_compute_key(config, shape), lambda: _median_time(
+        lambda: model.gradient(batch, keys, values)))
+    if server_ms is not None:
+        per_key = server_ms / 1e3 / len(keys)
     else:
         opt = config.optimizer
         per_key = _cached(f"sparse-push|layout={shape}|keys={len(keys)}|optimizer={opt.name}|"
                           f"momentum={opt.momentum:g}|l1={opt.l1:g}|data={config.data.dataset}",
                           lambda: _time_keyed_update(config, layout, keys))
-    return Costs(compute_s, per_key, sim.compute_ms is None, sim.server_ms is None), len(keys)
+    measured = starting_values(layout, evaluation.keys, config.train.seed)
+    evaluate_s = _cached(f"sparse-evaluate|{_sparse_compute_key(config, shape)}|keys="
+                         f"{len(evaluation.keys)}",
+                         lambda: _median_time(lambda: evaluation.measure(measured), steps=3))
+    return Costs(compute_s, per_key, True, server_ms is None, wire_costs(config),
+                 evaluate_s), len(keys)
+
+
+def wire_costs(config: RunConfig) -> WireCosts:
+    """What moving frames costs on the run's transport (``engine.sim.calibrate``, run once in
+    processes of their own, with the roles' environment)."""
+    transport = config.cluster.transport
+    measured = _cached_table(wire_key(transport), lambda: _calibrate(transport))
+    try:
+        return WireCosts(**measured)
+    except TypeError:
+        raise ConfigError(f"the simulator's calibration cache {cache_path()} holds an entry of "
+                          "another version for the wire's costs; delete it to measure "
+                          "again") from None
+
+
+def wire_key(transport: str) -> str:
+    """The calibration cache's key of the wire's costs on ``transport`` on this machine."""
+    return (f"wire|v2|transport={transport}|python={sys.version_info[:2]}|numpy="
+            f"{np.__version__}|cores={os.cpu_count()}")
+
+
+def _calibrate(transport: str) -> dict[str, float]:
+    from engine.hosts import MALLOC_ENV
+
+    command = [sys.executable, "-m", "engine.sim.calibrate", "--transport", transport]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False,
+                              timeout=CALIBRATION_TIMEOUT_S, env={**os.environ, **MALLOC_ENV})
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"measuring the wire's costs took over {CALIBRATION_TIMEOUT_S:g} s "
+                          f"({' '.join(command)})") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"measuring the wire's costs failed ({' '.join(command)}): {tail}")
+    measured: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return measured
 
 
 def starting_values(layout: KeyLayout, keys: np.ndarray, seed: int) -> np.ndarray:
@@ -175,12 +261,26 @@ def _update_key(config: RunConfig, model: FlatModel) -> str:
 
 
 def _cached(key: str, measure: Callable[[], float]) -> float:
-    path = cache_path()
-    entries = _read_cache(path)
-    value = entries.get(key)
+    value = _read_cache(cache_path()).get(key)
     if isinstance(value, int | float) and value > 0:
         return float(value)
-    value = measure()
+    measured = measure()
+    _store(key, measured)
+    return measured
+
+
+def _cached_table(key: str, measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    value = _read_cache(cache_path()).get(key)
+    if isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
+        return {k: float(v) for k, v in value.items()}
+    measured = measure()
+    _store(key, measured)
+    return measured
+
+
+def _store(key: str, value: float | dict[str, float]) -> None:
+    path = cache_path()
+    entries = _read_cache(path)  # again: another run may have added its own meanwhile
     entries[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +291,6 @@ def _cached(key: str, measure: Callable[[], float]) -> float:
         raise ConfigError(f"cannot write the simulator's calibration cache {path}: {exc}; set "
                           "PSCTL_SIM_CACHE to a writable file, or give --compute-ms and "
                           "--server-ms") from None
-    return value
 
 
 def _read_cache(path: Path) -> dict[str, object]:
@@ -208,11 +307,11 @@ def _read_cache(path: Path) -> dict[str, object]:
     return loaded
 
 
-def _median_time(step: Callable[[], object]) -> float:
+def _median_time(step: Callable[[], object], steps: int = TIMED_STEPS) -> float:
     for _ in range(WARMUP_STEPS):
         step()
     times = []
-    for _ in range(TIMED_STEPS):
+    for _ in range(steps):
         began = time.perf_counter()
         step()
         times.append(time.perf_counter() - began)
@@ -249,3 +348,19 @@ def _time_update(config: RunConfig, num_keys: int) -> float:
     grad = np.full(num_keys, 1e-6, dtype=np.float32)
     clocks = itertools.count()
     return _median_time(lambda: state.push(0, next(clocks), keys, grad)) / num_keys
+
+
+def _time_evaluation(model: FlatModel, inputs: np.ndarray, targets: np.ndarray) -> float:
+    """The evaluator's test of the model: its forward passes over the test set."""
+    import torch
+
+    from engine.models.flat import evaluate
+
+    x, y = torch.from_numpy(inputs), torch.from_numpy(targets)
+    return _median_time(lambda: evaluate(model.module, x, y), steps=3)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
