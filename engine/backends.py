@@ -66,13 +66,16 @@ def _sim(config: RunConfig, *, db: Path, requested_at: float | None = None) -> R
 
 
 def _simulable(config: RunConfig) -> None:
-    """The simulator models every policy but these parts of the wire (yet)."""
+    """The simulator runs the real loops, servers and evaluator; it does not model these."""
+    from engine.policies.loops import ANY_ROWS, WORKER_LOOPS, loop_name
+
     comm = config.comm
     unmodelled = [name for name, used in (
         ("comm.compress", comm.compress != "none"),
         ("comm.range_size", comm.range_size is not None),
         ("comm.schedule", comm.schedule != "none" or config.train.loop == "scheduled"),
         ("train.loop wait-free", config.train.loop == "wait-free"),
+        (f"train.loop {loop_name(config)}", WORKER_LOOPS.can(loop_name(config), ANY_ROWS)),
         ("fault.inject", bool(config.fault.inject)),
         ("cluster.replicas", config.cluster.replicas > 0),
         ("cluster.key_ranges", config.cluster.ranges != config.cluster.servers),
@@ -81,6 +84,10 @@ def _simulable(config: RunConfig) -> None:
     if unmodelled:
         raise ValueError(f"cluster.backend sim does not model {', '.join(unmodelled)}; run "
                          "them on the local backend")
+    if config.sim.costs == "given" and (config.regime.compute_ms is None
+                                        or config.sim.server_ms is None):
+        raise ValueError("sim.costs given needs regime.compute_ms and sim.server_ms "
+                         "(--compute-ms, --server-ms): nothing is measured")
 
 
 BACKENDS: Registry[Backend] = Registry("backend")

@@ -480,6 +480,12 @@ class SimConfig(_Frozen):
     """How the simulated cluster (``cluster.backend = "sim"``) turns work into virtual time,
     beyond the regime every backend takes (``RegimeConfig``)."""
 
+    costs: Literal["measured", "given"] = Field(
+        "measured", json_schema_extra=flag("--sim-costs"), description=(
+            "sim: measured: every piece of work costs what it costs a local run on this "
+            "machine, on its shared cores; given: only what the run gives costs time (the "
+            "batch --compute-ms, the update --server-ms, both needed; every role on a machine "
+            "of its own), the same on every machine [measured]"))
     server_ms: float | None = Field(
         None, ge=0, le=_LONGEST_S, json_schema_extra=flag("--server-ms"), description=(
             "sim: milliseconds a server takes to apply a dense update of the whole model (a "
@@ -488,6 +494,13 @@ class SimConfig(_Frozen):
         None, ge=0, le=4096, json_schema_extra=flag("--sim-cores"), description=(
             "sim: the cores the run's processes share, as a local run's share this machine's; "
             "0: every role on a machine of its own [this machine's cores]"))
+
+    @model_validator(mode="after")
+    def _given_alone(self) -> SimConfig:
+        if self.costs == "given" and self.cores is not None:
+            raise ValueError("sim.cores is for measured costs: with sim.costs given every role "
+                             "has a machine of its own")
+        return self
 
 
 # Settings that moved (old stored configs and files name them so): old dotted key -> new, or

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.analysis.selection import flatten, text
-from engine.config import RunConfig, load_toml
+from engine.config import RunConfig, load_toml, merge
 from engine.errors import ConfigError
 from engine.plan import build_config
 
@@ -166,6 +166,58 @@ class Study:
     @property
     def axes(self) -> list[str]:
         return [axis.name for axis in self.spec.axis]
+
+    def on_backend(self, backend: str) -> Study:
+        """The study's runs on ``backend`` (``psctl study --backend``). The regime a point
+        gives (``regime.compute_ms``, ``regime.network``) applies on every backend: real
+        processes are padded and shaped to it. Its ``sim.*`` settings say how the simulator
+        charges time, so they are left out of a run on real processes."""
+        def kept(values: dict[str, Any]) -> dict[str, Any]:  # nested tables or dotted keys
+            return values if backend == "sim" else {
+                k: v for k, v in values.items() if k != "sim" and not k.startswith("sim.")}
+
+        spec = self.spec
+        axes = []
+        for axis in spec.axis:
+            values = [AxisValue.model_construct(label=v.label, set=kept(v.set))
+                      for v in axis.points()]
+            if any(not value.set for value in values):
+                raise ConfigError(f"{self.path}: axis {axis.name} varies only sim.* settings, "
+                                  f"which a run on the {backend} backend does not take")
+            axes.append(axis.model_copy(update={"key": None, "values": values}))
+        update: dict[str, Any] = {"base": merge(kept(spec.base), {"cluster.backend": backend}),
+                                  "axis": axes}
+        if spec.tune is not None:
+            update["tune"] = spec.tune.model_copy(update={"set": kept(spec.tune.set)})
+        if spec.smoke is not None:
+            update["smoke"] = spec.smoke.model_copy(update={"set": kept(spec.smoke.set)})
+        return Study(self.path, spec.model_copy(update=update))
+
+    def only(self, chosen: dict[str, list[str]]) -> Study:
+        """The study with only the axis values ``chosen`` names (axis -> labels; an axis not
+        named keeps all); a ConfigError names what is not in the file."""
+        axes = []
+        for axis in self.spec.axis:
+            wanted = chosen.get(axis.name)
+            values = axis.points()
+            if wanted is not None:
+                labels = [v.label for v in values]
+                unknown = [label for label in wanted if label not in labels]
+                if unknown:
+                    raise ConfigError(f"{self.path}: axis {axis.name} has no value "
+                                      f"{', '.join(map(repr, unknown))} (its values: "
+                                      f"{', '.join(map(repr, labels))})")
+                values = [v for v in values if v.label in wanted]
+            axes.append(axis.model_copy(update={"key": None, "values": values}))
+        unknown_axes = sorted(set(chosen) - set(self.axes))
+        if unknown_axes:
+            raise ConfigError(f"{self.path}: no axis {', '.join(unknown_axes)} (its axes: "
+                              f"{', '.join(self.axes)})")
+        return Study(self.path, self.spec.model_copy(update={"axis": axes}))
+
+    def untuned(self) -> Study:
+        """The study without its [tune] table (its points pinned already)."""
+        return Study(self.path, self.spec.model_copy(update={"tune": None}))
 
     def smoked(self) -> Study:
         """The study as --smoke runs it: [smoke] repeat, when given, over [study] repeat."""

@@ -10,6 +10,7 @@ import typer
 
 from psctl import settings
 from psctl.cliutil import DbOption, Handled, err, fail
+from psctl.study_invocation import Variant
 
 if TYPE_CHECKING:
     from psctl.study import Point, Study
@@ -40,9 +41,22 @@ def study_command(
         help="folder with the data sets' files, over the file's data.data_dir "
         "[env: PSCTL_DATA_DIR]", show_default=False)] = None,
     jobs: Annotated[int | None, typer.Option(
-        "--jobs", "-j", min=1, max=256, help="runs in virtual time with every cost given "
-        "(cluster.backend sim, sim.compute_ms and sim.server_ms set) at once; other runs go "
-        "one at a time [the usable cores]", show_default=False)] = None,
+        "--jobs", "-j", min=1, max=256, help="runs in virtual time (cluster.backend sim) at "
+        "once, after their costs are measured; other runs go one at a time [the usable cores]",
+        show_default=False)] = None,
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="run every point on this backend: local or ray run the study's "
+        "points as real processes in the regime it gives (--compute-ms, --network: batches "
+        "padded, connections shaped), leaving out its sim.* settings; the report goes to "
+        "results/NAME-BACKEND [the file's cluster.backend]", show_default=False)] = None,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", metavar="AXIS=LABEL", help="run only the points with this axis value "
+        "(repeatable; several values of one axis are kept together)", show_default=False)] =
+        None,
+    tuned_from: Annotated[Path | None, typer.Option(
+        "--tuned-from", metavar="FOLDER", help="skip [tune]: each point at the best setting "
+        "of an earlier report's tuning (FOLDER/summary.json), e.g. to check a simulated "
+        "study's points on real processes at the rates it chose", show_default=False)] = None,
     db: DbOption = None,
 ) -> None:
     """Run a study: every point of a grid of configurations (runs in virtual time several at
@@ -52,12 +66,21 @@ def study_command(
 
     try:
         study = load_study(file)
+        if backend is not None:
+            study = study.on_backend(backend)
+        if only:
+            study = study.only(_chosen(only))
         if smoke:
             study = study.smoked()
         if smoke and study.spec.smoke is None:
             err.print(f"warning: {file} has no [smoke] table; --smoke runs the whole grid",
                       highlight=False, markup=False, soft_wrap=True)
         points = grid(study, smoke=smoke)
+        if tuned_from is not None:  # each point at its earlier best: no [tune] to run
+            from psctl.study_tune import tuned_from as pinned_to
+
+            points = pinned_to(study, points, tuned_from)
+            study = study.untuned()
         if dry_run:
             for point in points:
                 point_configs(study, point)  # a dry run checks every point as a real one would
@@ -71,36 +94,51 @@ def study_command(
             from engine.analysis.selection import UsageError
 
             raise UsageError("choose one of --report and --resume")
+        how = Variant(backend, tuple(only or ()), tuned_from)
         if report is not None:
             code = _rereport(study, points, file, report, smoke=smoke, out=out,
-                             db=settings.database_path(db))
+                             db=settings.database_path(db), how=how)
         elif resume is not None:
             code = _run(study, points, file, smoke=smoke, out=out,
                         db=settings.database_path(db), data_dir=data_dir, resume=resume,
-                        jobs=jobs)
+                        jobs=jobs, how=how)
         else:
             code = _run(study, points, file, smoke=smoke, out=out,
-                        db=settings.database_path(db), data_dir=data_dir, jobs=jobs)
+                        db=settings.database_path(db), data_dir=data_dir, jobs=jobs, how=how)
     except Handled as exc:
         raise fail(exc) from None
     raise typer.Exit(code)
 
 
+def _chosen(only: list[str]) -> dict[str, list[str]]:
+    """``--only AXIS=LABEL`` options, by axis."""
+    from engine.analysis.selection import UsageError
+
+    chosen: dict[str, list[str]] = {}
+    for item in only:
+        axis, sep, label = item.partition("=")
+        if not sep or not axis.strip() or not label.strip():
+            raise UsageError(f"--only {item!r}: write AXIS=LABEL, e.g. --only sync=BSP")
+        chosen.setdefault(axis.strip(), []).append(label.strip())
+    return chosen
+
+
 def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Path | None,
          db: Path, data_dir: Path | None = None, resume: str | None = None,
-         jobs: int | None = None) -> int:
+         jobs: int | None = None, how: Variant | None = None) -> int:
     from engine.proctime import usable_cores
     from psctl.study_invocation import Invocation
     from psctl.study_run import new_study_id, plan, prepare_database
     from psctl.study_tune import SMOKE_TRIALS, check_first
 
+    how = how or Variant()
     if study.spec.tune is not None:
         check_first(study, points, smoke=smoke)
     plan(study, points, data_dir)  # every main run checked before the first run starts
     prepare_database(db)
     study_id = resume or new_study_id()
     invocation = Invocation(study, file, db, study_id, smoke=smoke, data_dir=data_dir,
-                            jobs=jobs or usable_cores(), resume=resume is not None)
+                            jobs=jobs or usable_cores(), resume=resume is not None, how=how)
     tune = study.spec.tune
     tuning = 0 if tune is None else len(points) * (
         min(tune.size(), SMOKE_TRIALS) if smoke else tune.size()) * (1 if smoke else tune.seeds)
@@ -115,13 +153,14 @@ def _run(study: Study, points: list[Point], file: Path, *, smoke: bool, out: Pat
 
 
 def _rereport(study: Study, points: list[Point], file: Path, study_id: str, *, smoke: bool,
-              out: Path | None, db: Path) -> int:
+              out: Path | None, db: Path, how: Variant | None = None) -> int:
     """The report of runs already recorded: each run found by its name among the runs tagged
     study_id=STUDY_ID (a [tune] search replayed from them), in the grid's order."""
     from psctl.study_invocation import Invocation
 
+    how = how or Variant()
     invocation = Invocation(study, file, db, study_id, smoke=smoke, data_dir=None, jobs=1,
-                            resume=True, run_nothing=True)
+                            resume=True, run_nothing=True, how=how)
     progress = invocation.run(points, out)
     return settings.EXIT_OK if progress.complete else settings.EXIT_ERROR
 

@@ -21,6 +21,29 @@ if TYPE_CHECKING:
     from psctl.study_tune import Tuned
 
 
+@dataclass(frozen=True)
+class Variant:
+    """How this invocation differs from the file: another backend, some axis values only, the
+    points at an earlier tuning's best. Named in the report's command and, for another
+    backend, its folder (results/NAME-BACKEND: a simulated study's report is not overwritten
+    by its check on real processes)."""
+
+    backend: str | None = None
+    only: tuple[str, ...] = ()
+    tuned_from: Path | None = None
+
+    def options(self) -> list[str]:
+        words = [] if self.backend is None else ["--backend", self.backend]
+        for item in self.only:
+            words += ["--only", item]
+        if self.tuned_from is not None:
+            words += ["--tuned-from", str(self.tuned_from)]
+        return words
+
+    def folder(self, name: str) -> str:
+        return name if self.backend is None else f"{name}-{self.backend}"
+
+
 @dataclass
 class Tally:
     ran: int = 0
@@ -30,8 +53,9 @@ class Tally:
 class Invocation:
     def __init__(self, study: Study, file: Path, db: Path, study_id: str, *, smoke: bool,
                  data_dir: Path | None, jobs: int, resume: bool,
-                 run_nothing: bool = False) -> None:
+                 run_nothing: bool = False, how: Variant | None = None) -> None:
         self.study, self.file, self.db, self.study_id = study, file, db, study_id
+        self.how = how or Variant()
         self.smoke, self.data_dir, self.jobs = smoke, data_dir, jobs
         self.resume, self.run_nothing = resume, run_nothing
         self.tally = Tally()
@@ -88,9 +112,10 @@ class Invocation:
         from psctl.study_report import Header, Wall, write_report
 
         folder = out or self.file.parent / "results" / (
-            self.study.name + ("-smoke" if self.smoke else ""))
+            self.how.folder(self.study.name) + ("-smoke" if self.smoke else ""))
         command = " ".join(["psctl", "study", shlex.quote(str(self.file)),
-                            *(["--smoke"] if self.smoke else [])])
+                            *(["--smoke"] if self.smoke else []),
+                            *(shlex.quote(word) for word in self.how.options())])
         wall = _earlier_wall(folder, self.study_id) if self.run_nothing else Wall(
             seconds=time.monotonic() - self._started, jobs=self.jobs, ran=self.tally.ran,
             kept=self.tally.kept)

@@ -18,10 +18,12 @@ Adagrad is that it makes more of a grid converge).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from engine.analysis.selection import flatten
@@ -233,6 +235,25 @@ def tuned_points(tunings: list[Tuned]) -> list[Point]:
         best = tuned.best
         params = best.trial.params if best is not None else {}
         out.append(replace(tuned.point, overrides=tuned.point.overrides | params))
+    return out
+
+
+def tuned_from(study: Study, points: list[Point], folder: Path) -> list[Point]:
+    """Each point with the best setting an earlier report's tuning found for it (its labels
+    matched in ``folder``/summary.json); a ConfigError when the report has none for it."""
+    path = folder / "summary.json"
+    try:
+        tuning = json.loads(path.read_text()).get("tuning") or {}
+        best = {tuple(sorted(p["labels"].items())): p["best"] for p in tuning.get("points", [])}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"--tuned-from {folder}: cannot read its tuning ({exc})") from None
+    out = []
+    for point in points:
+        found = best.get(tuple(sorted(point.labels)))
+        if found is None:
+            raise ConfigError(f"--tuned-from {folder}: {path} holds no tuning of point "
+                              f"{point.label} (tuned: {len(best)} points)")
+        out.append(replace(point, overrides=point.overrides | found))
     return out
 
 

@@ -605,6 +605,8 @@ def simulation_note(conn: Connection, run_id: str) -> str | None:
     values = _first_event_detail(conn, run_id, "simulated")
     if values is None:
         return None
+    if isinstance(values.get("note"), str):  # recorded in words by the simulator
+        return str(values["note"])
 
     def how(key: str) -> str:
         return "measured" if values.get(key) else "given"

@@ -171,12 +171,34 @@ def _sparse_model(config: RunConfig) -> Built:
 
 
 def machine_cores(config: RunConfig) -> int:
-    """The cores the simulated machine shares between the run's processes."""
+    """The cores the simulated machine shares between the run's processes (0: none shared)."""
+    if config.sim.costs == "given":
+        return 0
     if config.sim.cores is not None:
         return config.sim.cores
     from engine.proctime import usable_cores
 
     return usable_cores()
+
+
+def simulation_note(detail: dict[str, Any]) -> str:
+    """How a simulated run turned work into virtual time, in words (``runs show``, its page)."""
+    update = (f"{detail['update_of']} ({int(detail['update_keys']):,} keys)"
+              if "update_of" in detail else "dense update of the whole model")
+    floor = detail.get("compute_floor_ms")
+    network = f"network {detail['network']}"
+    if detail["server_network"] != detail["network"]:
+        network += f" (servers' {detail['server_network']})"
+    if not detail["compute_measured"]:  # sim.costs given
+        return (f"costs given: a batch {floor:g} ms, {network}, {detail['update_ms']:.3g} ms per "
+                f"{update}; every role on a machine of its own")
+    padded = f", padded to {floor:g} ms (--compute-ms)" if floor is not None else ""
+    cores = (f"{detail['cores']} cores shared by the run's processes" if detail["cores"]
+             else "every role on a core of its own")
+    how = "measured" if detail["update_measured"] else "given"
+    return (f"{cores}: a batch {detail['compute_ms']:.3g} ms of CPU (measured){padded}, "
+            f"{network}, {detail['update_ms']:.3g} ms per {update} ({how}), frames, rows and "
+            f"tests as a local run spends them (measured)")
 
 
 class SimCluster:
@@ -214,11 +236,12 @@ class SimCluster:
         built = build_model(self.config)
         usermetrics.take_open()  # what measuring the costs logged is no iteration's
         self.machine, self.network = Machine(machine_cores(self.config)), VirtualNetwork()
-        self._event("simulated", network=self.config.regime.network or LOOPBACK.spec,
-                    server_network=(self.config.regime.server_network
-                                    or self.config.regime.network or LOOPBACK.spec),
-                    cores=self.machine.cores, compute_floor_ms=self.config.regime.compute_ms,
-                    **built.costs.as_detail(built.update_keys), **built.detail)
+        detail = {"network": self.config.regime.network or LOOPBACK.spec,
+                  "server_network": (self.config.regime.server_network
+                                     or self.config.regime.network or LOOPBACK.spec),
+                  "cores": self.machine.cores, "compute_floor_ms": self.config.regime.compute_ms,
+                  **built.costs.as_detail(built.update_keys), **built.detail}
+        self._event("simulated", note=simulation_note(detail), **detail)
         try:
             workers, evaluate = await self._start(built)
         except PsctlError as exc:

@@ -77,6 +77,10 @@ class WireCosts:
         return self.worker_message_s + self.worker_recv_byte_s * nbytes
 
 
+# ``sim.costs given``: moving frames, rows and evaluations cost nothing.
+FREE = WireCosts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Costs:
     """CPU seconds of work: a worker's batch, a server's update per key, moving frames, an
@@ -114,6 +118,8 @@ def costs_for(config: RunConfig, model: FlatModel, inputs: np.ndarray, targets: 
               test: tuple[np.ndarray, np.ndarray]) -> Costs:
     """The run's costs: given ones as given, the rest measured (or read from the cache)."""
     server_ms, num_keys = config.sim.server_ms, model.num_keys
+    if config.sim.costs == "given":
+        return given(config, num_keys)
     compute_s = _cached(_compute_key(config, model), lambda: _time_compute(
         model, inputs, targets, config.train.batch_size))
     if server_ms is not None:
@@ -136,6 +142,8 @@ def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout, tra
     chosen = rng.choice(len(train), size=min(config.train.batch_size, len(train)), replace=False)
     batch = train.rows(np.sort(chosen))
     keys = model.working_set(batch)
+    if config.sim.costs == "given":
+        return given(config, len(keys)), len(keys)
     values = starting_values(layout, keys, config.train.seed)
     shape = _layout_key(layout)
     compute_s = _cached(_sparse_compute_key(config, shape), lambda: _median_time(
@@ -153,6 +161,14 @@ def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout, tra
                          lambda: _median_time(lambda: evaluation.measure(measured), steps=3))
     return Costs(compute_s, per_key, True, server_ms is None, wire_costs(config),
                  evaluate_s), len(keys)
+
+
+def given(config: RunConfig, update_keys: int) -> Costs:
+    """``sim.costs given``: the batch takes the regime's compute_ms (its floor: the gradient
+    costs nothing of its own), the reference update ``sim.server_ms``; nothing else costs time
+    (the plan refuses the setting without both)."""
+    assert config.sim.server_ms is not None
+    return Costs(0.0, config.sim.server_ms / 1e3 / update_keys, False, False, FREE, 0.0)
 
 
 def wire_costs(config: RunConfig) -> WireCosts:

@@ -796,6 +796,10 @@
       return;
     }
     const d = ev.detail || {};
+    if (typeof d.note === "string") {  // the simulator says it in words
+      banner.textContent = `Simulated cluster, virtual time: ${d.note}.`;
+      return;
+    }
     const how = (k) => (d[k] ? "measured" : "given");
     // A model of sparse samples' reference update is a batch's working set (its event says so).
     const update = d.update_of
