@@ -128,6 +128,6 @@ def settings_apply(config: RunConfig) -> None:
 def load_free(config: RunConfig) -> bool:
     """Whether the run's numbers are the same however busy this machine is: a virtual-time
     backend. Its measured costs are timed on this machine once and cached (a busy machine would
-    time them slow): ``engine.sim.cluster.calibrate`` measures them before several such runs
+    time them slow): ``engine.sim.building.calibrate`` measures them before several such runs
     start at once."""
     return BACKENDS.can(config.cluster.backend, VIRTUAL_TIME)

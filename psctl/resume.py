@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from engine.backends import BACKENDS, THIS_MACHINE
-from engine.config import RunConfig
+from engine.config import RunConfig, upgraded
 from engine.db.queries import CRASH_AFTER_S, effective_status
 from engine.errors import LaunchError, StoreError
 from engine.launcher import Launcher, ResumePoint
@@ -36,7 +36,8 @@ def plan_resume(db: Path, selector: str) -> tuple[RunConfig, ResumePoint]:
         raise LaunchError(f"run {run_id[:8]} ({row.name}) has no complete checkpoint to resume "
                           "from; launch runs with --checkpoint-every SECONDS to have them")
     folder = Path(str(detail["folder"]))
-    config = parse_config(json.loads(row.config_json))
+    # A run recorded before settings moved (engine.config.MOVED) resumes as it ran.
+    config = parse_config(upgraded(json.loads(row.config_json)))
     missing = [str(shard_file(folder, r)) for r in range(config.cluster.ranges)
                if not shard_file(folder, r).is_file()]
     if missing:

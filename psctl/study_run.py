@@ -55,7 +55,7 @@ def tags_for(study: Study, planned: Planned, study_id: str, *, smoke: bool) -> d
 def _calibrate(configs: list[RunConfig], console: Console, name: str) -> None:
     """Measure, one after another, the costs the simulations will read (each is timed on this
     machine once and cached): several measured at once would time a busy machine."""
-    from engine.sim.cluster import calibrate
+    from engine.sim.building import calibrate
 
     console.print(f"study {name}: measuring this machine's costs (once; cached)",
                   highlight=False, markup=False)

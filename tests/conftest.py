@@ -22,6 +22,17 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sim_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every simulated run of the suite (and every psctl it starts) measures into a cache of
+    its own, never the user's, with the wire's costs given: no test but the calibration's runs
+    its real runs."""
+    from tests.sim_costs import seeded_cache
+
+    path = seeded_cache(tmp_path_factory.mktemp("sim") / "sim-calibration.json")
+    os.environ["PSCTL_SIM_CACHE"] = str(path)
+
+
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
     """The MNIST folder from ../shared/data, or from PSCTL_DATA_DIR."""

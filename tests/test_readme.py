@@ -14,6 +14,7 @@ import pytest
 
 from engine.proctime import usable_cores
 from tests.conftest import REPO
+from tests.sim_costs import seeded_cache
 
 README = (REPO / "README.md").read_text()
 pytestmark = pytest.mark.timeout(300)
@@ -115,7 +116,7 @@ def test_readme_simulation_examples_run(tmp_path: Path, mnist_dir: Path,
     monkeypatch.delenv("PSCTL_DATA_DIR", raising=False)
     if not (REPO.parent / "shared" / "data" / "mnist").is_dir():
         pytest.skip(f"the README's --data-dir ../shared/data: no MNIST there ({mnist_dir} is)")
-    monkeypatch.setenv("PSCTL_SIM_CACHE", str(tmp_path / "cache.json"))
+    monkeypatch.setenv("PSCTL_SIM_CACHE", str(seeded_cache(tmp_path / "cache.json")))
     db = tmp_path / "experiments.db"
     done = _run_psctl(launch + " --no-live", db)
     assert done.returncode == 0, done.stderr

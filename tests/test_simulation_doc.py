@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.sim_costs import seeded_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 DOC = (REPO / "docs" / "simulation.md").read_text()
@@ -30,8 +31,9 @@ def _rows(db: Path, name: str) -> list[tuple[object, ...]]:
 
 def test_the_documented_commands_run_and_say_what_the_document_says(tmp_path: Path) -> None:
     commands = re.findall(r"```bash\n(.*?)```", DOC, flags=re.S)[0]
+    cache = seeded_cache(tmp_path / "cache.json")  # the wire's costs given: no real runs here
     env = {**os.environ, "PSCTL_DB": str(tmp_path / "experiments.db"), "NO_COLOR": "1",
-           "COLUMNS": "240", "PSCTL_SIM_CACHE": str(tmp_path / "cache.json")}
+           "COLUMNS": "240", "PSCTL_SIM_CACHE": str(cache)}
     out = {}
     for line in filter(str.strip, commands.splitlines()):
         words = shlex.split(line)
@@ -46,5 +48,6 @@ def test_the_documented_commands_run_and_say_what_the_document_says(tmp_path: Pa
     first = _rows(db, "sim-ssp")
     assert len(first) == 8 * 3 * 3  # 1437 digits, 80 % to train, 8 workers: 3 batches an epoch
     assert first == _rows(db, "sim-ssp-again")
+    assert len(_rows(db, "sim-this-machine")) == 4 * 5 * 6  # measured costs: it predicts
     (shown,) = re.findall(r"^simulated in virtual time: .*$", DOC, flags=re.M)
     assert shown in out["runs show"]

@@ -100,6 +100,10 @@ class _Peer:
         self.owner = owner
         self.budget = owner.budget
         self.queue: deque[bytearray] = deque()
+        # Which queued frames carry values: an ACK or an ERROR is no reply a slow reader
+        # holds up (a worker whose push released a barrier has its ACK queued before its pull's
+        # reply, and is no slower a reader for it).
+        self.valued: deque[bool] = deque()
         self.queued_bytes = 0
         self.head_since = 0.0
         self.pending = 0
@@ -118,15 +122,17 @@ class _Peer:
 
     @property
     def queued_frames(self) -> int:
-        return len(self.queue)
+        """Queued frames that carry values (replies to pulls)."""
+        return sum(self.valued)
 
     def unsent_bytes(self) -> int:
         return self.connection.unsent_bytes()
 
-    def enqueue(self, data: bytearray) -> None:
+    def enqueue(self, data: bytearray, valued: bool) -> None:
         if not self.queue:
             self.head_since = self.owner.monotonic()
         self.queue.append(data)
+        self.valued.append(valued)
         self.queued_bytes += len(data)
         self.budget.queued_bytes += len(data)
         self.wake.set()
@@ -134,6 +140,7 @@ class _Peer:
     def sent(self) -> None:
         """The oldest reply left."""
         size = len(self.queue.popleft())
+        self.valued.popleft()
         self.queued_bytes -= size
         self.budget.queued_bytes -= size
         self.head_since = self.owner.monotonic()
@@ -150,6 +157,7 @@ class _Peer:
     def drop_queue(self) -> None:
         self.budget.queued_bytes -= self.queued_bytes
         self.queue.clear()
+        self.valued.clear()
         self.queued_bytes = 0
 
 
@@ -576,7 +584,7 @@ class ShardServer:
         if not self._make_room(peer, len(data)):
             return
         self.stats.bytes_out += len(data)
-        peer.enqueue(data)
+        peer.enqueue(data, frame.type is MsgType.VALUES)
 
     def _make_room(self, peer: _Peer, size: int) -> bool:
         """Disconnect the slowest readers of the process until ``size`` more reply bytes fit

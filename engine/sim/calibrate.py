@@ -51,7 +51,7 @@ WARMUP_STEPS, TIMED_STEPS = 5, 30
 
 
 @dataclass
-class _Measured:
+class Measured:
     iterations: int
     keys: int
     cpu: dict[str, float]  # role -> CPU seconds in the training window
@@ -118,7 +118,7 @@ def _role(cmdline: list[str]) -> str | None:
     return role
 
 
-def _run(config: Any, folder: Path) -> _Measured:
+def _run(config: Any, folder: Path) -> Measured:
     """One real run, its processes' CPU over its training window."""
     from engine.launcher import Launcher
 
@@ -131,7 +131,7 @@ def _run(config: Any, folder: Path) -> _Measured:
         raise RuntimeError(f"a calibration run ended {result.status.value}: {result.reason}")
     start, end, iterations = _window(db, result.run_id)
     keys = sum(int(np.prod(shape)) for shape in _shapes(config))
-    return _Measured(iterations, keys, sampler.used(start, end))
+    return Measured(iterations, keys, sampler.used(start, end))
 
 
 def _window(db: Path, run_id: str) -> tuple[float, float, int]:
@@ -192,11 +192,16 @@ def measure(transport: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="psctl-calibration-") as folder:
         measured = {name: _run(config, Path(folder)) for name, config in runs.items()}
     alone = {name: _alone(config) for name, config in runs.items() if name != "two"}
-    alone["two"] = alone["small"]
+    return derive(measured, alone)
 
+
+def derive(measured: dict[str, Measured],
+           alone: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """The costs from the three runs' CPU (``measured``: "large", "small", "two") and the
+    gradient and update per key timed alone (``alone``: "large", "small")."""
     def per_iteration(name: str, role: str) -> float:
         one = measured[name]
-        gradient, update = alone[name]
+        gradient, update = alone["small" if name == "two" else name]
         cpu = sum(v for r, v in one.cpu.items() if r.startswith(role)) / one.iterations
         return cpu - (gradient if role == "worker" else update * one.keys)
 
@@ -210,7 +215,7 @@ def measure(transport: str) -> dict[str, float]:
     loop = (per_iteration("small", "worker") - 4 * worker_message
             - worker_byte * frame["small"])
     small = measured["small"]
-    recorded = (small.cpu.get("coordinator", 0.0) + small.cpu.get("launcher", 0.0))
+    recorded = small.cpu.get("coordinator", 0.0) + small.cpu.get("launcher", 0.0)
     return {
         "worker_message_s": max(worker_message, 0.0),
         "server_message_s": max(server_message, 0.0),

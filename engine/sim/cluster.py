@@ -18,18 +18,14 @@ import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
 
 from engine import usermetrics
 from engine.budget import budget_of
 from engine.config import RunConfig
-from engine.datasets.sparse import SparseSplit
 from engine.errors import PsctlError, RunFailed
-from engine.keys import KeyLayout, KeyRange, partition
-from engine.sim.costs import Costs
+from engine.keys import KeyRange, partition
+from engine.sim.building import Built, build_model, machine_cores
 from engine.sim.cpu import Machine, Process
 from engine.sim.green import run_blocking, wait_for
 from engine.sim.network import LOOPBACK, Link, link_of
@@ -83,102 +79,6 @@ class _Progress:
 
     def epoch(self, workers: int) -> float:
         return sum(self.iterations.get(w, 0) / ipe for w, ipe in self.per_epoch.items()) / workers
-
-
-MakeEvaluator = Callable[["ParameterClient", VirtualClock, Callable[[], None], float], "Measures"]
-
-
-@dataclass
-class Built:
-    """What the run's data set and model give the simulation."""
-
-    layout: KeyLayout
-    costs: Costs
-    initial: np.ndarray | None  # what worker 0 sends the servers; None: they start every key
-    inputs: np.ndarray | SparseSplit  # the training set
-    targets: np.ndarray
-    update_keys: int  # the keys of the reference update (the ``simulated`` event's update_ms)
-    seat: Callable[[], Any]  # a worker's model (its own place at a shared one, or rows)
-    evaluator: MakeEvaluator  # the evaluator, on its client
-    detail: dict[str, Any] = field(default_factory=dict)  # more for the ``simulated`` event
-
-
-def build_model(config: RunConfig) -> Built:
-    """The run's data, model and costs (measured where not cached: ``engine.sim.costs``)."""
-    from engine.datasets.sources import is_sparse_source
-
-    return (_sparse_model(config) if is_sparse_source(config.data.dataset)
-            else _dense_model(config))
-
-
-def calibrate(config: RunConfig) -> None:
-    """Measure every cost the run's simulation needs and is not cached yet (``psctl study``,
-    before it runs several simulations at once: a busy machine would time them slow)."""
-    build_model(config)
-
-
-def _dense_model(config: RunConfig) -> Built:
-    import torch
-
-    from engine.datasets import load_dataset
-    from engine.models.flat import FlatModel, ModelSeat, calibration_sample
-    from engine.roles.evaluator import Evaluator
-    from engine.sim.costs import costs_for
-
-    # As each worker process does: more intra-op threads than cores spin against each other.
-    torch.set_num_threads(config.train.torch_threads)
-    data_dir = Path(config.data.data_dir) if config.data.data_dir else None
-    data = load_dataset(config.data.dataset, data_dir, train_limit=config.data.train_limit)
-    model = FlatModel.for_run(config.model, data.spec, seed=config.train.seed)
-    costs = costs_for(config, model, data.train_x, data.train_y, (data.test_x, data.test_y))
-    # The evaluator's own model: it tests while the workers' gradients use the shared one.
-    tested = FlatModel.for_run(config.model, data.spec, seed=config.train.seed)
-    calibration = calibration_sample(tested, data.train_x, config.train.seed)
-    test_x, test_y = torch.from_numpy(data.test_x), torch.from_numpy(data.test_y)
-
-    def evaluator(client: ParameterClient, clock: VirtualClock, spend: Callable[[], None],
-                  started_at: float) -> Measures:
-        return Evaluator(tested, test_x, test_y, client, started_at, calibration, clock=clock,
-                         spend=spend)
-
-    return Built(model.layout, costs, model.params_np.copy(), data.train_x, data.train_y,
-                 model.num_keys, lambda: ModelSeat(model), evaluator)
-
-
-def _sparse_model(config: RunConfig) -> Built:
-    """A model of sparse samples (engine.models.rows), as its workers and evaluator build it:
-    no torch, no values held; the servers start every key (worker 0 sends no INIT unless the
-    model gives initial values)."""
-    from engine.datasets.sources import load_sparse
-    from engine.models.rows import rows_model
-    from engine.roles.evaluator import SparseEvaluator
-    from engine.sim.costs import sparse_costs_for
-
-    data = load_sparse(config.data.dataset, train_limit=config.data.train_limit,
-                       hash_features=config.data.hash_features)
-    model = rows_model(config.model, data.spec.input_dim)
-    layout = model.layout()
-    evaluation = model.evaluation(data.train, data.test, config.optimizer.l1)
-    costs, update_keys = sparse_costs_for(config, model, layout, data.train, evaluation)
-
-    def evaluator(client: ParameterClient, clock: VirtualClock, spend: Callable[[], None],
-                  started_at: float) -> Measures:
-        return SparseEvaluator(evaluation, client, started_at, clock=clock, spend=spend)
-
-    return Built(layout, costs, model.initial_values(), data.train, data.train.labels,
-                 update_keys, lambda: model, evaluator,
-                 {"update_keys": update_keys, "update_of": "push of a batch's working set"})
-
-
-def machine_cores(config: RunConfig) -> int:
-    """The cores the simulated machine shares between the run's processes (0: none shared)."""
-    if config.sim.costs == "given":
-        return 0
-    if config.sim.cores is not None:
-        return config.sim.cores
-    from engine.proctime import usable_cores
-
-    return usable_cores()
 
 
 def simulation_note(detail: dict[str, Any]) -> str:

@@ -67,7 +67,7 @@ def test_parallel_runs_measure_what_serial_runs_do(tmp_path: Path) -> None:
 
 
 def test_runs_in_virtual_time_are_load_free() -> None:
-    """Their costs are measured once, before several start (engine.sim.cluster.calibrate)."""
+    """Their costs are measured once, before several start (engine.sim.building.calibrate)."""
     assert load_free(build_config({}, {"cluster.backend": "sim", "data.dataset": "digits"}))
     assert not load_free(build_config({}, {"data.dataset": "digits",
                                            "regime.compute_ms": 5.0}))

@@ -56,7 +56,7 @@ def test_a_resumed_study_runs_only_what_did_not_finish(tmp_path: Path) -> None:
     again = psctl("study", str(study), "--resume", study_id, db=db)
     assert again.returncode == 0, again.stderr
     assert "2 finished before, kept" in again.stderr
-    assert "point 1 of 1: sync=SSP" in again.stderr  # only the missing point ran
+    assert "1 of 1: sync=SSP" in again.stderr  # only the missing point ran
     names = sorted(n for (n,) in query(db, "SELECT name FROM runs"))
     assert names == ["again-asp", "again-bsp", "again-ssp"]
     tagged = {n: v for n, v in query(db, "SELECT r.name, t.value FROM runs r JOIN tags t ON "
