@@ -10,7 +10,7 @@ import typer
 
 from psctl import settings
 from psctl.cliutil import DbOption, Handled, err, fail
-from psctl.study_invocation import Variant
+from psctl.study_variant import Variant
 
 if TYPE_CHECKING:
     from psctl.study import Point, Study

@@ -15,33 +15,11 @@ from psctl.cliutil import err
 from psctl.study import Point, Study
 from psctl.study_outcomes import Outcome, Planned, Progress
 from psctl.study_rows import Row
+from psctl.study_variant import Variant
 
 if TYPE_CHECKING:
     from psctl.study_report import Wall
     from psctl.study_tune import Tuned
-
-
-@dataclass(frozen=True)
-class Variant:
-    """How this invocation differs from the file: another backend, some axis values only, the
-    points at an earlier tuning's best. Named in the report's command and, for another
-    backend, its folder (results/NAME-BACKEND: a simulated study's report is not overwritten
-    by its check on real processes)."""
-
-    backend: str | None = None
-    only: tuple[str, ...] = ()
-    tuned_from: Path | None = None
-
-    def options(self) -> list[str]:
-        words = [] if self.backend is None else ["--backend", self.backend]
-        for item in self.only:
-            words += ["--only", item]
-        if self.tuned_from is not None:
-            words += ["--tuned-from", str(self.tuned_from)]
-        return words
-
-    def folder(self, name: str) -> str:
-        return name if self.backend is None else f"{name}-{self.backend}"
 
 
 @dataclass
