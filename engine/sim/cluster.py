@@ -301,7 +301,9 @@ class SimCluster:
         pending: set[asyncio.Future[Any]] = {*workers, evaluating}
         while any(not w.done() for w in workers):
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in finished:
+            # In rank order (a set's order is not the same twice): the same failure is the
+            # run's reason every time.
+            for task in [t for t in (*workers, evaluating) if t in finished]:
                 error = task.exception()
                 if error is not None:
                     raise error

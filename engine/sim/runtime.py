@@ -52,7 +52,11 @@ class VirtualIO:
         self._loop = loop
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Pending[T]:
-        return self._loop.create_task(coro)
+        task = self._loop.create_task(coro)
+        # A request nobody waits for (the run failed with it in flight) fails quietly, as a
+        # real client's future does: whoever waits still gets its exception.
+        task.add_done_callback(_retrieved)
+        return task
 
     def result(self, pending: Pending[T], timeout: float) -> T:
         assert isinstance(pending, asyncio.Future)
@@ -73,6 +77,11 @@ class VirtualIO:
             return self.result(self.submit(coro), timeout)
         except TimeoutError:
             raise RequestTimeout(f"{what} did not complete within {timeout:.1f} s") from None
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class SimulatedWorker:
