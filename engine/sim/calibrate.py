@@ -22,8 +22,14 @@ training window (first iteration to last). Per iteration, with the gradient and 
 - per iteration: what is left of the worker's (building and reporting its row), and the
   coordinator's and the recorder's, per row recorded.
 
+Contention: processes that each compute gradients (the digits set's 3 x 512 MLP) as many as the
+machine's cores, then three times as many, for two seconds each; each one's median CPU time per
+step. A second of work costs ``1 + contention x (busy / cores - 1)`` seconds of CPU when more
+processes than cores are busy (caches shared, more switches), so ``contention`` is the
+crowded median over the uncrowded one, less one, over two.
+
 Run as ``python -m engine.sim.calibrate --transport tcp``: it prints the costs as JSON;
-``engine.sim.costs`` runs it once (about 20 seconds) and caches the result.
+``engine.sim.costs`` runs it once (about 30 seconds) and caches the result.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ SMALL_HIDDEN = (16,)  # 1,210 keys
 EPOCHS = {"large": 20, "small": 40}  # about 500 and 1,000 iterations of batch 64
 SAMPLE_S = 0.05
 WARMUP_STEPS, TIMED_STEPS = 5, 30
+CONTENTION_S, SETTLE_S = 2.0, 3.0
 
 
 @dataclass
@@ -178,21 +185,76 @@ def _median(step: Any) -> float:
         step()
     times = []
     for _ in range(TIMED_STEPS):
-        began = time.process_time()
+        began = time.thread_time()
         step()
-        times.append(time.process_time() - began)
+        times.append(time.thread_time() - began)
     return statistics.median(times)
 
 
+def _stepping(go: Any, stop: Any, times: Any) -> None:
+    """A contention process: gradient steps until ``stop``, its median CPU time into ``times``."""
+    import torch
+
+    from engine.config import ModelConfig
+    from engine.datasets import load_dataset
+    from engine.models.flat import FlatModel
+
+    torch.set_num_threads(1)
+    data = load_dataset("digits", None)
+    model = FlatModel.for_run(ModelConfig(), data.spec, seed=0)
+    x, y = data.train_x[:64], data.train_y[:64]
+    for _ in range(WARMUP_STEPS):
+        model.step(x, y)
+    go.wait()
+    steps: list[float] = []
+    while not stop.is_set() and len(steps) < 10_000:
+        began = time.thread_time()
+        model.step(x, y)
+        steps.append(time.thread_time() - began)
+    times.put(statistics.median(steps))
+
+
+def contention(cores: int, seconds: float = CONTENTION_S) -> float:
+    """How much more CPU a step takes per busy process per core beyond one (the module's
+    doc); measured in processes forked before this one starts any thread."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+
+    def median_with(count: int) -> float:
+        go, stop, times = context.Event(), context.Event(), context.Queue()
+        processes = [context.Process(target=_stepping, args=(go, stop, times))
+                     for _ in range(count)]
+        for process in processes:
+            process.start()
+        try:
+            time.sleep(SETTLE_S)  # their imports and warm-up, before the clock counts
+            go.set()
+            time.sleep(seconds)
+            stop.set()
+            return statistics.mean(float(times.get(timeout=60)) for _ in processes)
+        finally:
+            for process in processes:
+                process.join(30)
+                if process.is_alive():
+                    process.kill()
+
+    alone, crowded = median_with(cores), median_with(3 * cores)
+    return max(crowded / alone - 1.0, 0.0) / 2
+
+
 def measure(transport: str) -> dict[str, float]:
-    """The costs (see the module's doc), as the fields of ``engine.sim.costs.WireCosts``."""
+    """The costs (see the module's doc), as the fields of ``engine.sim.costs.Overheads``."""
+    from engine.proctime import usable_cores
+
+    crowding = contention(usable_cores())
     runs = {"large": _config(transport, LARGE_HIDDEN, 1, EPOCHS["large"]),
             "small": _config(transport, SMALL_HIDDEN, 1, EPOCHS["small"]),
             "two": _config(transport, SMALL_HIDDEN, 2, EPOCHS["small"])}
     with tempfile.TemporaryDirectory(prefix="psctl-calibration-") as folder:
         measured = {name: _run(config, Path(folder)) for name, config in runs.items()}
     alone = {name: _alone(config) for name, config in runs.items() if name != "two"}
-    return derive(measured, alone)
+    return derive(measured, alone) | {"contention": crowding}
 
 
 def derive(measured: dict[str, Measured],

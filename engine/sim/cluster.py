@@ -135,7 +135,8 @@ class SimCluster:
         self.clock = VirtualClock(loop, self.epoch)
         built = build_model(self.config)
         usermetrics.take_open()  # what measuring the costs logged is no iteration's
-        self.machine, self.network = Machine(machine_cores(self.config)), VirtualNetwork()
+        self.machine = Machine(machine_cores(self.config), built.costs.overheads.contention)
+        self.network = VirtualNetwork()
         detail = {"network": self.config.regime.network or LOOPBACK.spec,
                   "server_network": (self.config.regime.server_network
                                      or self.config.regime.network or LOOPBACK.spec),
@@ -260,7 +261,7 @@ class SimCluster:
                                          clock=loop.time),
                     floor_s=seconds(cfg.regime.compute_ms),
                     spend=lambda: wait_for(process.work(compute_s)))
-        overhead_s = built.costs.wire.worker_iteration_s
+        overhead_s = built.costs.overheads.worker_iteration_s
 
         def record(row: IterationRecord, layers: list[LayerRecord]) -> None:
             self._record(row, layers)
@@ -276,7 +277,7 @@ class SimCluster:
     def _server_costs(self) -> Callable[[bool, Message], float]:
         """A server's: sending and receiving a frame, and applying a push (or INIT) to its keys."""
         costs = self.costs
-        wire = costs.wire
+        wire = costs.overheads
 
         def charge(sending: bool, message: Message) -> float:
             size = len(message)
@@ -289,7 +290,7 @@ class SimCluster:
 
     def _client_costs(self) -> Callable[[bool, Message], float]:
         """A worker's or the evaluator's: sending and receiving a frame."""
-        wire = self.costs.wire
+        wire = self.costs.overheads
         return lambda sending, message: (wire.send_s(False, len(message)) if sending
                                          else wire.recv_s(False, len(message)))
 
@@ -331,7 +332,7 @@ class SimCluster:
                 server.drain(reason)
 
     def _record(self, row: IterationRecord, layers: list[LayerRecord]) -> None:
-        self._recording.then(self.costs.wire.row_s, _nothing)
+        self._recording.then(self.costs.overheads.row_s, _nothing)
         self._rows.append(row)
         self._layers.extend(layers)
         self._metrics.extend(logged_with(row))

@@ -51,11 +51,13 @@ CALIBRATION_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
-class WireCosts:
-    """CPU seconds a real run's processes spend beyond the gradient and the update
+class Overheads:
+    """What a real run's processes spend beyond the gradient and the update, on this machine
     (``engine.sim.calibrate``): a frame, to the process that sends it and the one that receives
     it, per message and per byte; a worker's loop, per iteration; the coordinator and the
-    recorder, per row recorded."""
+    recorder, per row recorded; and ``contention``: how much more CPU a piece of work takes for
+    each busy process per core beyond one (cache and switches: four busy processes on two cores
+    make each second of work ``1 + contention`` seconds)."""
 
     worker_message_s: float
     server_message_s: float
@@ -65,6 +67,7 @@ class WireCosts:
     server_send_byte_s: float
     worker_iteration_s: float
     row_s: float
+    contention: float
 
     def send_s(self, server: bool, nbytes: int) -> float:
         if server:
@@ -78,7 +81,7 @@ class WireCosts:
 
 
 # ``sim.costs given``: moving frames, rows and evaluations cost nothing.
-FREE = WireCosts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+FREE = Overheads(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,7 @@ class Costs:
     update_s_per_key: float
     compute_measured: bool
     update_measured: bool
-    wire: WireCosts
+    overheads: Overheads
     evaluate_s: float
 
     def update_s(self, keys: int) -> float:
@@ -102,7 +105,7 @@ class Costs:
                 "update_ms": self.update_s(num_keys) * 1e3,
                 "update_measured": self.update_measured,
                 "evaluate_ms": self.evaluate_s * 1e3,
-                "wire": asdict(self.wire)}
+                "overheads": asdict(self.overheads)}
 
 
 def cache_path() -> Path:
@@ -129,7 +132,7 @@ def costs_for(config: RunConfig, model: FlatModel, inputs: np.ndarray, targets: 
     evaluate_s = _cached(f"evaluate|model={model.signature}|samples={len(test[1])}|threads="
                          f"{config.train.torch_threads}|torch={_torch_version()}",
                          lambda: _time_evaluation(model, *test))
-    return Costs(compute_s, per_key, True, server_ms is None, wire_costs(config), evaluate_s)
+    return Costs(compute_s, per_key, True, server_ms is None, overheads(config), evaluate_s)
 
 
 def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout, train: SparseSplit,
@@ -159,7 +162,7 @@ def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout, tra
     evaluate_s = _cached(f"sparse-evaluate|{_sparse_compute_key(config, shape)}|keys="
                          f"{len(evaluation.keys)}",
                          lambda: _median_time(lambda: evaluation.measure(measured), steps=3))
-    return Costs(compute_s, per_key, True, server_ms is None, wire_costs(config),
+    return Costs(compute_s, per_key, True, server_ms is None, overheads(config),
                  evaluate_s), len(keys)
 
 
@@ -171,22 +174,22 @@ def given(config: RunConfig, update_keys: int) -> Costs:
     return Costs(0.0, config.sim.server_ms / 1e3 / update_keys, False, False, FREE, 0.0)
 
 
-def wire_costs(config: RunConfig) -> WireCosts:
+def overheads(config: RunConfig) -> Overheads:
     """What moving frames costs on the run's transport (``engine.sim.calibrate``, run once in
     processes of their own, with the roles' environment)."""
     transport = config.cluster.transport
-    measured = _cached_table(wire_key(transport), lambda: _calibrate(transport))
+    measured = _cached_table(overheads_key(transport), lambda: _calibrate(transport))
     try:
-        return WireCosts(**measured)
+        return Overheads(**measured)
     except TypeError:
         raise ConfigError(f"the simulator's calibration cache {cache_path()} holds an entry of "
                           "another version for the wire's costs; delete it to measure "
                           "again") from None
 
 
-def wire_key(transport: str) -> str:
+def overheads_key(transport: str) -> str:
     """The calibration cache's key of the wire's costs on ``transport`` on this machine."""
-    return (f"wire|v2|transport={transport}|python={sys.version_info[:2]}|numpy="
+    return (f"overheads|v3|transport={transport}|python={sys.version_info[:2]}|numpy="
             f"{np.__version__}|cores={os.cpu_count()}")
 
 
@@ -194,6 +197,9 @@ def _calibrate(transport: str) -> dict[str, float]:
     from engine.hosts import MALLOC_ENV
 
     command = [sys.executable, "-m", "engine.sim.calibrate", "--transport", transport]
+    # Once per machine and transport: say why this first simulation takes half a minute.
+    print(f"psctl: measuring what a local run's processes spend on this machine (once, about "
+          f"30 s; cached in {cache_path()})", file=sys.stderr, flush=True)
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False,
                               timeout=CALIBRATION_TIMEOUT_S, env={**os.environ, **MALLOC_ENV})
@@ -324,13 +330,15 @@ def _read_cache(path: Path) -> dict[str, object]:
 
 
 def _median_time(step: Callable[[], object], steps: int = TIMED_STEPS) -> float:
+    """The median CPU time of ``step`` on this thread: what it costs, however busy the machine
+    is (waiting for a core is the simulated machine's to model, engine.sim.cpu)."""
     for _ in range(WARMUP_STEPS):
         step()
     times = []
     for _ in range(steps):
-        began = time.perf_counter()
+        began = time.thread_time()
         step()
-        times.append(time.perf_counter() - began)
+        times.append(time.thread_time() - began)
     return statistics.median(times)
 
 

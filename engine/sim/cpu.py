@@ -5,8 +5,10 @@ evaluator take turns, and a worker's batch lasts longer the more of them are bus
 process does its CPU work (a gradient, sending or receiving a frame, applying a push, testing the
 model) one piece after another, first come first served; the machine shares its ``cores``
 between the processes that have work at the moment, each at ``min(1, cores / busy)`` of a core
-(processor sharing: Linux's scheduler gives runnable processes equal shares). ``cores = 0``: every
-process has a core of its own (each role on a machine of its own).
+(processor sharing: Linux's scheduler gives runnable processes equal shares), and more busy
+processes than cores make each second of work cost more (``contention``: caches shared, more
+switches; measured on this machine, ``engine.sim.calibrate``). ``cores = 0``: every process has a
+core of its own (each role on a machine of its own).
 
 Work pieces are given in seconds of one core; everything runs on the simulator's event loop, in
 virtual time, deterministically (processes are visited in the order they were made).
@@ -60,8 +62,8 @@ class Process:
 
 
 class Machine:
-    def __init__(self, cores: int) -> None:
-        self.cores = cores
+    def __init__(self, cores: int, contention: float = 0.0) -> None:
+        self.cores, self.contention = cores, contention
         self.loop = asyncio.get_running_loop()
         self._processes: list[Process] = []
         self._at = self.loop.time()  # when the shares were last applied
@@ -74,7 +76,11 @@ class Machine:
         return process
 
     def _rate(self, busy: int) -> float:
-        return 1.0 if self.cores <= 0 or busy <= self.cores else self.cores / busy
+        """The share of a core each busy process gets, in seconds of its work a second."""
+        if self.cores <= 0 or busy <= self.cores:
+            return 1.0
+        crowding = busy / self.cores
+        return 1.0 / crowding / (1.0 + self.contention * (crowding - 1.0))
 
     def _add(self, process: Process, piece: _Piece) -> None:
         self._advance()
