@@ -183,10 +183,13 @@ class ShardServer:
                  pull_filter: PullFilter | None = None,
                  budget: ServerBudget | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 offload_from: int | None = OFFLOAD_FROM) -> None:
-        # The simulator passes its virtual clock, and runs every decision in place (a thread
-        # would make its runs depend on this machine's timing).
-        self.monotonic, self._offload_from = monotonic, offload_from
+                 offload_from: int | None = OFFLOAD_FROM,
+                 made: Callable[[int], None] | None = None) -> None:
+        # The simulator passes its virtual clock, runs every decision in place (a thread would
+        # make its runs depend on this machine's timing) and charges the CPU of each frame this
+        # server makes when it makes it (``made``, its size): a barrier's replies are made
+        # before the ACK of the push that released it leaves, as here.
+        self.monotonic, self._offload_from, self._made = monotonic, offload_from, made
         # Shared by the copies of one process (``engine.server.limits``); its own otherwise.
         self.budget = budget or ServerBudget(limits)
         self.limits = self.budget.limits if limits is None else limits
@@ -584,6 +587,8 @@ class ShardServer:
         if not self._make_room(peer, len(data)):
             return
         self.stats.bytes_out += len(data)
+        if self._made is not None:
+            self._made(len(data))
         peer.enqueue(data, frame.type is MsgType.VALUES)
 
     def _make_room(self, peer: _Peer, size: int) -> bool:

@@ -22,14 +22,16 @@ training window (first iteration to last). Per iteration, with the gradient and 
 - per iteration: what is left of the worker's (building and reporting its row), and the
   coordinator's and the recorder's, per row recorded.
 
-Contention: processes that each compute gradients (the digits set's 3 x 512 MLP) as many as the
-machine's cores, then three times as many, for two seconds each; each one's median CPU time per
-step. A second of work costs ``1 + contention x (busy / cores - 1)`` seconds of CPU when more
-processes than cores are busy (caches shared, more switches), so ``contention`` is the
-crowded median over the uncrowded one, less one, over two.
+Contention: processes that each do a worker's step, a gradient (the digits set's 3 x 512 MLP)
+and its frames' copies (its 2.25 MB pushed and pulled), as many as the machine's cores, then three
+times as many, for three seconds each; each one's median CPU time per step (the copies evict the
+gradient's working set from the caches a crowded core shares: alone, each contends far less),
+alternated and twice each. A second of work costs ``1 + contention x (busy / cores - 1)``
+seconds of CPU when more processes than cores are busy, so ``contention`` is the crowded median
+over the uncrowded one, less one, over two.
 
 Run as ``python -m engine.sim.calibrate --transport tcp``: it prints the costs as JSON;
-``engine.sim.costs`` runs it once (about 30 seconds) and caches the result.
+``engine.sim.costs`` runs it once (about 40 seconds) and caches the result.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ SMALL_HIDDEN = (16,)  # 1,210 keys
 EPOCHS = {"large": 20, "small": 40}  # about 500 and 1,000 iterations of batch 64
 SAMPLE_S = 0.05
 WARMUP_STEPS, TIMED_STEPS = 5, 30
-CONTENTION_S, SETTLE_S = 2.0, 3.0
+CONTENTION_S, SETTLE_S = 3.0, 2.0
 
 
 @dataclass
@@ -192,7 +194,8 @@ def _median(step: Any) -> float:
 
 
 def _stepping(go: Any, stop: Any, times: Any) -> None:
-    """A contention process: gradient steps until ``stop``, its median CPU time into ``times``."""
+    """A contention process: a worker's steps until ``stop`` (a gradient, then its frame copied
+    out and in, as sending and receiving it do), its median CPU time into ``times``."""
     import torch
 
     from engine.config import ModelConfig
@@ -203,13 +206,21 @@ def _stepping(go: Any, stop: Any, times: Any) -> None:
     data = load_dataset("digits", None)
     model = FlatModel.for_run(ModelConfig(), data.spec, seed=0)
     x, y = data.train_x[:64], data.train_y[:64]
-    for _ in range(WARMUP_STEPS):
+    frame, wire = np.empty_like(model.grads_np), np.empty_like(model.grads_np)
+
+    def step() -> None:  # a push framed and sent, a pull received and filled in: 3 copies
         model.step(x, y)
+        np.copyto(frame, model.grads_np)
+        np.copyto(wire, frame)
+        np.copyto(model.params_np, wire)
+
+    for _ in range(WARMUP_STEPS):
+        step()
     go.wait()
     steps: list[float] = []
     while not stop.is_set() and len(steps) < 10_000:
         began = time.thread_time()
-        model.step(x, y)
+        step()
         steps.append(time.thread_time() - began)
     times.put(statistics.median(steps))
 
@@ -239,7 +250,9 @@ def contention(cores: int, seconds: float = CONTENTION_S) -> float:
                 if process.is_alive():
                     process.kill()
 
-    alone, crowded = median_with(cores), median_with(3 * cores)
+    # Alternated, twice: the machine's own drift falls on both.
+    runs = [median_with(count) for count in (cores, 3 * cores, cores, 3 * cores)]
+    alone, crowded = statistics.mean(runs[0::2]), statistics.mean(runs[1::2])
     return max(crowded / alone - 1.0, 0.0) / 2
 
 

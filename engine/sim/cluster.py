@@ -210,13 +210,15 @@ class SimCluster:
         state = build_shard(cfg, keys, built.layout)
         pulls = make_pull_filter(cfg.comm.pull_filter, cfg.comm.refresh_every,
                                  cfg.cluster.workers, state.size)
+        process = self.machine.process(f"server-{index}")
+        self._server_processes.append(process)
+        overheads = self.costs.overheads
         server = ShardServer(
             state, run=RUN, rank=index, max_frame_bytes=cfg.cluster.max_frame_bytes,
             limits=ServerLimits.from_cluster(cfg.cluster, usable_cores()),
             on_syncs=self._syncs if index == 0 else None, pull_filter=pulls,
-            monotonic=asyncio.get_running_loop().time, offload_from=None)
-        process = self.machine.process(f"server-{index}")
-        self._server_processes.append(process)
+            monotonic=asyncio.get_running_loop().time, offload_from=None,
+            made=lambda size: process.then(overheads.send_s(True, size), _nothing))
         link = link_of(cfg.regime.server_network or cfg.regime.network)
         endpoint = Endpoint(f"server-{index}", process, link, self._server_costs())
         await server.start(self.network.transport(endpoint), endpoint.name, 0, token=TOKEN)
@@ -275,14 +277,15 @@ class SimCluster:
     # -- what a message costs -----------------------------------------------------------------
 
     def _server_costs(self) -> Callable[[bool, Message], float]:
-        """A server's: sending and receiving a frame, and applying a push (or INIT) to its keys."""
+        """A server's: receiving a frame, and applying a push (or INIT) to its keys (sending one is
+        charged as the server makes it)."""
         costs = self.costs
         wire = costs.overheads
 
         def charge(sending: bool, message: Message) -> float:
             size = len(message)
-            if sending:
-                return wire.send_s(True, size)
+            if sending:  # charged when the server made the frame (ShardServer's ``made``)
+                return 0.0
             kind, keys = peek_kind(message)
             update = costs.update_s(keys) if kind in (MsgType.PUSH, MsgType.INIT) else 0.0
             return wire.recv_s(True, size) + update

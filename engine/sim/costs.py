@@ -199,7 +199,7 @@ def _calibrate(transport: str) -> dict[str, float]:
     command = [sys.executable, "-m", "engine.sim.calibrate", "--transport", transport]
     # Once per machine and transport: say why this first simulation takes half a minute.
     print(f"psctl: measuring what a local run's processes spend on this machine (once, about "
-          f"30 s; cached in {cache_path()})", file=sys.stderr, flush=True)
+          f"40 s; cached in {cache_path()})", file=sys.stderr, flush=True)
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False,
                               timeout=CALIBRATION_TIMEOUT_S, env={**os.environ, **MALLOC_ENV})
