@@ -78,10 +78,16 @@ def parse_network(text: str) -> NetworkModel:
 LOOPBACK = NetworkModel(1e18, 0.0, "loopback")
 
 
+# A token bucket's depth, in seconds of the link's bandwidth: the event loop's timers have
+# millisecond steps (epoll), so a sender woken a little late may send what it was owed at once,
+# and the link keeps its average bandwidth.
+BURST_S = 0.002
+
+
 class LinkShaper:
     """One process's link, shared by all its shaped connections: each direction a token bucket
-    filled at the link's bandwidth that holds no more than the message being sent (a message
-    leaves once the bytes before it and its own have been paid for), and the one-way latency.
+    filled at the link's bandwidth, ``BURST_S`` of it deep (a message leaves once the bytes
+    before it and its own have been paid for), and the one-way latency.
 
     The same rules as the simulator's links (``engine.sim.network.transmit``): a sender's side
     is busy ``bytes / bandwidth`` per message, first come first served; the receiver's side
@@ -96,7 +102,7 @@ class LinkShaper:
 
     async def sending(self, nbytes: int) -> None:
         """Wait until a message of ``nbytes`` has passed this end's outgoing side."""
-        start = max(self._clock(), self._out_free)
+        start = max(self._clock() - BURST_S, self._out_free)
         self._out_free = start + self.own.transfer_s(nbytes)
         await _until(self._out_free, self._clock)
 
