@@ -22,7 +22,8 @@ straggler and regime, is paired by pass.
 
 Reproduce: ``python bench/sim_validation.py`` (about 8 minutes a pass; ``--passes 3`` by
 default, alternating); ``--quick`` runs the first case once (results and docs untouched unless
-``--out``); ``--redraw`` rewrites the docs from bench/results/sim_validation.json.
+``--out``); ``--redraw`` rewrites the docs (docs/simulation.md's table, docs/benchmarks.md's
+section) from bench/results/sim_validation.json.
 """
 
 from __future__ import annotations
@@ -208,6 +209,29 @@ def _percent(error: float | None) -> str:
     return "-" if error is None else f"{100 * error:+.0f} %"
 
 
+SIMULATION_DOC = REPO / "docs" / "simulation.md"
+MARKS = ("<!-- sim-validation:start -->", "<!-- sim-validation:end -->")
+TITLE = "Simulator validation: default costs against real processes (issue 55)"
+
+
+def write_docs(result: dict[str, Any]) -> None:
+    """The table in docs/simulation.md (between its marks) and docs/benchmarks.md's section."""
+    body = table(result["summary"], result["ratios"])
+    machine = result["machine"]
+    passes = len(result["passes"])
+    note = (f"{passes} real passes, alternating order; {machine['cpus_usable']} cores "
+            f"({machine['cpu_model'] or 'cpu'}), load average {machine['loadavg_at_start'][0]:.2f}"
+            " at the start. Real: mean [95 % interval]; to 95 %: seconds from the first "
+            "iteration.")
+    text = SIMULATION_DOC.read_text()
+    start, end = text.index(MARKS[0]) + len(MARKS[0]), text.index(MARKS[1])
+    SIMULATION_DOC.write_text(f"{text[:start]}\n{note}\n\n{body}\n{text[end:]}")
+    _common.update_docs_section(TITLE, "Command: `python bench/sim_validation.py` (`--passes "
+                                f"3`); what it runs and compares: [simulation.md]"
+                                "(simulation.md#validation-against-real-runs). "
+                                f"{note}\n\n{body}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--passes", type=int, default=3)
@@ -218,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out or _common.RESULTS / f"{NAME}.json"
     if args.redraw:
         recorded = json.loads(path.read_text())
+        write_docs(recorded)
         print(table(recorded["summary"], recorded["ratios"]))
         return 0
     chosen = cases()[:1] if args.quick else cases()  # the first: this machine, a straggler, BSP
@@ -235,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=1)[:2000])
         return 0
     path.write_text(json.dumps(result, indent=2) + "\n")
+    if args.out is None:
+        write_docs(result)
     print(table(summary, pairs))
     return 0
 

@@ -55,7 +55,7 @@ LARGE_HIDDEN = (1536, 512)  # digits' 64 inputs: 0.9 M keys, a 3.7 MB frame
 SMALL_HIDDEN = (16,)  # 1,210 keys
 EPOCHS = {"large": 20, "small": 40}  # about 500 and 1,000 iterations of batch 64
 SAMPLE_S = 0.05
-WARMUP_STEPS, TIMED_STEPS = 5, 30
+WARMUP_STEPS = 5
 CONTENTION_S, SETTLE_S = 3.0, 2.0
 
 
@@ -167,30 +167,20 @@ def _alone(config: Any) -> tuple[float, float]:
     from engine.models.flat import FlatModel
     from engine.server.optimizers import make_optimizer
     from engine.server.shard import ShardState
+    from engine.sim.costs import median_cpu_time
 
     torch.set_num_threads(config.train.torch_threads)
     data = load_dataset("digits", None)
     model = FlatModel.for_run(config.model, data.spec, seed=0)
     x, y = data.train_x[:config.train.batch_size], data.train_y[:config.train.batch_size]
-    gradient = _median(lambda: model.step(x, y))
+    gradient = median_cpu_time(lambda: model.step(x, y))
     keys = KeyRange(0, model.num_keys)
     state = ShardState(keys, ASP(1), make_optimizer(config.optimizer, len(keys)))
     state.init(keys, np.zeros(len(keys), dtype=np.float32))
     grad = np.full(len(keys), 1e-6, dtype=np.float32)
     clocks = iter(range(10**6))
-    update = _median(lambda: state.push(0, next(clocks), keys, grad)) / len(keys)
+    update = median_cpu_time(lambda: state.push(0, next(clocks), keys, grad)) / len(keys)
     return gradient, update
-
-
-def _median(step: Any) -> float:
-    for _ in range(WARMUP_STEPS):
-        step()
-    times = []
-    for _ in range(TIMED_STEPS):
-        began = time.thread_time()
-        step()
-        times.append(time.thread_time() - began)
-    return statistics.median(times)
 
 
 def _stepping(go: Any, stop: Any, times: Any) -> None:

@@ -149,7 +149,7 @@ def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout, tra
         return given(config, len(keys)), len(keys)
     values = starting_values(layout, keys, config.train.seed)
     shape = _layout_key(layout)
-    compute_s = _cached(_sparse_compute_key(config, shape), lambda: _median_time(
+    compute_s = _cached(_sparse_compute_key(config, shape), lambda: median_cpu_time(
         lambda: model.gradient(batch, keys, values)))
     if server_ms is not None:
         per_key = server_ms / 1e3 / len(keys)
@@ -161,7 +161,7 @@ def sparse_costs_for(config: RunConfig, model: RowsModel, layout: KeyLayout, tra
     measured = starting_values(layout, evaluation.keys, config.train.seed)
     evaluate_s = _cached(f"sparse-evaluate|{_sparse_compute_key(config, shape)}|keys="
                          f"{len(evaluation.keys)}",
-                         lambda: _median_time(lambda: evaluation.measure(measured), steps=3))
+                         lambda: median_cpu_time(lambda: evaluation.measure(measured), steps=3))
     return Costs(compute_s, per_key, True, server_ms is None, overheads(config),
                  evaluate_s), len(keys)
 
@@ -265,7 +265,7 @@ def _time_keyed_update(config: RunConfig, layout: KeyLayout, keys: np.ndarray) -
         for state, span, index in targets:
             state.push(0, clock, span, np.full(len(index), 1e-6, dtype=np.float32), index=index)
 
-    return _median_time(push) / len(keys)
+    return median_cpu_time(push) / len(keys)
 
 
 def _compute_key(config: RunConfig, model: FlatModel) -> str:
@@ -329,7 +329,7 @@ def _read_cache(path: Path) -> dict[str, object]:
     return loaded
 
 
-def _median_time(step: Callable[[], object], steps: int = TIMED_STEPS) -> float:
+def median_cpu_time(step: Callable[[], object], steps: int = TIMED_STEPS) -> float:
     """The median CPU time of ``step`` on this thread: what it costs, however busy the machine
     is (waiting for a core is the simulated machine's to model, engine.sim.cpu)."""
     for _ in range(WARMUP_STEPS):
@@ -350,7 +350,7 @@ def _time_compute(model: FlatModel, inputs: np.ndarray, targets: np.ndarray,
     batch = rng.choice(len(targets), size=min(batch_size, len(targets)), replace=False)
     saved = model.params_np.copy()
     try:
-        return _median_time(lambda: train_step_np(model, inputs[batch], targets[batch]))
+        return median_cpu_time(lambda: train_step_np(model, inputs[batch], targets[batch]))
     finally:
         np.copyto(model.params_np, saved)
 
@@ -371,7 +371,7 @@ def _time_update(config: RunConfig, num_keys: int) -> float:
     state.init(keys, np.zeros(num_keys, dtype=np.float32))
     grad = np.full(num_keys, 1e-6, dtype=np.float32)
     clocks = itertools.count()
-    return _median_time(lambda: state.push(0, next(clocks), keys, grad)) / num_keys
+    return median_cpu_time(lambda: state.push(0, next(clocks), keys, grad)) / num_keys
 
 
 def _time_evaluation(model: FlatModel, inputs: np.ndarray, targets: np.ndarray) -> float:
@@ -381,7 +381,7 @@ def _time_evaluation(model: FlatModel, inputs: np.ndarray, targets: np.ndarray) 
     from engine.models.flat import evaluate
 
     x, y = torch.from_numpy(inputs), torch.from_numpy(targets)
-    return _median_time(lambda: evaluate(model.module, x, y), steps=3)
+    return median_cpu_time(lambda: evaluate(model.module, x, y), steps=3)
 
 
 def _torch_version() -> str:
