@@ -3,7 +3,8 @@
 (``97.51 % [97.01, 98.00]``) and every time with its interval (``75.0 s [40.1, 110.2]``) in a
 row that names a study is one of that study's summary.json figures (``over_seeds``); every row
 that names a run (its id's first 8 characters in backticks) shows that run's final accuracy;
-and every study it cites is shipped with its results."""
+and every study it cites is shipped with its results (a study's check on real processes, in
+``results/NAME-local``, too)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,10 @@ def _cited(shipped: set[str]) -> list[tuple[str, list[str]]]:
 
 
 def test_every_quoted_interval_is_a_studys_figure() -> None:
-    shipped = {p.stem for p in (REPO / "studies").glob("*.toml")}
+    # A study's points checked on real processes report to results/NAME-local (psctl study
+    # --backend local): a line quoting them names that folder.
+    shipped = {p.stem for p in (REPO / "studies").glob("*.toml")} | {
+        p.parent.name for p in RESULTS.glob("*-local/summary.json")}
     checked = 0
     for line, named in _cited(shipped):
         ratios, percents, seconds = set(), set(), set()
@@ -99,3 +103,13 @@ def test_the_cited_studies_are_shipped_with_their_results() -> None:
         assert (RESULTS / name / "summary.json").exists(), name
         assert (RESULTS / name / "report.md").exists(), name
         assert _summary(name)["complete"], f"{name}: not every planned run finished"
+
+
+def test_the_real_process_checks_are_shipped_and_ran_on_real_processes() -> None:
+    """Issue 55: three claims checked on real processes, each report beside its study's."""
+    checked = set(re.findall(r"`([a-z-]+-local)`", DOC))
+    assert {"elastic-bsp-local", "ssp-transient-local", "pruning-local"} <= checked
+    for name in checked:
+        summary = _summary(name)
+        assert summary["complete"] and summary["backends"] == ["local"], name
+        assert "--backend local" in summary["command"], name
