@@ -41,7 +41,15 @@ class Built:
 
 def build_model(config: RunConfig) -> Built:
     """The run's data, model and costs (measured where not cached: ``engine.sim.costs``)."""
+    import scipy.linalg.blas  # noqa: F401  (loaded now, so that its threads are limited too)
+    from threadpoolctl import threadpool_limits
+
     from engine.datasets.sources import is_sparse_source
+
+    # As every role's process (the launcher gives it OMP_NUM_THREADS): the servers' BLAS on
+    # train.torch_threads threads. OpenBLAS's own threads otherwise spin against the cores'
+    # other work (a second simulation, say): a server's step took 10 ms instead of 0.3.
+    threadpool_limits(limits=config.train.torch_threads)
 
     return (_sparse_model(config) if is_sparse_source(config.data.dataset)
             else _dense_model(config))
