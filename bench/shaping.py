@@ -141,7 +141,8 @@ def write_docs(result: dict[str, Any]) -> None:
                  for t in ("tcp", "websocket")]
         lines.append(f"| {kind} | {spec} | " + " | ".join(shown) + " |")
     machine = result["machine"]
-    intro = ("Command: `python bench/shaping.py`. " + (__doc__ or "").split("\n\n")[1] +
+    how = (__doc__ or "").split("\n\n")[1].rstrip(":")
+    intro = (f"Command: `python bench/shaping.py`. {how}." +
              f" Load average {machine['loadavg_at_start'][0]:.2f} at the start. Achieved / set "
              "(1.000 is exact; for latency, the one-way time measured over the time set):")
     verdict = ("Bandwidth is met within 1 % from 10 Mbit/s to 1 Gbit/s, alone and beside two "
