@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import psctl, psctl_in_process
 from tests.integration.support import cpu_hogs, query
+from tests.study_text import sync_axis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -54,14 +55,7 @@ regime.network = "1gbit:1ms"
 sim.costs = "given"
 sim.server_ms = 1.0
 
-[[axis]]
-name = "sync"
-  [[axis.values]]
-  label = "BSP"
-  set = { "sync.model" = "bsp" }
-  [[axis.values]]
-  label = "ASP"
-  set = { "sync.model" = "asp" }
+""" + sync_axis("bsp", "asp") + """
 """
 
 

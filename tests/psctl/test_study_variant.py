@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import psctl_in_process
+from tests.study_text import sync_axis
 
 STUDY = """
 [study]
@@ -22,14 +23,7 @@ regime.compute_ms = 20.0
 sim.costs = "given"
 sim.server_ms = 1.0
 
-[[axis]]
-name = "sync"
-  [[axis.values]]
-  label = "BSP"
-  set = { "sync.model" = "bsp" }
-  [[axis.values]]
-  label = "ASP"
-  set = { "sync.model" = "asp" }
+""" + sync_axis("bsp", "asp") + """
 
 [tune]
 seeds = 1
