@@ -19,7 +19,8 @@ training window (first iteration to last). Per iteration, with the gradient and 
 - per message: a second server doubles a worker's messages (a push and a pull to each shard,
   with their ACK and values) and leaves each server's the same: the worker's extra CPU over its
   four extra messages (where that difference is lost in a busy machine's noise, a server's
-  per-message cost stands for it); a server's per-iteration CPU of the small run over its four;
+  per-message cost stands for it, and one end's per-byte cost for the other's); a server's
+  per-iteration CPU of the small run over its four;
 - per iteration: what is left of the worker's (building and reporting its row), and the
   coordinator's and the recorder's, per row recorded.
 
@@ -278,6 +279,11 @@ def derive(measured: dict[str, Measured],
     # Two servers: twice the worker's messages, each server's the same.
     worker_message = (per_iteration("two", "worker") - per_iteration("small", "worker")) / 4
     server_message = (per_iteration("small", "server") - server_byte * frame["small"]) / 4
+    # The same for a byte: each end copies it once through the kernel and once in Python.
+    if server_byte <= 0 < worker_byte:
+        server_byte = worker_byte
+    elif worker_byte <= 0 < server_byte:
+        worker_byte = server_byte
     if worker_message <= 0:
         # A difference of two runs' CPU lost in a busy machine's noise (seen on a loaded
         # 2-core CI box) says nothing; a worker's message is then what a server's costs

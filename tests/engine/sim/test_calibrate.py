@@ -64,3 +64,16 @@ def test_a_message_cost_lost_in_noise_is_taken_from_the_server_s() -> None:
     costs = derive(measured, {name: (GRADIENT[name], UPDATE) for name in ("large", "small")})
     assert costs["worker_message_s"] == pytest.approx(TRUE["server_message_s"])
     assert costs["worker_iteration_s"] > 0
+
+
+def test_a_byte_cost_lost_in_noise_is_taken_from_the_other_end_s() -> None:
+    """A loaded CI machine gave a server's per-byte cost of zero (its update, timed alone,
+    came out dearer than in the run)."""
+    large = run(900_000, 1)
+    noisy = Measured(large.iterations, large.keys,
+                     large.cpu | {"server 0": large.cpu["server 0"] * 0.1})
+    measured = {"large": noisy, "small": run(1_210, 1), "two": run(1_210, 2)}
+    costs = derive(measured, {name: (GRADIENT[name], UPDATE) for name in ("large", "small")})
+    assert costs["server_send_byte_s"] + costs["server_recv_byte_s"] == pytest.approx(
+        TRUE["worker_byte_s"])
+    assert costs["server_message_s"] > 0
