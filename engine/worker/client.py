@@ -248,7 +248,9 @@ class ParameterClient:
         if isinstance(keys, KeyRange):
             parts = self._range_parts(MsgType.PULL, keys, out, clock=clock, base={})
         else:
-            parts = self._list_parts(MsgType.PULL, keys, out, None, empty_ok=False,
+            # No keys (a batch of samples without features) still asks every shard, empty:
+            # the pull is also the wait for its clock.
+            parts = self._list_parts(MsgType.PULL, keys, out, None, empty_ok=not count,
                                      clock=clock, base={})
         return Handle(self._submit(MsgType.PULL, parts, {}), PullResult)
 

@@ -107,3 +107,21 @@ the pull filter answers the workers' working sets, of both kinds of shard, key b
     assert layers["stored_keys"] == 512 * 10 + 1  # the first model.hidden width: 512
     rows = table["stored_keys"] // 8
     assert table["stored_keys"] % 8 == 0 and 1000 < rows < 8000 * 20  # the rows pushed alone
+
+
+def test_samples_without_features_train_and_the_run_finishes(tmp_path: Path) -> None:
+    """Issue 57: label-only libsvm lines are legal; a batch of one such sample pulls and pushes
+    no key (it once raised IndexError in the worker's client) and is counted as an iteration."""
+    data = tmp_path / "half.svm"
+    lines = [f"{i % 3 % 2} {i % 7 + 1}:1 {i % 11 + 9}:0.5" if i % 2 else f"{i % 3 % 2}"
+             for i in range(200)]
+    data.write_text("\n".join(lines) + "\n")
+    db = tmp_path / "runs.db"
+    done = psctl("launch", "--dataset", f"libsvm-hashed:{data}", "--model", "logreg",
+                 "--batch-size", "1", "--epochs", "1", "--workers", "2", "--servers", "2",
+                 "--no-live", db=db)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [(status, iterations)] = query(db, "SELECT status, iteration_count FROM runs")
+    assert status == "finished"
+    trained = query(db, "SELECT sum(samples) FROM iterations")[0][0]
+    assert iterations >= 150 and trained == iterations  # every batch of one, empty ones too

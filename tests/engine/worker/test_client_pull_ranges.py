@@ -83,3 +83,11 @@ def test_a_pushed_gradient_lands_on_its_own_shard_s_keys(client: ParameterClient
     expected = START.copy()
     expected[5] -= 1.0  # lr 1, one worker: the mean is the gradient
     assert pulled(client, KeyRange(0, 12)) == expected.tolist()
+
+
+def test_a_pull_of_no_keys_asks_every_shard_and_gets_nothing(client: ParameterClient) -> None:
+    # A batch of samples without features (label-only libsvm lines) has an empty working set;
+    # its pull still reaches every shard, since a pull is also the wait for its clock.
+    out = np.zeros(0, dtype=np.float32)
+    result = client.wait(client.pull(np.zeros(0, dtype=np.uint32), out, clock=0), timeout=5)
+    assert sorted(result.versions) == [0, 1, 2]
