@@ -25,6 +25,8 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "process_error": lambda d: f"{d.get('role')} {d.get('rank')} failed: {d.get('message')}",
     "hello_refused": lambda d: f"refused a connection from {d.get('remote')}: {d.get('reason')}",
     "server_lost": lambda d: f"server {d.get('rank')} lost",
+    "heartbeat_refused": lambda d: (f"ignored a heartbeat as server {d.get('rank')} "
+                                    f"({d.get('refused')} so far): {d.get('reason')}"),
     "server_unresponsive": lambda d: (f"server {d.get('rank')} fenced (killed): "
                                       f"{d.get('reason') or 'it did not answer'}"),
     "server_slow": lambda d: f"server {d.get('rank')} slow, not fenced: {d.get('reason')}",

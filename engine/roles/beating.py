@@ -30,8 +30,9 @@ def beat_target(coordinator: str, port: int) -> tuple[str, int]:
 
 class BeatSender:
     def __init__(self, target: tuple[str, int], rank: int, token: str, interval_s: float,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, *, incarnation: int = 0) -> None:
         self.target, self.rank, self.token, self.interval_s = target, rank, token, interval_s
+        self.incarnation = incarnation
         self._loop = loop
         self._turned = time.monotonic()
         self._stop = threading.Event()
@@ -62,6 +63,6 @@ class BeatSender:
             seq += 1
             # A refused or full send is like a lost datagram: the next one tries again.
             with contextlib.suppress(OSError):
-                self._socket.sendto(beats.encode(beats.Beat(self.rank, seq, lag), self.token),
-                                    self.target)
+                beat = beats.Beat(self.rank, self.incarnation, seq, lag)
+                self._socket.sendto(beats.encode(beat, self.token), self.target)
             self._stop.wait(self.interval_s)

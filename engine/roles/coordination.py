@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -309,11 +310,13 @@ class Coordinator:
     async def _admit(self, peer: Peer, hello: Hello) -> None:
         if hello.role == "server":
             empty = peer.rejoined or peer.newcomer  # it takes copies by handoffs
+            peer.incarnation = secrets.randbits(64)
             welcome = self._welcome(shards=[]).model_copy(update={
                 "held": [] if empty else self.placement.held(hello.rank),
                 "primaries": [] if empty else self.placement.primaries(hello.rank),
                 "checkpoint": None if self.resume is None or empty
-                else str(self.resume.folder), "heartbeat_port": self._beats_port})
+                else str(self.resume.folder), "heartbeat_port": self._beats_port,
+                "heartbeat_incarnation": peer.incarnation})
             await self.send(peer, welcome)
             if empty and self._clocks_per_epoch is not None:
                 await self.send(peer, Start(clocks_per_epoch=self._clocks_per_epoch))

@@ -30,6 +30,7 @@ class Peer:
     fenced: bool = False  # a server killed for not answering heartbeats
     rejoined: bool = False  # a server started again after it died: it starts empty
     newcomer: bool = False  # a server that joined a running job (psctl scale): it starts empty
+    incarnation: int = 0  # a server's: drawn at its welcome, carried by each of its heartbeats
 
     def __str__(self) -> str:
         return f"{self.role} {self.rank}"

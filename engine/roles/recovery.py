@@ -17,6 +17,9 @@ from engine.wire.beats import Beat
 from engine.wire.messages import Checkpoint, dump_control
 from engine.wire.records import EventRecord, RunStatus
 
+# Refused heartbeats recorded as events one by one; after these, at each power of two.
+BEATS_RECORDED = 10
+
 
 class Recovery:
     """Owns the server watch, the restarts' bookkeeping and the checkpoints; fed every server
@@ -41,6 +44,7 @@ class Recovery:
         self._ended: dict[tuple[str, int], str] = {}  # role -> why it will not come back
         self._awaited: dict[tuple[str, int], Peer] = {}  # lost, its restart awaited
         self._killed_at: dict[tuple[str, int], float] = {}
+        self.beats_refused = 0  # signed beats of another incarnation than the rank's present one
 
     def on_server_event(self, row: EventRecord) -> None:
         detail = row.detail
@@ -97,7 +101,23 @@ class Recovery:
                     self.judge(peer)
 
     def on_beat(self, beat: Beat) -> None:
+        peer = self.state.peers.get(("server", beat.rank))
+        if peer is None or beat.incarnation != peer.incarnation:
+            self._refuse_beat(beat)
+            return
         self.watch.detector.heard(beat.rank, beat.seq, beat.loop_lag_s)
+
+    def _refuse_beat(self, beat: Beat) -> None:
+        """A signed beat of no server process the coordinator admitted as that rank now: an
+        earlier process's (a replay, or a late datagram) would else count as the new one's,
+        and its higher sequence number would hide the new one's beats. Counted; recorded the
+        first times and then at each power of two, so that a flood writes few rows."""
+        self.beats_refused += 1
+        count = self.beats_refused
+        if count <= BEATS_RECORDED or count & (count - 1) == 0:
+            self.hub.event("heartbeat_refused", rank=beat.rank, refused=count,
+                           reason=f"a heartbeat of another process than server {beat.rank}'s "
+                                  "present one (an earlier process's, replayed or late)")
 
     def judge(self, peer: Peer) -> None:
         if peer.rank not in self.watch.detector.arrivals:  # joined since (psctl scale)

@@ -45,6 +45,7 @@ from engine.wire.messages import (
     Syncs,
     VectorOps,
     VectorResults,
+    Welcome,
     layout_of,
 )
 from engine.wire.records import EventRecord, SyncRecord
@@ -77,7 +78,7 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
         raise
     await channel.send(Serving(copies=copies.infos()))
     reporter = asyncio.create_task(_report_syncs(channel, reports))
-    beating = _heartbeat(coordinator, welcome.heartbeat_port, rank, token, config)
+    beating = _heartbeat(coordinator, welcome, rank, token, config)
     try:
         await _obey(channel, copies, reports)
     finally:
@@ -90,14 +91,15 @@ async def run_server(transport: Transport, coordinator: str, rank: int, *, token
             await server.close()
 
 
-def _heartbeat(coordinator: str, port: int | None, rank: int, token: str,
+def _heartbeat(coordinator: str, welcome: Welcome, rank: int, token: str,
                config: RunConfig) -> BeatSender | None:
     """With replicas, a thread beats to the coordinator from the start: it answers for the
     process even while the loop is busy with a long update."""
-    if port is None:
+    if welcome.heartbeat_port is None:
         return None
-    sender = BeatSender(beat_target(coordinator, port), rank, token,
-                        config.cluster.heartbeat_timeout_s / 5, asyncio.get_running_loop())
+    sender = BeatSender(beat_target(coordinator, welcome.heartbeat_port), rank, token,
+                        config.cluster.heartbeat_timeout_s / 5, asyncio.get_running_loop(),
+                        incarnation=welcome.heartbeat_incarnation)
     sender.start()
     return sender
 

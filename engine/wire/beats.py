@@ -5,10 +5,13 @@ busy (a long update, a machine with more busy processes than cores) still answer
 liveness is the process's, not the loop's. Each beat carries how long the server's loop has
 not turned (``loop_lag_s``), so that a loop that truly hangs is still seen.
 
-Layout (network byte order), 40 bytes: magic ``PSB1``, rank (u32), sequence number (u64),
-loop lag in seconds (f64), then the first 16 bytes of HMAC-SHA256 over the 24 bytes before it,
-keyed with the run's join token: a beat nobody with the token sent is dropped, and a replayed
-one is older than the last sequence number seen.
+Layout (network byte order), 48 bytes: magic ``PSB2``, rank (u32), incarnation (u64),
+sequence number (u64), loop lag in seconds (f64), then the first 16 bytes of HMAC-SHA256 over
+the 32 bytes before it, keyed with the run's join token: a beat nobody with the token sent is
+dropped. The incarnation is the number the coordinator drew for the server process when it
+welcomed it: a restarted server counts its sequence from 1 again, so a beat of an earlier
+process (a replayed datagram with a higher number) is told apart by its incarnation, not its
+sequence number.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from dataclasses import dataclass
 
 from engine.errors import ProtocolError
 
-MAGIC = b"PSB1"
-_BODY = struct.Struct("!4sIQd")
+MAGIC = b"PSB2"
+_BODY = struct.Struct("!4sIQQd")
 _MAC_BYTES = 16
 SIZE = _BODY.size + _MAC_BYTES
 _MAX_RANK = 2**31
@@ -31,6 +34,7 @@ _MAX_RANK = 2**31
 @dataclass(frozen=True)
 class Beat:
     rank: int
+    incarnation: int  # the server process's, as its welcome gave it
     seq: int
     loop_lag_s: float
 
@@ -40,7 +44,7 @@ def _key(token: str) -> bytes:
 
 
 def encode(beat: Beat, token: str) -> bytes:
-    body = _BODY.pack(MAGIC, beat.rank, beat.seq, beat.loop_lag_s)
+    body = _BODY.pack(MAGIC, beat.rank, beat.incarnation, beat.seq, beat.loop_lag_s)
     return body + hmac.new(_key(token), body, hashlib.sha256).digest()[:_MAC_BYTES]
 
 
@@ -50,7 +54,7 @@ def decode(data: bytes, token: str) -> Beat:
     if len(data) != SIZE:
         raise ProtocolError(f"a heartbeat is {SIZE} bytes, not {len(data)}")
     body, mac = data[:_BODY.size], data[_BODY.size:]
-    magic, rank, seq, lag = _BODY.unpack(body)
+    magic, rank, incarnation, seq, lag = _BODY.unpack(body)
     if magic != MAGIC:
         raise ProtocolError("not a psctl heartbeat")
     if not hmac.compare_digest(mac, hmac.new(_key(token), body, hashlib.sha256).digest()[
@@ -58,4 +62,4 @@ def decode(data: bytes, token: str) -> Beat:
         raise ProtocolError("a heartbeat not signed with the run's token")
     if rank >= _MAX_RANK or not (math.isfinite(lag) and lag >= 0):
         raise ProtocolError(f"a heartbeat with rank {rank} and loop lag {lag}")
-    return Beat(rank=rank, seq=seq, loop_lag_s=lag)
+    return Beat(rank=rank, incarnation=incarnation, seq=seq, loop_lag_s=lag)

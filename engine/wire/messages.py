@@ -91,6 +91,9 @@ class Welcome(Message):
     # A server of a run with replicas: the UDP port on the coordinator's host its heartbeat
     # thread sends to (``engine.wire.beats``); None: no heartbeats.
     heartbeat_port: int | None = Field(None, ge=1, le=65535)
+    # ... and the number its beats carry: drawn for this process alone, so that a beat of an
+    # earlier process of the same rank (replayed, or late) is not taken for its own.
+    heartbeat_incarnation: int = Field(0, ge=0, le=2**64 - 1)
 
 
 class Iterations(Message):

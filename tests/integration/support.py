@@ -9,6 +9,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -251,3 +252,39 @@ def cpu_hogs(count: int = 2) -> Iterator[None]:
         for hog in hogs:
             hog.kill()
             hog.wait(timeout=10)
+
+
+class Sniffer:
+    """Copies of the IPv4 UDP datagrams on the loopback interface whose payload starts with
+    ``prefix``, as an attacker on the machine would capture them: the newest one per
+    ``key(payload)``, with the port it was sent to. Needs CAP_NET_RAW (``PermissionError``)."""
+
+    def __init__(self, prefix: bytes, key: Any = lambda payload: 0) -> None:
+        self.prefix, self.key = prefix, key
+        self.latest: dict[Any, tuple[bytes, int]] = {}
+        self._socket = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM,  # type: ignore[attr-defined]
+                                     socket.ntohs(0x0800))
+        self._socket.bind(("lo", 0))
+        self._socket.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._capture, daemon=True)
+        self._thread.start()
+
+    def _capture(self) -> None:
+        while not self._stop.is_set():
+            try:
+                packet = self._socket.recv(65535)
+            except TimeoutError:
+                continue
+            header = (packet[0] & 0x0F) * 4
+            if packet[9] != socket.IPPROTO_UDP:
+                continue
+            payload = packet[header + 8:]
+            if payload.startswith(self.prefix):
+                port = int.from_bytes(packet[header + 2:header + 4], "big")
+                self.latest[self.key(payload)] = (payload, port)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._socket.close()

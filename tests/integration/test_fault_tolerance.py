@@ -249,6 +249,62 @@ def test_a_hung_primary_is_fenced_off_by_the_heartbeat_and_its_keys_fail_over(
     assert processes_with(launcher.join_token) == []
 
 
+def test_a_replayed_heartbeat_of_a_killed_server_never_fences_its_restart(
+        tmp_path: Path) -> None:
+    """Issue 57: the newest beat of server 0's first process, captured on the loopback and sent
+    again and again once its restart has joined, is ignored: the new process is never fenced
+    and the run finishes. Before beats carried the process's incarnation, the replayed number
+    (higher than any the new process had sent) made the coordinator drop the new one's beats
+    as old for as long as the first process had beaten, and fence it once that passed
+    ``cluster.server_stall_s`` (the issue's 10 s; 4 s here, to keep the test short)."""
+    import socket
+    import threading
+    import time
+
+    from tests.integration.support import Sniffer
+
+    try:
+        sniffer = Sniffer(b"PSB", key=lambda payload: payload[4:8])  # the newest per rank
+    except PermissionError:
+        pytest.skip("capturing loopback datagrams needs CAP_NET_RAW")
+    stall_s = 4.0
+    launcher = Launcher(config(**{**DIGITS, "sync__model": "asp", "train__epochs": 500,
+                                  "cluster__replicas": 1, "cluster__server_stall_s": stall_s,
+                                  "stop__max_seconds": 5 * stall_s}), db=tmp_path / "replay.db")
+    replayed: list[float] = []
+
+    def kill_then_replay() -> None:
+        wait_for(lambda: query(launcher.db, "SELECT count(*) FROM iterations")[0][0] > 10,
+                 60, "training")
+        time.sleep(2 * stall_s)  # server 0 beats on: the number to replay outruns the bound
+        captured, port = sniffer.latest[(0).to_bytes(4, "big")]
+        os.kill(next(c.process.pid for c in launcher.children
+                     if c.role == "server" and c.rank == 0), signal.SIGKILL)
+        wait_for(lambda: _events(launcher, "server_rejoined"), 30, "server 0's restart")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            until = time.monotonic() + stall_s + 1
+            while time.monotonic() < until and launcher.children[0].process.poll() is None:
+                udp.sendto(captured, ("127.0.0.1", port))
+                replayed.append(time.monotonic())
+                time.sleep(0.1)
+
+    try:
+        launcher.start()
+        attacker = threading.Thread(target=kill_then_replay)
+        attacker.start()
+        result = launcher.wait()
+        attacker.join()
+    finally:
+        sniffer.close()
+    assert _events(launcher, "server_unresponsive") == []
+    assert result.status is RunStatus.FINISHED, result.reason
+    assert replayed and replayed[-1] - replayed[0] > stall_s
+    refused = _events(launcher, "heartbeat_refused")
+    assert refused and {e["rank"] for e in refused} == {0}
+    assert [e["rank"] for e in _events(launcher, "server_rejoined")] == [0]
+    assert processes_with(launcher.join_token) == []
+
+
 def _scale_servers(env: dict[str, str], db: Path, run_id: str, servers: int) -> str:
     done = _psctl(env, "scale", run_id[:8], "--servers", str(servers))
     assert done.returncode == 0, done.stderr

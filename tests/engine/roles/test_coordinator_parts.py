@@ -219,3 +219,64 @@ def test_a_server_that_joined_while_training_is_watched_from_its_first_look() ->
 
     watched, kinds = asyncio.run(main())
     assert watched and "server_unresponsive" not in kinds
+
+
+def test_a_replayed_beat_of_a_servers_earlier_process_is_refused_and_counted() -> None:
+    """Issue 57: a restarted server counts its beats from 1 again; one captured beat of its
+    earlier process (a higher sequence number) must not be taken for the new one's, else every
+    genuine beat after it is dropped as old and the new server is fenced."""
+    from engine.plan import build_config
+    from engine.roles.coordinator import model_layout
+    from engine.roles.peer import Peer
+    from engine.wire.beats import Beat
+
+    async def main() -> None:
+        config = build_config({}, {"data.dataset": "digits", "cluster.workers": 1,
+                                   "cluster.servers": 2, "cluster.replicas": 1})
+        events = _Events()
+        coordinator = Coordinator(config, run_id="d" * 32, token="t",
+                                  layout=model_layout(config), recorder=events)
+        recovery, detector = coordinator.recovery, coordinator.recovery.watch.detector
+        first = Peer("server", 0, _Connection(), welcomed=True, pid=1,  # type: ignore[arg-type]
+                     incarnation=11)
+        coordinator.peers[("server", 0)] = first
+        recovery.watch.watch(0)
+        for seq in range(1, 51):
+            recovery.on_beat(Beat(0, 11, seq, 0.0))
+        captured = Beat(0, 11, 50, 0.0)
+        # Killed, started again: a new process, watched afresh, with its own incarnation.
+        coordinator.peers[("server", 0)] = Peer(
+            "server", 0, _Connection(), welcomed=True, pid=2,  # type: ignore[arg-type]
+            incarnation=12, rejoined=True)
+        recovery.watch.watch(0)
+        recovery.on_beat(captured)
+        for seq in range(1, 4):
+            recovery.on_beat(Beat(0, 12, seq, 0.0))
+        recovery.on_beat(captured)
+        recovery.on_beat(Beat(1, 99, 7, 0.0))  # no server of that incarnation either
+        assert detector.arrivals[0].seq == 3  # every beat of the new process heard
+        assert recovery.beats_refused == 3
+        assert events.kinds.count("heartbeat_refused") == 3
+
+    asyncio.run(main())
+
+
+def test_a_flood_of_refused_beats_records_few_rows() -> None:
+    from engine.plan import build_config
+    from engine.roles import recovery as recovery_module
+    from engine.roles.coordinator import model_layout
+    from engine.wire.beats import Beat
+
+    async def main() -> None:
+        config = build_config({}, {"data.dataset": "digits", "cluster.workers": 1,
+                                   "cluster.servers": 2, "cluster.replicas": 1})
+        events = _Events()
+        coordinator = Coordinator(config, run_id="c" * 32, token="t",
+                                  layout=model_layout(config), recorder=events)
+        for seq in range(20_000):
+            coordinator.recovery.on_beat(Beat(0, 5, seq, 0.0))  # server 0 never joined
+        assert coordinator.recovery.beats_refused == 20_000
+        # The first ten, then 16, 32, ..., 16384.
+        assert events.kinds.count("heartbeat_refused") == recovery_module.BEATS_RECORDED + 11
+
+    asyncio.run(main())
