@@ -71,6 +71,7 @@ class Child:
     restarts: int = 0
     crash: tuple[int, str] | None = None  # how its last restarted life ended: code, last words
     ended: bool = False  # it ended for good, and the coordinator was told why
+    why: str | None = None  # what the coordinator was told, if it ended while the run went on
 
     @property
     def label(self) -> str:
@@ -268,9 +269,10 @@ class Launcher(NewRun):
         """Tell the coordinator that ``child`` will not come back, and why."""
         if self._link is None or self.children[0].process.poll() is not None:
             return
+        child.why = why[:_WHY_CHARS]
         with contextlib.suppress(PsctlError):  # it is gone: its rejoin timeout ends the run
             self._link.send(RoleEnded.model_validate(
-                {"role": child.role, "rank": child.rank, "why": why[:_WHY_CHARS]}))
+                {"role": child.role, "rank": child.rank, "why": child.why}))
 
     def wait(self, on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> LaunchResult:
         """Block until the run ends (Ctrl-C interrupts it cleanly); never leaves a child behind."""
@@ -314,13 +316,17 @@ class Launcher(NewRun):
                 self._restart(child)
                 continue
             child.ended = True
-            code = child.process.returncode or 0
-            if code:
-                self._tell_ended(child, self._end_of(child, code))
+            # Code 0 too: a role leaves when it is told to (or done), and the coordinator,
+            # which knows which, fails the run at once for one that just went away.
+            self._tell_ended(child, self._end_of(child, child.process.returncode or 0))
 
     def _end_of(self, child: Child, code: int) -> str:
         """Why ``child`` ended for good, in words, with the last lines it wrote."""
         words = child.dying_words()[-_LAST_WORDS_CHARS:] or f"nothing in {child.log}"
+        if code == 0:
+            return (f"exited with code 0 while the run went on (a role ends when it is done "
+                    f"or told to: something in its code ended the process, which a restart "
+                    f"would not mend): {words}")
         if code > 0:
             return f"exited with code {code}: {words}"
         how = f"was killed by {signal_name(code)}"
@@ -387,18 +393,27 @@ class Launcher(NewRun):
             with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL cannot be ignored
                 child.process.wait(2.0)
 
-    def _result(self) -> LaunchResult:
+    def _failed_children(self, reason: str | None) -> tuple[str, ...]:
+        """The roles to name as failed: the one whose end, as the launcher told it, is the
+        run's reason; else those that ended with an error while the run went on; else every
+        role that exited with an error. A failed run's stopping ends the others mid-step, some
+        with an error: they went down with the run, and are not named before its cause."""
         # Stopping an interrupted run ends its roles mid-step, and some exit non-zero on the
         # way out: that is the interruption working, not a process failing.
         # Roles that lost a killed coordinator exit non-zero too: that is its death, not theirs.
-        orphaned = (self.children[0].process.returncode or 0) < 0
-        failed = () if self._interrupted or orphaned else tuple(
-            c.label for c in self.children[1:]
-            if c.process.returncode not in (0, None, -signal.SIGKILL))
+        if self._interrupted or (self.children[0].process.returncode or 0) < 0:
+            return ()
+        told = [c for c in self.children[1:] if c.why is not None]
+        return (tuple(c.label for c in told if reason is not None and c.why in reason)
+                or tuple(c.label for c in told if c.process.returncode != 0)
+                or tuple(c.label for c in self.children[1:]
+                         if c.process.returncode not in (0, None, -signal.SIGKILL)))
+
+    def _result(self) -> LaunchResult:
         told = self._end
         if told is not None and told.recorded:  # the coordinator recorded it: the run's record
             return LaunchResult(self.run_id, RunStatus(told.status), told.reason, self.logs,
-                                failed, len(self.children))
+                                self._failed_children(told.reason), len(self.children))
         status, guess = self._unrecorded_end()
         reason: str | None = guess
         # A no-op when the coordinator recorded the end itself; it did not if it died, or if
@@ -410,7 +425,8 @@ class Launcher(NewRun):
         recorded = self._recorded_end_patiently()
         if recorded is not None and recorded[0] not in (RunStatus.RUNNING, RunStatus.CRASHED):
             status, reason = recorded
-        return LaunchResult(self.run_id, status, reason, self.logs, failed, len(self.children))
+        return LaunchResult(self.run_id, status, reason, self.logs,
+                            self._failed_children(reason), len(self.children))
 
     def _unrecorded_end(self) -> tuple[RunStatus, str]:
         """How the run ended as far as the launcher can tell, should the database not say."""

@@ -130,14 +130,36 @@ def test_killed_workers_and_the_evaluator_are_restarted_and_nothing_is_noted(
     made, hosts = launcher(tmp_path)
     role(made, "worker", 0, -signal.SIGKILL)
     role(made, "evaluator", 0, -signal.SIGKILL)
-    role(made, "worker", 1, 0)  # done
     role(made, "server", 0, -signal.SIGKILL)  # without replicas a server is not restarted
     made._watch_roles()
     assert hosts.restarted == [("worker", 0), ("evaluator", 0)]
-    assert told(made, "worker", 1) is None
+    assert told(made, "worker", 0) is None and told(made, "evaluator", 0) is None
     assert told(made, "server", 0) == (
         f"was killed by SIGKILL and was not restarted: nothing in {made.logs}/server-0.log")
     assert "killed by SIGKILL (-9); restarting it" in (made.logs / "worker-0.log").read_text()
+
+
+def test_a_role_that_exits_0_is_not_restarted_and_the_coordinator_is_told_with_its_code(
+        tmp_path: Path) -> None:
+    """Issue 57: a worker whose code ended its process with code 0 in the middle of the run
+    stalled it until the rejoin timeout (65 s), and the summary named another worker. The
+    coordinator is told (it ignores the word for a worker that said it was done), and the one
+    whose end is the run's reason is the one named as failed; a worker that went down with the
+    run is not."""
+    made, hosts = launcher(tmp_path)
+    quitter = role(made, "worker", 1, 0, "step 39\n")
+    made._watch_roles()
+    assert hosts.restarted == []
+    why = told(made, "worker", 1)
+    assert why == ("exited with code 0 while the run went on (a role ends when it is done or "
+                   "told to: something in its code ended the process, which a restart would "
+                   "not mend): step 39")
+    bystander = role(made, "worker", 0, None)
+    die(bystander, 1, "psctl worker 0: connection closed (code 1001: server shutting down)\n")
+    made.children[0].process.returncode = 1  # type: ignore[misc]
+    made._end = RunEnded(status="failed", reason=f"worker 1 {why}", recorded=True)
+    assert made._result().failed_children == ("worker 1",)
+    assert quitter.process.returncode == 0
 
 
 def test_a_crash_that_repeats_itself_after_a_restart_is_not_restarted_again(

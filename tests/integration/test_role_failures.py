@@ -89,6 +89,58 @@ def test_a_crash_in_the_users_model_fails_the_launch_with_its_message(tmp_path: 
     assert said.search(" ".join((REPO / "docs" / "models.md").read_text().split()))
 
 
+QUITTER = '''
+import math
+import os
+import sys
+
+from torch import nn
+
+WORKER_1 = "worker" in sys.argv and sys.argv[sys.argv.index("--rank") + 1] == "1"
+
+
+class Quitter(nn.Module):
+    def __init__(self, inputs: int, classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(inputs, classes)
+        self.steps = 0
+
+    def forward(self, x):
+        if self.training:
+            self.steps += 1
+            if WORKER_1 and self.steps == 40:
+                os._exit(0)
+        return self.linear(x.flatten(1))
+
+
+def build(input_shape, num_classes):
+    return Quitter(math.prod(input_shape), num_classes)
+'''
+
+
+def test_a_worker_whose_code_exits_0_mid_run_fails_the_launch_at_once_naming_it(
+        tmp_path: Path) -> None:
+    """Issue 57: it was taken for a transient fault, its restart awaited for 65 s, and the
+    summary named the other worker."""
+    model = tmp_path / "quitter.py"
+    model.write_text(QUITTER)
+    env = dict(os.environ, PSCTL_DB=str(tmp_path / "runs.db"), NO_COLOR="1", COLUMNS="200")
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--model",
+         f"{model}:build", "--workers", "2", "--servers", "1", "--epochs", "50", "--no-live"],
+        env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - began
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert took < 20, f"the launch took {took:.1f} s"
+    status, reason = query(tmp_path / "runs.db", "SELECT status, reason FROM runs")[0]
+    assert status == "failed"
+    assert reason.startswith("worker 1 exited with code 0 while the run went on")
+    said = " ".join(done.stderr.split())
+    assert "reason: worker 1 exited with code 0" in said
+    assert "processes that failed: worker 1;" in said
+
+
 def test_a_killed_evaluator_is_restarted_and_the_run_finishes_evaluating(tmp_path: Path) -> None:
     launcher = _launcher(tmp_path, eval__interval_s=1.0)
     launcher.start()
