@@ -58,6 +58,7 @@ def resume(
 ) -> None:
     """Continue a failed, interrupted or crashed run from its newest complete checkpoint,
     under the same run id (launch it with --checkpoint-every SECONDS)."""
+    from psctl.interrupts import stopping_signals
     from psctl.launch import print_summary, run_launch
     from psctl.resume import plan_resume, resumed_launcher, with_data_dir
 
@@ -67,14 +68,15 @@ def resume(
         config = with_data_dir(config, data_dir)
         err.print(f"resuming run {point.run_id[:8]} ({point.name}) from checkpoint "
                   f"{point.seq} in {point.checkpoint}", highlight=False, markup=False)
-        result = run_launch(config, path, err, live=live,
-                            launcher=resumed_launcher(config, path, point))
-        print_summary(result, path, err)
+        with stopping_signals() as interruption:
+            result = run_launch(config, path, err, live=live,
+                                launcher=resumed_launcher(config, path, point))
+            print_summary(result, path, err)
     except PsctlError as exc:
         raise _fail(exc) from None
     if result.status.value == "finished":
         raise typer.Exit(settings.EXIT_OK)
-    raise typer.Exit(settings.EXIT_INTERRUPTED if result.status.value == "interrupted"
+    raise typer.Exit(interruption.exit_code if result.status.value == "interrupted"
                      else settings.EXIT_ERROR)
 
 

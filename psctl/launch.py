@@ -219,7 +219,7 @@ TRACEBACK_LINES = 4
 
 
 def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
-    from engine.db.faults import crash_traceback
+    from engine.db.faults import crash_traceback, saved_checkpoint
     from engine.db.queries import run_detail
 
     engine = open_engine(db, readonly=True)
@@ -227,6 +227,7 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
         detail = run_detail(engine, result.run_id)
         with engine.connect() as conn:
             crash = crash_traceback(conn, result.run_id)
+            resumable = saved_checkpoint(conn, result.run_id)
     finally:
         engine.dispose()
     run = detail.summary
@@ -242,8 +243,11 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
                   f"iterations, best test accuracy {fmt_pct(run.best_accuracy)}, final "
                   f"{fmt_pct(run.final_accuracy)}", highlight=False)
     if status == "interrupted":
+        # Ctrl-C, SIGTERM or SIGHUP: said with how to go on, where it can.
+        go_on = (f"continue it with psctl resume {run.id[:8]}" if resumable
+                 else "it saved no checkpoint to resume from")
         console.print(f"  interrupted: the run's {result.processes} processes were stopped; "
-                      f"logs in {escape(str(result.logs))}", highlight=False)
+                      f"{go_on}; logs in {escape(str(result.logs))}", highlight=False)
     elif result.reason:
         console.print(f"  reason: {escape(result.reason)}", highlight=False)
         if crash is not None and crash[0] in result.reason:  # the crash ended the run: where

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -13,6 +13,9 @@ from psctl import settings
 from psctl.cliutil import err
 from psctl.cliutil import fail as _fail
 from psctl.launch_options import launch_config, signature
+
+if TYPE_CHECKING:
+    from psctl.interrupts import Interruption
 
 
 def launch(**options: Any) -> None:
@@ -23,6 +26,7 @@ def launch(**options: Any) -> None:
 
         # It imports torch while this process imports the rest and checks the run's settings.
         start_early()
+    from psctl.interrupts import stopping_signals
     from psctl.launch import repeats
 
     try:
@@ -31,7 +35,9 @@ def launch(**options: Any) -> None:
         prepare_database(path)
         dashboard = start_dashboard(path) if options["ui"] else None
         try:
-            results = _run_all(configs, group, path, live=options["live"])
+            with stopping_signals() as interruption:
+                results = _run_all(configs, group, path, live=options["live"],
+                                   interruption=interruption)
             # The page is most useful once the run is over; a run stopped with Ctrl-C was
             # meant to stop everything.
             if dashboard is not None and results[-1].status.value != "interrupted":
@@ -51,7 +57,7 @@ def launch(**options: Any) -> None:
     statuses = {result.status.value for result in results}
     if statuses == {"finished"}:
         raise typer.Exit(settings.EXIT_OK)
-    raise typer.Exit(settings.EXIT_INTERRUPTED if "interrupted" in statuses
+    raise typer.Exit(interruption.exit_code if "interrupted" in statuses
                      else settings.EXIT_ERROR)
 
 
@@ -70,23 +76,25 @@ def _may_fork_here(backend: str | None) -> bool:
     return name in BACKENDS and BACKENDS.can(name, THIS_MACHINE)
 
 
-def _run_all(configs: list[Any], group: str | None, path: Path, *, live: bool) -> list[Any]:
-    """Each run in turn (one, or a group of repeated seeds); Ctrl-C ends the group."""
+def _run_all(configs: list[Any], group: str | None, path: Path, *, live: bool,
+             interruption: Interruption) -> list[Any]:
+    """Each run in turn (one, or a group of repeated seeds); Ctrl-C (or SIGTERM, SIGHUP) ends
+    the group."""
     from psctl.launch import print_group
 
     results: list[Any] = []
     try:
-        _run_each(configs, group, path, live=live, results=results)
+        _run_each(configs, group, path, live=live, results=results, interruption=interruption)
     except KeyboardInterrupt:  # between two runs of a group: none is running
         err.print("interrupted between runs; no run is left running", highlight=False)
-        raise typer.Exit(settings.EXIT_INTERRUPTED) from None
+        raise typer.Exit(interruption.exit_code) from None
     if group is not None and len(results) > 1:
         print_group(path, group, err)
     return results
 
 
 def _run_each(configs: list[Any], group: str | None, path: Path, *, live: bool,
-              results: list[Any]) -> None:
+              results: list[Any], interruption: Interruption) -> None:
     from psctl.launch import command_started_at, print_summary, run_launch
 
     for index, one in enumerate(configs):
@@ -102,7 +110,7 @@ def _run_each(configs: list[Any], group: str | None, path: Path, *, live: bool,
         except KeyboardInterrupt:  # Ctrl-C again while the run stopped: it stops at once
             err.print("interrupted again while the run was stopping; its processes end with "
                       "this command", highlight=False)
-            raise typer.Exit(settings.EXIT_INTERRUPTED) from None
+            raise typer.Exit(interruption.exit_code) from None
         results.append(result)
         if result.status.value == "interrupted":
             break

@@ -4,6 +4,7 @@ when its recorder cannot write, and it fails when it stopped before any iteratio
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -112,6 +113,26 @@ def test_a_recorder_that_cannot_write_fails_the_run_with_the_reason(
     assert reason.endswith(": the disk refuses")
     # The console wraps long lines off a terminal, wherever the reason's length puts the break.
     assert "the disk refuses" in " ".join(err.split())
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_to_the_launcher_stops_the_run_as_ctrl_c_does(
+        tmp_path: Path, launch: subprocess.Popen[str], sig: signal.Signals, code: int) -> None:
+    """Issue 57: either once ended the launcher at once, no summary, the run left running
+    (later crashed) and its roles ended only by the kernel's parent-death signal."""
+    db, run_id, pids = the_run(tmp_path, launch)
+    began = time.monotonic()
+    launch.send_signal(sig)
+    ended = _await_ended(pids, began)
+    _, err = launch.communicate(timeout=30)
+    print(f"every process of the run ended {ended:.1f} s after {sig.name}")
+    assert ended < 10
+    assert launch.returncode == code, err
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
+    said = " ".join(err.split())
+    assert "interrupted: the run's 5 processes were stopped;" in said
+    assert f"continue it with psctl resume {run_id[:8]};" in said
 
 
 def test_a_run_that_completed_no_iteration_failed(tmp_path: Path) -> None:
