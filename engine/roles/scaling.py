@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -17,6 +18,11 @@ from engine.roles.moves import Moves
 from engine.roles.peer import Hub, Peer, RunState
 from engine.wire.messages import Members, Stop
 from engine.wire.records import EventRecord
+
+log = logging.getLogger(__name__)
+
+# Refused psctl scale requests recorded as events, as refused hellos are (the rest are counted).
+REFUSALS_RECORDED = 100
 
 
 class Scaling:
@@ -34,6 +40,7 @@ class Scaling:
         self._acks = asyncio.Event()
         self._join_clocks: dict[int, int] = {}
         self._newcomers: dict[int, dict[str, Any]] = {}  # rank -> what its welcome changes
+        self.refused = 0  # psctl scale requests refused
 
     def on_server_event(self, row: EventRecord) -> None:
         if row.kind == "members_updated" and isinstance(row.detail.get("rank"), int):
@@ -67,8 +74,21 @@ class Scaling:
             kind, detail = change(target)
         except PsctlError as exc:
             kind, detail = "scale_refused", {role: target, "reason": str(exc)}
+            self._record_refusal(detail)
+            return kind, detail
         self.hub.event(kind, **detail)
         return kind, detail
+
+    def _record_refusal(self, detail: dict[str, Any]) -> None:
+        """A refusal is answered always, recorded the first REFUSALS_RECORDED times (with the
+        count so far) and then only counted and logged once: a loop of requests must not grow
+        the database without bound."""
+        self.refused += 1
+        if self.refused <= REFUSALS_RECORDED:
+            self.hub.event("scale_refused", **detail, refused=self.refused)
+        elif self.refused == REFUSALS_RECORDED + 1:
+            log.warning("refused psctl scale %s times; more refusals are counted, not "
+                        "recorded", REFUSALS_RECORDED + 1)
 
     def _scale(self, target: int) -> tuple[str, dict[str, Any]]:
         config = self.state.config

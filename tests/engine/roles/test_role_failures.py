@@ -339,6 +339,30 @@ def test_only_the_runs_secret_or_the_scale_credential_attaches() -> None:
         "the job takes psctl scale once training has started; ask again then"]
 
 
+def test_a_flood_of_refused_scale_requests_is_answered_but_recorded_only_so_far() -> None:
+    """Issue 57: 20,000 refused requests wrote 19,927 event rows. Each is answered; the first
+    REFUSALS_RECORDED are recorded, with the count so far, and the rest counted."""
+    requests = 20_000
+    counted: list[int] = []
+
+    async def scenario(coordinator: Coordinator, roles: Roles, sink: Events) -> None:
+        scale = await roles.attach("scale", credential(TOKEN, "scale", 0))
+        await scale.send(dump_control(Scale(role="workers", count=3)))
+        answer = await next_message(scale)  # over the wire, as psctl scale asks
+        assert isinstance(answer, ScaleAnswer) and answer.kind == "scale_refused"
+        for _ in range(requests - 1):  # the same part, without 20,000 round trips
+            kind, _ = coordinator.scaling.request("workers", 3)
+            assert kind == "scale_refused"
+        counted.append(getattr(coordinator.scaling, "refused", 0))
+
+    sink, outcome = run_scenario(config(), scenario)
+    assert outcome is None
+    recorded = sink.of("scale_refused")
+    assert len(recorded) == 100  # as many as refused hellos
+    assert [r["refused"] for r in recorded] == list(range(1, 101))
+    assert counted == [requests]
+
+
 def test_a_crash_in_user_code_fails_the_run_with_its_message() -> None:
     def forward() -> None:
         raise RuntimeError("boom")
