@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.datasets import describe, load_dataset, locate
+from engine.datasets import describe, hashed, load_dataset, locate
 from engine.datasets.hashed import CRITEO_CATEGORIES, FEATURES, SEED, bucket
 from engine.datasets.sources import (
     check_source,
@@ -111,6 +111,48 @@ def test_a_malformed_libsvm_line_is_refused_with_its_number(tmp_path: Path, line
     path = _write(tmp_path / "f.svm", ["1 1:1 # a comment", "", line])
     with pytest.raises(DatasetFormatError, match=rf"f\.svm, line 3: {re.escape(says)}"):
         locate(f"libsvm-hashed:{path}")
+
+
+def test_a_row_of_more_features_than_the_bound_is_refused_in_one_line(tmp_path: Path) -> None:
+    most = hashed.MAX_ROW_FEATURES
+    features = " ".join(f"{i}:1" for i in range(most))
+    path = _write(tmp_path / "wide.svm", ["0 1:1", f"1 {features}", "0 2:1"] * 4)
+    train = load_sparse(f"libsvm-hashed:{path}").train
+    assert max(np.diff(train.indptr)) == most  # at the bound: taken
+    _write(path, ["0 1:1", f"1 {features} {most}:1"])
+    with pytest.raises(DatasetFormatError) as refused:
+        locate(f"libsvm-hashed:{path}")
+    assert str(refused.value) == (f"{path}, line 2: more than 65,536 features; a row of a "
+                                  "hashed data set holds at most that many")
+
+
+def test_a_16_mb_line_is_refused_without_holding_its_features(tmp_path: Path) -> None:
+    """Issue 57: one 16.5 MB line (1.5 million features) cost 370 MB in every process that
+    loaded the file. It is refused now, having held no more than a bounded piece of it."""
+    import tracemalloc
+
+    path = tmp_path / "long.svm"
+    with path.open("w") as handle:
+        handle.write("0 1:1\n1 " + " ".join(f"{i * 7}:0.5" for i in range(1_500_000)) + "\n")
+    assert path.stat().st_size > 16_500_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(DatasetFormatError, match="line 2: longer than 4,194,304 characters"):
+            load_sparse(f"libsvm-hashed:{path}")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 2**20, f"reading it held {peak / 2**20:.0f} MiB at the peak"
+
+
+@pytest.mark.parametrize("kind", ["libsvm-hashed", "criteo"])
+def test_a_line_longer_than_the_bound_is_refused_with_its_number(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashed, "MAX_LINE_CHARS", 64)
+    first = "1 1:1" if kind == "libsvm-hashed" else _criteo(1, ["1"], ["ab"])
+    path = _write(tmp_path / "long.txt", [first, first + " #" + "x" * 100, first])
+    with pytest.raises(DatasetFormatError, match=r"long\.txt, line 2: longer than 64 characters"):
+        locate(f"{kind}:{path}")
 
 
 def test_the_name_is_made_absolute_and_the_data_set_is_sparse(tmp_path: Path,
