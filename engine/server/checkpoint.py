@@ -175,6 +175,7 @@ def _load(path: Path, shapes: dict[str, tuple[int, ...]],
 
 def _npz(path: Path) -> np.lib.npyio.NpzFile:
     def opened() -> np.lib.npyio.NpzFile:
+        _check_magic(path)
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise StoreError(f"cannot read checkpoint {path}: it holds one array, not the "
@@ -209,6 +210,22 @@ def _declared(data: np.lib.npyio.NpzFile, path: Path) -> Declared:
 
 
 PYTHON_OBJECTS = "it holds Python objects, which psctl never loads; it is not a psctl checkpoint"
+# How an archive (.npz), an array (.npy) and a pickle (protocol 2 to 5) begin.
+_ARCHIVE, _ARRAY = (b"PK\x03\x04", b"PK\x05\x06"), b"\x93NUMPY"
+_PICKLE = tuple(bytes([0x80, protocol]) for protocol in range(2, 6))
+
+
+def _check_magic(path: Path) -> None:
+    """A file that begins as neither an archive nor an array is refused for what it is: numpy
+    takes anything else for a pickle, so random bytes would be said to hold Python objects."""
+    with path.open("rb") as handle:
+        magic = handle.read(len(_ARRAY))
+    if not magic or magic.startswith((*_ARCHIVE, _ARRAY)):
+        return  # numpy says what is wrong with an empty file, or inside an archive or array
+    if magic.startswith(_PICKLE):
+        raise StoreError(f"cannot read checkpoint {path}: {PYTHON_OBJECTS}")
+    raise StoreError(f"cannot read checkpoint {path}: it is neither an archive of arrays (.npz) "
+                     "nor an array (damaged or not a checkpoint)")
 T = TypeVar("T")
 
 

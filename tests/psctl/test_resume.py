@@ -104,6 +104,8 @@ def _damage(folder: Path, how: str) -> Path:
     path = folder / "shard-0.npz"
     if how == "empty":
         path.write_bytes(b"")
+    elif how == "random":  # issue 57: it was said to hold Python objects
+        path.write_bytes(bytes(range(7, 256)) * 16)
     elif how == "pickled":
         np.savez(path, next=np.array([{"evil": 1}], dtype=object))
     elif how == "huge-header":
@@ -116,6 +118,8 @@ def _damage(folder: Path, how: str) -> Path:
 @pytest.mark.parametrize(("how", "problem"), [
     ("empty", "No data left in file (damaged or not a checkpoint)"),
     ("pickled", "it holds Python objects, which psctl never loads"),
+    ("random", "it is neither an archive of arrays (.npz) nor an array (damaged or not a "
+               "checkpoint)"),
     ("huge-header", "its clocks declare 1099511627776 workers (damaged or not a psctl "
                     "checkpoint)"),
     ("no-clocks", "it has no clocks (next); it is not a psctl checkpoint"),

@@ -8,6 +8,8 @@ copied; writes are atomic."""
 from __future__ import annotations
 
 import os
+import pickle
+import random
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -675,19 +677,23 @@ def test_a_file_holding_pickled_objects_is_refused_unread(tmp_path: Path) -> Non
 
 
 PYTHON_OBJECTS = "it holds Python objects, which psctl never loads; it is not a psctl checkpoint"
+NEITHER = ("it is neither an archive of arrays (.npz) nor an array (damaged or not a "
+           "checkpoint)")
 
 
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
         (b"", "No data left in file (damaged or not a checkpoint)"),
-        # anything that is neither npz nor npy is a pickle to numpy: never unpickled
-        (b"this is no checkpoint, just text\n" * 4, PYTHON_OBJECTS),
+        # anything that is neither npz nor npy is a pickle to numpy, but said for what it is
+        (b"this is no checkpoint, just text\n" * 4, NEITHER),
+        (random.Random(57).randbytes(4096), NEITHER),
+        (pickle.dumps({"evil": "payload"}), PYTHON_OBJECTS),
         (b"\x93NUMPY garbage", "we only support format version (1,0), (2,0), and (3,0), not "
                                "(32, 103)"),
         (b"PK\x03\x04 half a zip", "File is not a zip file (damaged or not a checkpoint)"),
     ],
-    ids=["empty", "text", "npy-garbage", "zip-garbage"],
+    ids=["empty", "text", "random", "pickle", "npy-garbage", "zip-garbage"],
 )
 def test_a_file_that_is_not_an_npz_is_refused(tmp_path: Path, content: bytes,
                                               reason: str) -> None:
