@@ -234,6 +234,13 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
     # The launcher knows the run ended even where its end could not be recorded (a full disk):
     # the row then still says running.
     status = result.status.value if run.status in ("running", "crashed") else run.status
+    if result.status.value == "failed" and status != "failed":
+        # A resume that failed before the run trained again: the run keeps its earlier end.
+        console.print(status_text("failed"), f"resume of run {run.id} ({escape(run.name)}); "
+                      f"the run stays {status}", highlight=False)
+        console.print(f"  reason: {escape(result.reason or '')}", highlight=False)
+        console.print(f"  details: psctl runs show {run.id[:8]}", highlight=False)
+        return
     console.print(status_text(status), f"run {run.id} ({escape(run.name)})", highlight=False)
     # The run's own duration (ended_at - started_at), as runs ls, runs show and the dashboard
     # show it, not the time this command took.

@@ -39,6 +39,8 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
                                     f"primary {d.get('seconds')} s after the loss"),
     "checkpoint_incomplete": lambda d: f"checkpoint {d.get('seq')} incomplete: {d.get('reason')}",
     "resumed": lambda d: f"resumed from checkpoint {d.get('checkpoint')}",
+    "resume_failed": lambda d: (f"the resume failed before training again, so the run stays "
+                                f"{d.get('kept')}: {d.get('reason')}"),
     "membership": lambda d: (f"scaled to {d.get('workers')} workers (joining "
                              f"{d.get('joining') or '-'}, leaving {d.get('leaving') or '-'})"),
     "scale_refused": lambda d: (f"scaling to {d.get('workers') or d.get('servers')} "

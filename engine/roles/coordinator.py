@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from engine.proctime import usable_cores
 from engine.recorder import Recorder
 from engine.roles.coordination import Coordinator, Resume
 from engine.roles.lifecycle import started, this_machine
+from engine.roles.resuming import EarlierEnd, earlier_end, end_to_record
 from engine.roles.sampling import PsutilSampler, oversubscription
 from engine.transport.base import Transport
 from engine.wire.messages import RunEnded
@@ -60,12 +62,14 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     ``resume`` the run is an ended one continued from a checkpoint."""
     recorder = Recorder(db)
     active_s = downtime_s = epoch = 0.0
+    earlier: EarlierEnd | None = None  # a resumed run's end before this resume
     if resume is None:
         recorder.start_run(run_id, name, config.to_json_dict(), sync=config.sync.model,
                            workers=config.cluster.workers, servers=config.cluster.servers,
                            dataset=label(config.data.dataset))
     else:
         active_s, downtime_s, epoch = _resume_clock(db, run_id)
+        earlier = earlier_end(db, run_id)
         recorder.resume_run(run_id)
         recorder.record_event(EventRecord(at=time.time(), kind="resumed", detail={
             "checkpoint": resume.seq, "folder": str(resume.folder),
@@ -105,8 +109,10 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
     finally:
         if watcher is not None:
             watcher.cancel()
-        status, reason, recorded = await asyncio.to_thread(_record_end, recorder, db, run_id,
-                                                           status, reason)
+        trained = coordinator is not None and coordinator.training.is_set()
+        status, reason, recorded = await asyncio.to_thread(
+            _record_end_of, recorder, db, run_id, (status, reason),
+            end_to_record(earlier, trained, status, reason))
         if coordinator is not None:  # the launcher is told; it reads the database otherwise
             await coordinator.close(RunEnded(status=status.value, reason=reason,
                                              recorded=recorded))
@@ -133,6 +139,20 @@ async def _watch_recorder(recorder: Recorder, coordinator: Coordinator) -> None:
         except StoreError as exc:
             coordinator.recorder_failed(exc)
             return
+
+
+def _record_end_of(recorder: Recorder, db: Path, run_id: str,
+                   ended: tuple[RunStatus, str | None],
+                   recorded: tuple[RunStatus, str | None]) -> tuple[RunStatus, str | None, bool]:
+    """Record ``recorded`` as the run's end: how it ``ended``, or the end a resumed run had
+    before a resume that failed before it trained again (which is then an event). Returns how
+    it ended (failed, if that could not be recorded) and whether the database holds it."""
+    if recorded != ended:
+        with contextlib.suppress(StoreError):  # its end is what matters, and says so
+            recorder.record_event(EventRecord(at=time.time(), kind="resume_failed", detail={
+                "reason": ended[1], "kept": recorded[0].value}))
+    status, reason, written = _record_end(recorder, db, run_id, *recorded)
+    return (status, reason, written) if (status, reason) != recorded else (*ended, written)
 
 
 def _record_end(recorder: Recorder, db: Path, run_id: str, status: RunStatus,

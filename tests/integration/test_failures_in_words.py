@@ -56,6 +56,52 @@ def test_a_checkpoint_the_server_refuses_is_the_resumed_runs_reason(tmp_path: Pa
         capture_output=True, text=True, cwd=tmp_path, timeout=150,
         env=dict(os.environ, NO_COLOR="1", COLUMNS="300"))
     assert resumed.returncode != 0
-    [(reason,)] = query(db, "SELECT reason FROM runs")
+    [(status, reason)] = query(db, "SELECT status, reason FROM runs")
+    # It had crashed (its launcher killed), recording no end: the resume's is its end.
+    assert status == "failed"
     assert reason.startswith("server 0 failed: checkpoint ")
     assert reason.endswith("holds values that are not finite float32")
+
+
+def _poison_checkpoints(tmp_path: Path, run_id: str) -> None:
+    import glob
+
+    import numpy as np
+
+    for path in glob.glob(str(tmp_path / "psctl-logs" / run_id / "checkpoints" / "*" / "*.npz")):
+        arrays = dict(np.load(path, allow_pickle=False))
+        arrays["params"][:3] = np.nan  # headers intact: psctl resume cannot tell
+        np.savez(path, **arrays)
+
+
+def test_a_resume_that_fails_before_training_leaves_an_interrupted_run_interrupted(
+        tmp_path: Path) -> None:
+    """Issue 57: the server's check of the checkpoint failed the resume, and the run, which had
+    been interrupted, was relabelled failed. The resume's failure is its own (an event, the
+    command's exit code and words); the run keeps the end it had."""
+    import signal
+
+    from tests.integration.support import launch_in_background, wait_until_training
+
+    db = tmp_path / "experiments.db"
+    launch = launch_in_background(db)
+    try:
+        wait_until_training(db)
+    finally:
+        launch.send_signal(signal.SIGINT)
+        launch.communicate(timeout=60)
+    [(run_id, status, reason)] = query(db, "SELECT id, status, reason FROM runs")
+    assert (status, reason) == ("interrupted", "interrupted by the user")
+    _poison_checkpoints(tmp_path, run_id)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "psctl", "resume", run_id[:8], "--db", str(db), "--no-live"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=150,
+        env=dict(os.environ, NO_COLOR="1", COLUMNS="300"))
+    assert resumed.returncode == 1, resumed.stderr
+    assert query(db, "SELECT status, reason FROM runs") == [
+        ("interrupted", "interrupted by the user")]
+    [(detail,)] = query(db, "SELECT detail FROM events WHERE kind = 'resume_failed'")
+    assert '"kept": "interrupted"' in detail and "holds values that are not finite" in detail
+    said = " ".join(resumed.stderr.split())
+    assert f"failed resume of run {run_id}" in said and "the run stays interrupted" in said
+    assert "reason: server 0 failed: checkpoint " in said
