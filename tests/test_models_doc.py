@@ -156,3 +156,19 @@ def test_the_commands_run_and_say_what_the_page_says(tmp_path: Path) -> None:
     for line in TEXT[2].strip().splitlines():
         assert line in said, said
     assert "psctl run" not in said  # nothing was started
+
+
+def test_the_bound_on_metric_names_is_the_one_schema_md_states() -> None:
+    """Issue 57: this page said a 33rd name raises, docs/schema.md that its values are dropped.
+    Both hold, each for its own case (a process, a run), and both pages say both, with the
+    code's number."""
+    from engine.usermetrics import MAX_NAMES
+
+    schema = " ".join((REPO / "docs" / "schema.md").read_text().split())
+    here = " ".join(DOC.split())
+    assert f"at most **{MAX_NAMES} names** in a process. Anything else raises" in here
+    assert f"A run records {MAX_NAMES} names too" in here
+    assert "the name said once in a `user_metrics_dropped` event" in here
+    assert f"A process's code logs at most {MAX_NAMES} names (a 33rd raises `MetricError`" in schema
+    assert f"the coordinator keeps a run to {MAX_NAMES} names" in schema
+    assert "said once in a `user_metrics_dropped` event" in schema
