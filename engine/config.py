@@ -101,6 +101,10 @@ class ClusterConfig(_NamesPolicies):
         "at a server for a clock; a connection's first 16 are never refused for it"))
     max_server_pending_pulls: int = Field(8192, ge=1, le=2**22, description=(
         "pulls all senders together may have waiting at one server process for a clock"))
+    server_memory: int | None = Field(None, ge=2**24, le=2**50, description=(
+        "bytes the keys a server process stores of sparse key ranges may take (their values, "
+        "optimizer slots and key map); a push that needs more is refused and the run fails "
+        "saying so [a quarter of the machine's memory over cluster.servers]"))
     replicas: int = Field(0, ge=0, le=8, json_schema_extra=flag("--replicas"), description=(
         "backup copies of every key range on other servers (chain replication): a dead server's "
         "keys fail over to the next copy [0]"))

@@ -17,6 +17,8 @@ a Python dict costs about 100 bytes a key and a Python-level loop per key.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from engine.errors import ShardFull
@@ -24,17 +26,62 @@ from engine.errors import ShardFull
 # The small run is merged into the large one past max(MIN_DELTA, large / DELTA_SHARE) keys.
 MIN_DELTA = 1 << 16
 DELTA_SHARE = 8
+# What the map takes a key at its peak: its (key, row) pair, and a copy while runs are merged.
+MAP_BYTES_PER_KEY = 32
+
+
+class RowBudget:
+    """What the sparse shards of one process may store in all (``cluster.server_memory``):
+    each shard's stored keys count at its ``row_bytes`` a key (its value arrays' bytes a row
+    and the map's). A shard that would pass it refuses the keys that need it, whole
+    (``ShardFull``); the process's other shards count as much as its own."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        # Weakly: a copy the process drops (or replaces by a handoff's) stops counting.
+        self._shards: weakref.WeakSet[KeyRows] = weakref.WeakSet()
+
+    def join(self, rows: KeyRows) -> None:
+        self._shards.add(rows)
+
+    @property
+    def used(self) -> int:
+        return sum(rows.used * rows.row_bytes for rows in self._shards)
+
+    def check(self, rows: KeyRows, count: int, *, replacing: bool = False) -> None:
+        """Whether ``rows`` may store ``count`` keys more (``replacing``: instead of those it
+        holds); ShardFull saying how far it is from fitting if not."""
+        held = self.used - (rows.used * rows.row_bytes if replacing else 0)
+        more = count * rows.row_bytes
+        if held + more <= self.limit:
+            return
+        keys = sum(shard.used for shard in self._shards)
+        raise ShardFull(f"this server's sparse key ranges store {keys:,} keys in "
+                        f"{_size(held)} and may take {_size(self.limit)} (cluster.server_memory): "
+                        f"{count:,} keys more ({_size(more)}) do not fit; give the run more "
+                        "servers (--servers) or more cluster.server_memory")
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} bytes"
 
 
 class KeyRows:
-    """Rows for up to ``capacity`` keys (any int64 values), assigned in order of arrival."""
+    """Rows for up to ``capacity`` keys (any int64 values), assigned in order of arrival; with a
+    ``budget``, no more than it lets the process's shards store, at ``row_bytes`` a key."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, row_bytes: int = MAP_BYTES_PER_KEY,
+                 budget: RowBudget | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
-        self.capacity = capacity
+        self.capacity, self.row_bytes, self.budget = capacity, row_bytes, budget
         self.used = 0
         self._runs = [_empty(), _empty()]  # (keys, rows): the large run, the small run
+        if budget is not None:
+            budget.join(self)
 
     @property
     def nbytes(self) -> int:
@@ -74,6 +121,8 @@ class KeyRows:
         if self.used + count > self.capacity:
             raise ShardFull(f"this shard stores {self.used:,} keys and can hold "
                             f"{self.capacity:,}: {count:,} more do not fit")
+        if self.budget is not None:
+            self.budget.check(self, count)
         order = np.argsort(keys, kind="stable")  # one sort: the run's keys, their rows
         fresh = keys[order]
         if len(fresh) > 1 and (fresh[1:] == fresh[:-1]).any():
@@ -99,6 +148,8 @@ class KeyRows:
         if len(keys) > self.capacity:
             raise ShardFull(f"{len(keys):,} keys do not fit a shard that holds "
                             f"{self.capacity:,}")
+        if self.budget is not None:
+            self.budget.check(self, len(keys), replacing=True)
         order = np.argsort(keys, kind="stable")
         sorted_keys = keys[order]
         if len(keys) > 1 and (sorted_keys[1:] == sorted_keys[:-1]).any():

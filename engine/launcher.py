@@ -403,9 +403,9 @@ class Launcher(NewRun):
         # Roles that lost a killed coordinator exit non-zero too: that is its death, not theirs.
         if self._interrupted or (self.children[0].process.returncode or 0) < 0:
             return ()
-        told = [c for c in self.children[1:] if c.why is not None]
-        return (tuple(c.label for c in told if reason is not None and c.why in reason)
-                or tuple(c.label for c in told if c.process.returncode != 0)
+        told = [(c, c.why) for c in self.children[1:] if c.why is not None]
+        return (tuple(c.label for c, why in told if reason is not None and why in reason)
+                or tuple(c.label for c, _ in told if c.process.returncode != 0)
                 or tuple(c.label for c in self.children[1:]
                          if c.process.returncode not in (0, None, -signal.SIGKILL)))
 

@@ -82,3 +82,13 @@ def test_the_example_runs_with_the_settings_it_shows(tmp_path: Path) -> None:
     assert config["cluster"]["max_queued_bytes"] == 16 * MIB
     assert config["cluster"]["max_pending_pulls"] == 256
     assert config["optimizer"]["clip_norm"] == 5.0
+
+
+def test_the_new_limits_of_issue_57_are_stated_as_in_force() -> None:
+    from engine.server.limits import MEMORY_SHARE
+    from engine.wire.protocol import MAX_LIST_KEYS
+
+    assert limit("keys one key-list push or pull names") == f"{MAX_LIST_KEYS:,}"
+    assert MEMORY_SHARE == 0.25 and ClusterConfig().server_memory is None
+    assert limit("bytes of sparse keys a server process stores") == (
+        "a quarter of the machine's memory over `cluster.servers`")

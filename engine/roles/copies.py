@@ -18,6 +18,7 @@ from engine import initial
 from engine.config import RunConfig
 from engine.consistency.registry import make_controller
 from engine.errors import ProtocolError
+from engine.keyrows import RowBudget
 from engine.keys import KeyLayout, KeyRange
 from engine.policies.aggregation import AGGREGATION_RULES
 from engine.proctime import usable_cores
@@ -25,7 +26,7 @@ from engine.replication.link import ChainLink
 from engine.server import checkpoint
 from engine.server.aggregation import make_aggregator
 from engine.server.learning import make_learning
-from engine.server.limits import ServerBudget, ServerLimits
+from engine.server.limits import ServerBudget, ServerLimits, server_memory
 from engine.server.optimizers import make_optimizer
 from engine.server.pull_filter import make_pull_filter
 from engine.server.service import ShardServer
@@ -34,7 +35,7 @@ from engine.server.vectors import ShardVectors
 from engine.transport.admission import credential
 from engine.transport.base import Transport
 from engine.transport.control import ControlChannel
-from engine.wire.messages import Event, ShardInfo
+from engine.wire.messages import Event, Fatal, ShardInfo
 from engine.wire.records import EventRecord, SyncRecord
 
 
@@ -64,6 +65,9 @@ class Copies:
         # Sandblaster L-BFGS's named vectors, per key range served (engine.server.vectors).
         self.vectors: dict[int, ShardVectors] = {}
         self._budget: ServerBudget | None = None
+        # What its sparse copies may store in all (cluster.server_memory), backups too.
+        self.rows_budget = RowBudget(server_memory(config.cluster))
+        self._said_full = False
 
     async def add(self, info: ShardInfo, *, primary: bool,
                   restore_from: Path | None = None) -> ShardServer:
@@ -84,12 +88,20 @@ class Copies:
                              on_syncs=self._on_syncs if info.index == 0 else None,
                              pull_filter=pulls, budget=self.budget(limits))
         server.primary = primary
+        server.on_full = self._full
         if cluster.replicas:
             server.link = self.new_link(info.index)
         await server.start(self.endpoint.transport, self.endpoint.host, self.endpoint.port,
                            token=self.endpoint.token)
         self.servers[info.index] = server
         return server
+
+    def _full(self, why: str) -> None:
+        """A push did not fit this process's budget: the run cannot go on (no key is ever
+        dropped), and ends saying so, once (the workers' later pushes are refused too)."""
+        if not self._said_full:
+            self._said_full = True
+            self._keep(asyncio.ensure_future(self.channel.send(Fatal(message=why))))
 
     def budget(self, limits: ServerLimits) -> ServerBudget:
         """The one budget every copy of this process shares (engine.server.limits)."""
@@ -109,7 +121,7 @@ class Copies:
         return server
 
     def fresh_state(self, keys: KeyRange) -> ShardState:
-        state = build_shard(self.config, keys, self.layout)
+        state = build_shard(self.config, keys, self.layout, self.rows_budget)
         if self.clocks_per_epoch is not None:
             state.learning.start(self.clocks_per_epoch)
         return state
@@ -180,13 +192,16 @@ class Copies:
         })
 
 
-def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardState:
+def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout,
+                budget: RowBudget | None = None) -> ShardState:
     """A shard's state with the run's policies: clock ranges from the layout, the consistency
-    model, the aggregation rule and the server optimizer, each from its registry."""
+    model, the aggregation rule and the server optimizer, each from its registry; a sparse
+    one stores no more than ``budget`` lets its process's sparse shards store."""
     ranges = layout.clock_ranges(keys)
     workers = config.cluster.workers
     divisor = AGGREGATION_RULES.get(config.sync.push_scale)(workers)
-    sparse = sparse_keys(keys, layout, config.train.seed) if layout.sparse_on(keys) else None
+    sparse = (sparse_keys(keys, layout, config.train.seed, budget) if layout.sparse_on(keys)
+              else None)
     size = len(keys) if sparse is None else sparse.capacity  # rows of the value arrays
     learning = make_learning(config.learning, workers, divisor, size)
     state = ShardState(
@@ -207,14 +222,16 @@ def build_shard(config: RunConfig, keys: KeyRange, layout: KeyLayout) -> ShardSt
     return state
 
 
-def sparse_keys(keys: KeyRange, layout: KeyLayout, seed: int) -> SparseKeys:
+def sparse_keys(keys: KeyRange, layout: KeyLayout, seed: int,
+                budget: RowBudget | None = None) -> SparseKeys:
     """A sparse shard of ``keys`` (one segment's piece): rows for as many keys as it has, up to
     the default, each new one at its segment's initial value (zeros without a rule)."""
     rule = next(s.init for s in layout.segments if s.keys.intersect(keys) is not None)
     capacity = min(len(keys), SPARSE_CAPACITY)
     if rule is None:
-        return SparseKeys(capacity=capacity)
-    return SparseKeys(capacity=capacity, initial=partial(initial.values, rule, seed=seed))
+        return SparseKeys(capacity=capacity, budget=budget)
+    return SparseKeys(capacity=capacity, initial=partial(initial.values, rule, seed=seed),
+                      budget=budget)
 
 
 def _initial(layout: KeyLayout, keys: KeyRange, seed: int) -> np.ndarray:

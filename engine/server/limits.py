@@ -27,9 +27,14 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
+import psutil
+
 from engine.config import ClusterConfig
 
 MIB = 2**20
+# By default the servers' stored sparse keys may take this share of the machine's memory, in
+# all (the rest is the workers', the data's and the system's).
+MEMORY_SHARE = 0.25
 # A connection's first waiting pulls (this many, at most a quarter of the sender's bound) are
 # never refused for its sender's bound, so a worker whose credential is also used by a flood
 # keeps its own pulls (a worker waits on a few at a time).
@@ -68,6 +73,16 @@ class ServerLimits:
                    max_pending_pulls=cluster.max_pending_pulls,
                    max_server_pending_pulls=cluster.max_server_pending_pulls,
                    stalled_s=STALLED_S * max(1.0, busy / max(cores, 1)))
+
+
+def server_memory(cluster: ClusterConfig, machine_bytes: int | None = None) -> int:
+    """The bytes one server process's stored sparse keys may take: ``cluster.server_memory``,
+    or MEMORY_SHARE of this machine's memory over the run's servers (all on this machine on
+    the local backend; on a cluster, set it)."""
+    if cluster.server_memory is not None:
+        return cluster.server_memory
+    total = psutil.virtual_memory().total if machine_bytes is None else machine_bytes
+    return int(total * MEMORY_SHARE) // cluster.servers
 
 
 class Reader(Protocol):

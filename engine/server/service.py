@@ -31,7 +31,13 @@ import numpy as np
 
 from engine.aio import off_loop
 from engine.consistency.base import Deferred, PushTiming
-from engine.errors import ConnectionClosed, ProtocolError, PsctlError
+from engine.errors import (
+    ConnectionClosed,
+    FrameTooLarge,
+    ProtocolError,
+    PsctlError,
+    ShardFull,
+)
 from engine.replication.link import ChainLink
 from engine.server.limits import ServerBudget, ServerLimits
 from engine.server.pull_filter import PullFilter, SendAll
@@ -44,6 +50,7 @@ from engine.wire.protocol import (
     FLAG_COMMIT,
     FLAG_FINAL,
     FLOAT_DTYPES,
+    MAX_LIST_KEYS,
     DType,
     Frame,
     MsgType,
@@ -209,6 +216,9 @@ class ShardServer:
         # is promoted; ``link`` forwards every applied update to the successor, if any.
         self.primary = True
         self.link: ChainLink | None = None
+        # Told why, when a push's keys do not fit (ShardFull): no later push will fit either,
+        # so its process tells the coordinator, and the run ends with that reason.
+        self.on_full: Callable[[str], None] | None = None
         self.promoted_at: float | None = None
         self.first_pull_at: float | None = None
         self.on_first_pull: Callable[[ShardServer], None] | None = None
@@ -337,6 +347,11 @@ class ShardServer:
             self._reply_error(peer, frame.request_id, "not_primary",
                               f"server {self.rank} holds a backup of these keys, not the primary")
             return
+        if frame.index is not None and len(frame.index) > MAX_LIST_KEYS:
+            # One request must not hold the loop that serves every connection for long.
+            raise FrameTooLarge(f"a {frame.type.name} of {len(frame.index):,} keys; a frame "
+                                f"names at most {MAX_LIST_KEYS:,} (a client sends a longer "
+                                "list in several)")
         if frame.type is MsgType.PULL:
             self._pull(peer, frame)
         elif frame.type is MsgType.PUSH:
@@ -402,9 +417,15 @@ class ShardServer:
             raise ProtocolError(f"only workers push; this frame comes from a {frame.role.name}")
         timing = PushTiming(from_ns(frame.stamp_ns), from_ns(frame.wait_ns),
                             bool(frame.flags & FLAG_FINAL))
-        accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values, timing,
-                                      index=frame.index, commit=bool(frame.flags & FLAG_COMMIT),
-                                      base_version=frame.version, trusted=chained)
+        try:
+            accepted_at = self.state.push(frame.rank, frame.clock, frame.keys, frame.values,
+                                          timing, index=frame.index,
+                                          commit=bool(frame.flags & FLAG_COMMIT),
+                                          base_version=frame.version, trusted=chained)
+        except ShardFull as exc:
+            if self.on_full is not None:
+                self.on_full(str(exc))
+            raise
         ack = self._ack(frame, accepted_at, self.state.last_scale)
         if len(peer.acked) >= REMEMBERED_ACKS:
             peer.acked.popitem(last=False)

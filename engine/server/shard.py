@@ -29,7 +29,7 @@ import numpy as np
 
 from engine.consistency.base import NO_TIMING, ConsistencyController, PushTiming, RangeClocks
 from engine.errors import BadPayload, ConfigError, ProtocolError, UnsafeUpdate
-from engine.keyrows import KeyRows
+from engine.keyrows import MAP_BYTES_PER_KEY, KeyRows, RowBudget
 from engine.keys import KeyRange, RangeIndex
 from engine.policies.optimizers import ServerOptimizer
 from engine.server.aggregation import Aggregator, make_aggregator
@@ -55,10 +55,12 @@ def zeros(keys: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class SparseKeys:
     """How a sparse shard stores its keys: at most ``capacity`` of them, each starting from
-    ``initial(keys)`` (the keys' global ids -> float32 values; the same on every server)."""
+    ``initial(keys)`` (the keys' global ids -> float32 values; the same on every server), and
+    no more than ``budget`` lets its process's sparse shards store in all."""
 
     capacity: int = SPARSE_CAPACITY
     initial: Callable[[np.ndarray], np.ndarray] = zeros
+    budget: RowBudget | None = None
 
 
 class ShardState:
@@ -81,7 +83,7 @@ class ShardState:
         self.clip_norm = clip_norm
         self.learning = learning
         self.sparse = sparse
-        self.rows = None if sparse is None else KeyRows(sparse.capacity)
+        self.rows: KeyRows | None = None  # a sparse shard's, once its arrays are made
         self.params = np.zeros(self.size, dtype=np.float32)
         self.index = RangeIndex(ranges or [keys])
         self.controller, self.optimizer = controller, optimizer
@@ -91,6 +93,9 @@ class ShardState:
         self.aggregator = aggregator or make_aggregator(
             "mean", keys, self.index.ranges, workers,
             sparse_capacity=None if sparse is None else sparse.capacity)
+        if sparse is not None:
+            self.rows = KeyRows(sparse.capacity, budget=sparse.budget,
+                                row_bytes=self._row_bytes() + MAP_BYTES_PER_KEY)
         self.clocks = RangeClocks(workers, len(self.index))
         self.members = set(range(workers))  # the workers of the job now (psctl scale)
         self.departed: set[int] = set()
@@ -121,9 +126,12 @@ class ShardState:
     def stored_bytes(self) -> int:
         """Bytes the stored keys take: their rows of the value and optimizer arrays, and a
         sparse shard's key map (16 bytes a key); what its memory grows with."""
+        return self.stored * self._row_bytes() + (0 if self.rows is None else self.rows.nbytes)
+
+    def _row_bytes(self) -> int:
+        """Bytes a key's row takes in the value and optimizer arrays."""
         arrays = (self.params, *self.optimizer.slots())
-        per_row = sum(a.itemsize for a in arrays if len(a) >= self.size)
-        return self.stored * per_row + (0 if self.rows is None else self.rows.nbytes)
+        return sum(a.itemsize for a in arrays if len(a) >= self.size)
 
     @property
     def version(self) -> int:

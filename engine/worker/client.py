@@ -36,6 +36,7 @@ from engine.wire.protocol import (
     FLAG_COMMIT,
     FLAG_FINAL,
     HEADER_BYTES,
+    MAX_LIST_KEYS,
     DType,
     Frame,
     MsgType,
@@ -317,8 +318,8 @@ class ParameterClient:
 
     def _submit(self, kind: MsgType, parts: list[_Part], base: dict[int, int]) -> int:
         dense = sum(_dense_size(part.frame) for part in parts) if kind is MsgType.PUSH else 0
-        if self._wire.range_size and kind is not MsgType.INIT:
-            parts = [piece for part in parts for piece in _chunks(part, self._wire.range_size)]
+        if kind is not MsgType.INIT:
+            parts = [piece for part in parts for piece in _chunks(part, self._piece(part))]
         # Every frame has its own request id (a shard matches replies by it); the request's
         # handle is the first.
         ids = [next(self._ids) for _ in parts]
@@ -327,6 +328,14 @@ class ParameterClient:
                   for part, rid in zip(parts, ids, strict=True)]
         self._requests[ids[0]] = self._io.submit(self._request(kind, ids[0], frames, base, dense))
         return ids[0]
+
+    def _piece(self, part: _Part) -> int:
+        """The most keys a frame of ``part`` may carry: ``comm.range_size`` (if set), and for a
+        key list at most MAX_LIST_KEYS, which a server takes (0: no bound)."""
+        size = self._wire.range_size
+        if part.frame.index is None:
+            return size
+        return min(size, MAX_LIST_KEYS) if size else MAX_LIST_KEYS
 
     async def _request(
         self,
@@ -444,7 +453,7 @@ def _chunks(part: _Part, size: int) -> list[_Part]:
     commit; one more, empty frame over the whole span commits the clock (with the final flag)
     after them, so the shard sees the clock end exactly once."""
     frame = part.frame
-    if frame.key_count <= size:
+    if not size or frame.key_count <= size:
         return [part]
     pieces = []
     for lo in range(0, frame.key_count, size):

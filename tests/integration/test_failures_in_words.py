@@ -1,8 +1,11 @@
-"""Runs that cannot go on end at once and say why in words: a diverged model."""
+"""Runs that cannot go on end at once and say why in words: a diverged model, a checkpoint a
+server refuses, servers past their memory."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +108,29 @@ def test_a_resume_that_fails_before_training_leaves_an_interrupted_run_interrupt
     said = " ".join(resumed.stderr.split())
     assert f"failed resume of run {run_id}" in said and "the run stays interrupted" in said
     assert "reason: server 0 failed: checkpoint " in said
+
+
+def test_a_sparse_run_past_its_servers_memory_fails_at_once_saying_so(tmp_path: Path) -> None:
+    """Issue 57: a sparse shard stored up to 2^28 keys whatever the machine held (12.6-19 GB a
+    server). Past cluster.server_memory the push is refused, and the run ends with the
+    server's words, not a worker's later, out-of-order push."""
+    db = tmp_path / "experiments.db"
+    ended = subprocess.run(
+        [sys.executable, "-m", "psctl", "launch", "--dataset",
+         "sparse-synthetic:features=2^40,nnz=40,samples=40000,test=1000,seed=1",
+         "--model", "logreg", "--workers", "2", "--servers", "2", "--epochs", "1", "--no-live",
+         "--db", str(db)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=150,
+        env=dict(os.environ, NO_COLOR="1", COLUMNS="300",
+                 PSCTL_CLUSTER__SERVER_MEMORY=str(16 * 2**20)))
+    assert ended.returncode == 1, ended.stderr
+    [(status, reason)] = query(db, "SELECT status, reason FROM runs")
+    assert status == "failed"
+    assert re.fullmatch(r"server [01] failed: this server's sparse key ranges store [\d,]+ keys "
+                        r"in [\d.]+ MiB and may take 16\.0 MiB \(cluster\.server_memory\): "
+                        r"[\d,]+ keys more \([\d.]+ KiB\) do not fit; give the run more "
+                        r"servers \(--servers\) or more cluster\.server_memory", reason), reason
+    assert reason in " ".join(ended.stderr.split())
+    stored = [json.loads(d)["stored_bytes"] for (d,) in query(
+        db, "SELECT detail FROM events WHERE kind = 'server_stats'")]
+    assert stored and max(stored) <= 16 * 2**20

@@ -30,7 +30,16 @@ from engine.transport.admission import credential
 from engine.transport.base import Transport
 from engine.transport.tcp import TcpTransport
 from engine.transport.websocket import TOKEN_HEADER
-from engine.wire.protocol import ANY_CLOCK, FLAG_COMMIT, Frame, MsgType, Role, decode, encode
+from engine.wire.protocol import (
+    ANY_CLOCK,
+    FLAG_COMMIT,
+    MAX_LIST_KEYS,
+    Frame,
+    MsgType,
+    Role,
+    decode,
+    encode,
+)
 
 SECRET = "hardening-secret"
 RUN = bytes(range(16))
@@ -350,3 +359,36 @@ def test_a_tcp_message_declaring_more_than_the_shard_allows_is_refused_unallocat
     code, reason = serve_and(script, transport=TcpTransport(64 * MIB))
     assert code == 1009
     assert reason == b"a message of 67108864 bytes is over the limit of 65536"
+
+
+def test_a_key_list_of_more_keys_than_a_frame_may_name_is_refused_and_changes_nothing() -> None:
+    """Issue 57: one push of 2 million keys held the server's event loop 2-7 s, and every
+    other connection with it. A frame names at most MAX_LIST_KEYS keys (a client splits longer
+    lists); one over is refused before anything is read or changed."""
+    size = 2 * MAX_LIST_KEYS + 8
+    keys = KeyRange(0, size)
+    over = np.arange(MAX_LIST_KEYS + 1, dtype=np.int64)
+
+    async def script(server: ShardServer) -> None:
+        before = server.state.params.tobytes()
+        one = await peer(server, credential(SECRET, "worker", 0))
+        for kind, values in ((MsgType.PUSH, np.ones(len(over), dtype=np.float32)),
+                             (MsgType.PULL, None)):
+            await one.send(encode(Frame(kind, 1, keys, run=RUN, role=Role.WORKER, rank=0,
+                                        clock=ANY_CLOCK if values is None else 0, index=over,
+                                        flags=FLAG_COMMIT if values is not None else 0,
+                                        payload=values)))
+            code, message = (await reply(one)).error()
+            assert code == "FrameTooLarge"
+            assert message == (f"a {kind.name} of 65,537 keys; a frame names at most 65,536 "
+                               "(a client sends a longer list in several)")
+        assert server.state.params.tobytes() == before
+        assert server.state.clocks.next[0].tolist() == [0]  # its clock was not consumed
+        at_most = over[:-1]
+        await one.send(encode(Frame(MsgType.PUSH, 2, keys, run=RUN, role=Role.WORKER, rank=0,
+                                    clock=0, index=at_most, flags=FLAG_COMMIT,
+                                    payload=np.ones(len(at_most), dtype=np.float32))))
+        assert (await reply(one)).type is MsgType.ACK
+        await one.close()
+
+    serve_and(script, keys=size)

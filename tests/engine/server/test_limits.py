@@ -1,10 +1,14 @@
-"""engine.server.limits: what counts against a server's reply budget and whom it disconnects."""
+"""engine.server.limits: what counts against a server's reply budget and whom it disconnects,
+and what its stored sparse keys may take."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.server.limits import STALLED_S, ServerBudget, ServerLimits
+import psutil
+
+from engine.config import ClusterConfig
+from engine.server.limits import STALLED_S, ServerBudget, ServerLimits, server_memory
 
 MIB = 2**20
 
@@ -89,3 +93,11 @@ def test_a_reader_holding_more_than_its_share_goes_before_an_older_one_within_it
     budget.readers.discard(hoarder)  # gone: among readers within their share, the oldest
     assert budget.slowest(other, now) is worker
 
+
+
+def test_a_servers_stored_keys_may_take_a_quarter_of_the_machine_shared_by_the_servers() -> None:
+    gib = 2**30
+    assert server_memory(ClusterConfig(servers=4), machine_bytes=16 * gib) == gib
+    assert server_memory(ClusterConfig(servers=4, server_memory=3 * gib),
+                         machine_bytes=16 * gib) == 3 * gib
+    assert server_memory(ClusterConfig(servers=1)) == psutil.virtual_memory().total // 4

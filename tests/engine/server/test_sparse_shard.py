@@ -16,6 +16,7 @@ import pytest
 from engine.config import RunConfig
 from engine.consistency.registry import make_controller
 from engine.errors import BadPayload, ShardFull, StoreError
+from engine.keyrows import RowBudget
 from engine.keys import KeyLayout, KeyRange, Segment
 from engine.roles.copies import build_shard
 from engine.server.checkpoint import Snapshot, restore, save
@@ -149,6 +150,32 @@ def test_what_a_sparse_shard_cannot_do_is_refused_and_changes_nothing() -> None:
         state.push(0, 0, KEYS, np.ones(2, dtype=np.float32), index=np.array([1004, 1005]))
     np.testing.assert_array_equal(everything(state), before)
     assert state.stored == 3
+
+
+@pytest.mark.parametrize(("optimizer", "row_bytes"), [
+    ("sgd-momentum", 4 + 4 + 32),  # value, momentum, key map (and its copy while merged)
+    ("sgd-l1", 4 + 4 + 32),  # no momentum; the L1 step's lazy catch-up keeps one
+    ("adagrad", 4 + 4 + 32),
+    ("adam", 4 + 12 + 32),  # two moments and the step count
+])
+def test_the_process_budget_refuses_a_push_past_it_and_changes_nothing(
+        optimizer: str, row_bytes: int) -> None:
+    """Issue 57: a sparse shard stored up to 2^28 keys whatever its process's memory. Its
+    copies share the process's budget (cluster.server_memory), counted at each shard's bytes
+    per stored key."""
+    budget = RowBudget(10 * row_bytes)
+    cfg = config(optimizer)
+    first = build_shard(cfg, KEYS, layout(True), budget)
+    other = build_shard(cfg, KEYS, layout(True), budget)  # another copy in the process
+    assert first.rows is not None and first.rows.row_bytes == row_bytes
+    first.push(0, 0, KEYS, np.ones(6, dtype=np.float32), index=np.arange(1001, 1007))
+    before = everything(other)
+    with pytest.raises(ShardFull, match="store 6 keys in .* 5 keys more .* do not fit"):
+        other.push(0, 0, KEYS, np.ones(5, dtype=np.float32), index=np.arange(1001, 1006))
+    np.testing.assert_array_equal(everything(other), before)
+    assert other.stored == 0 and other.clocks.next[0].tolist() == [0]
+    other.push(0, 0, KEYS, np.ones(4, dtype=np.float32), index=np.arange(1001, 1005))
+    assert budget.used == 10 * row_bytes
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam", "adagrad-l1"])

@@ -16,7 +16,7 @@ from engine.server.pull_filter import make_pull_filter
 from engine.server.service import ShardServer
 from engine.server.shard import ShardState
 from engine.transport import MemoryTransport
-from engine.wire.protocol import Role
+from engine.wire.protocol import MAX_LIST_KEYS, Role
 from engine.worker.client import ParameterClient, ShardAddress
 
 TOKEN = "join-token-for-pull-range-tests"
@@ -91,3 +91,38 @@ def test_a_pull_of_no_keys_asks_every_shard_and_gets_nothing(client: ParameterCl
     out = np.zeros(0, dtype=np.float32)
     result = client.wait(client.pull(np.zeros(0, dtype=np.uint32), out, clock=0), timeout=5)
     assert sorted(result.versions) == [0, 1, 2]
+
+
+def test_a_key_list_longer_than_a_frame_may_name_travels_in_several_and_commits_once() -> None:
+    """Issue 57: a server takes at most MAX_LIST_KEYS keys a frame (one 2-million-key push
+    held its loop for seconds). A longer push goes as frames of at most that many, committed
+    once by the last; a longer pull as several, each filling its part."""
+    size = 3 * MAX_LIST_KEYS
+    keys = np.arange(0, size, 2, dtype=np.int64)[:MAX_LIST_KEYS + 100]
+    transport = MemoryTransport()
+    server_loop, io = LoopThread("long-list-server"), LoopThread("long-list-client")
+    state = ShardState(KeyRange(0, size), make_controller("bsp", workers=1, ranges=1),
+                       SGD(size, lr=1.0), workers=1)
+    server = ShardServer(state, run=RUN, rank=0, max_frame_bytes=4 * MIB)
+    address = server_loop.call(server.start(transport, "127.0.0.1", 0, token=TOKEN), 10)
+    worker = ParameterClient(transport, [ShardAddress(0, address, KeyRange(0, size))],
+                             token=TOKEN, run=RUN, role=Role.WORKER, rank=0,
+                             connect_timeout_s=5.0, request_timeout_s=20.0,
+                             max_frame_bytes=4 * MIB, io=io)
+    try:
+        worker.connect()
+        worker.wait(worker.init(np.zeros(size, dtype=np.float32)), timeout=10)
+        frames = server.stats.frames_in
+        worker.wait(worker.push(keys, np.ones(len(keys), dtype=np.float32), clock=0,
+                                base_versions={}), timeout=20)
+        assert server.stats.frames_in - frames == 3  # two pieces, then the commit
+        assert state.clocks.next[0].tolist() == [1]  # one clock, committed once
+        out = np.zeros(len(keys), dtype=np.float32)
+        worker.wait(worker.pull(keys, out, clock=1), timeout=20)  # waits for that commit
+        assert (out == -1.0).all()
+        assert server.stats.bad_frames == 0
+    finally:
+        worker.close()
+        server_loop.call(server.close(), 10)
+        for thread in (io, server_loop):
+            thread.stop()
