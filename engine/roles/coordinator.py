@@ -17,7 +17,7 @@ from engine.datasets import describe
 from engine.datasets.sources import label
 from engine.db import open_engine
 from engine.db.queries import reading, resume_clock
-from engine.errors import StoreError
+from engine.errors import PsctlError, StoreError
 from engine.keys import KeyLayout
 from engine.models.spec import builtin_layout
 from engine.proctime import usable_cores
@@ -106,6 +106,12 @@ async def coordinate(config: RunConfig, *, run_id: str, name: str, token: str, d
         watcher = asyncio.create_task(_watch_recorder(recorder, coordinator))
         announce(address)
         status, reason = await coordinator.run()
+    except PsctlError as exc:  # e.g. the run's data failed to load: the run's reason, in words
+        reason = str(exc)
+        raise
+    except Exception as exc:  # its log has the traceback; the run says what it was
+        reason = f"the coordinator failed: {type(exc).__name__}: {exc}"
+        raise
     finally:
         if watcher is not None:
             watcher.cancel()

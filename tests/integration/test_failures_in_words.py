@@ -134,3 +134,24 @@ def test_a_sparse_run_past_its_servers_memory_fails_at_once_saying_so(tmp_path: 
     stored = [json.loads(d)["stored_bytes"] for (d,) in query(
         db, "SELECT detail FROM events WHERE kind = 'server_stats'")]
     assert stored and max(stored) <= 16 * 2**20
+
+
+def test_a_data_set_whose_load_raises_is_the_runs_reason(tmp_path: Path) -> None:
+    """The coordinator loads a user's data first; the error it raised is the run's recorded
+    reason, so that ``runs show`` and the run page say it, not only the coordinator's log."""
+    (tmp_path / "broken.py").write_text(
+        "def load():\n    raise ValueError('the CSV has 3 columns, expected 65')\n")
+    db = tmp_path / "experiments.db"
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="200")
+    ended = subprocess.run(
+        [sys.executable, "-m", "psctl", "launch", "--dataset", "broken.py:load", "--workers",
+         "2", "--servers", "1", "--epochs", "1", "--no-live", "--db", str(db)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=150, env=env)
+    assert ended.returncode != 0
+    [(status, reason)] = query(db, "SELECT status, reason FROM runs")
+    assert status == "failed"
+    assert "load() raised ValueError: the CSV has 3 columns, expected 65" in reason, reason
+    shown = subprocess.run([sys.executable, "-m", "psctl", "runs", "show", "@last", "--db",
+                            str(db)], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=60, env=env)
+    assert "reason: " in shown.stdout and "the CSV has 3 columns" in shown.stdout
