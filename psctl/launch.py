@@ -16,7 +16,7 @@ from engine.config import RunConfig
 from engine.datasets import describe, locate
 from engine.datasets.sources import is_sparse_source, is_user_source
 from engine.db import open_engine
-from engine.db.queries import progress
+from engine.db.queries import RunDetail, progress
 from engine.errors import ConfigError, PsctlError
 from engine.hosts.template import discard_early
 from engine.keys import partition, ranges_needed
@@ -219,7 +219,7 @@ TRACEBACK_LINES = 4
 
 
 def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
-    from engine.db.faults import crash_traceback, saved_checkpoint
+    from engine.db.faults import crash_traceback
     from engine.db.queries import run_detail
 
     engine = open_engine(db, readonly=True)
@@ -227,7 +227,6 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
         detail = run_detail(engine, result.run_id)
         with engine.connect() as conn:
             crash = crash_traceback(conn, result.run_id)
-            resumable = saved_checkpoint(conn, result.run_id)
     finally:
         engine.dispose()
     run = detail.summary
@@ -251,10 +250,9 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
                   f"{fmt_pct(run.final_accuracy)}", highlight=False)
     if status == "interrupted":
         # Ctrl-C, SIGTERM or SIGHUP: said with how to go on, where it can.
-        go_on = (f"continue it with psctl resume {run.id[:8]}" if resumable
-                 else "it saved no checkpoint to resume from")
         console.print(f"  interrupted: the run's {result.processes} processes were stopped; "
-                      f"{go_on}; logs in {escape(str(result.logs))}", highlight=False)
+                      f"logs in {escape(str(result.logs))}", highlight=False)
+        console.print(f"  {resume_hint(detail)}", highlight=False)
     elif result.reason:
         console.print(f"  reason: {escape(result.reason)}", highlight=False)
         if crash is not None and crash[0] in result.reason:  # the crash ended the run: where
@@ -264,3 +262,13 @@ def print_summary(result: LaunchResult, db: Path, console: Console) -> None:
         console.print(f"  processes that failed: {', '.join(result.failed_children)}; logs in "
                       f"{escape(str(result.logs))}", style="red", highlight=False)
     console.print(f"  details: psctl runs show {run.id[:8]}", highlight=False)
+
+
+def resume_hint(detail: RunDetail) -> str:
+    """How to go on with an interrupted run: ``psctl resume`` continues it from its newest
+    checkpoint (the ``checkpoint`` events it reads), and a run that saved none cannot be."""
+    if detail.event_counts.get("checkpoint", 0):
+        return (f"continue it from its last checkpoint: psctl resume "
+                f"{detail.summary.id[:8]}")
+    return ("it saved no checkpoint, so psctl resume cannot continue it; launch with "
+            "--checkpoint-every SECONDS to be able to")

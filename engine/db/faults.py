@@ -90,11 +90,3 @@ def crash_traceback(conn: Connection, run_id: str) -> tuple[str, str] | None:
     if not (isinstance(message, str) and isinstance(text, str) and text.strip()):
         return None
     return message, text
-
-
-def saved_checkpoint(conn: Connection, run_id: str) -> bool:
-    """Whether the run saved a complete checkpoint (its ``checkpoint`` event), which ``psctl
-    resume`` continues it from."""
-    return conn.execute(
-        select(events.c.id).where(events.c.run_id == run_id, events.c.kind == "checkpoint")
-        .limit(1)).first() is not None

@@ -132,7 +132,7 @@ def test_sigterm_or_sighup_to_the_launcher_stops_the_run_as_ctrl_c_does(
     assert query(db, "SELECT status FROM runs") == [("interrupted",)]
     said = " ".join(err.split())
     assert "interrupted: the run's 5 processes were stopped;" in said
-    assert f"continue it with psctl resume {run_id[:8]};" in said
+    assert f"continue it from its last checkpoint: psctl resume {run_id[:8]}" in said
 
 
 def test_a_run_that_completed_no_iteration_failed(tmp_path: Path) -> None:

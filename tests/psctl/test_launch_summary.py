@@ -73,3 +73,33 @@ def test_a_simulated_run_says_its_duration_is_virtual_time(tmp_path: Path) -> No
         duration = console.export_text().splitlines()[1]
         assert duration.startswith("  duration ")
         assert (" of virtual time (simulated), " in duration) is simulated, duration
+
+
+def _interrupted(db: Path, run_id: str, *, checkpoint: bool) -> list[str]:
+    recorder = Recorder(db)
+    try:
+        recorder.start_run(run_id, "stopped", {}, sync="bsp", workers=2, servers=1,
+                           dataset="digits", started_at=time.time())
+        if checkpoint:
+            recorder.record_event(EventRecord(at=time.time(), kind="checkpoint", detail={
+                "seq": 1, "folder": "/tmp/x/checkpoints/1"}))
+        recorder.finish(RunStatus.INTERRUPTED, "interrupted by the user")
+    finally:
+        recorder.close()
+    console = Console(record=True, width=200, no_color=True)
+    print_summary(LaunchResult(run_id, RunStatus.INTERRUPTED, "interrupted by the user",
+                               db.parent, processes=5), db, console)
+    return console.export_text().splitlines()
+
+
+def test_an_interrupted_run_says_how_to_go_on_with_psctl_resume(tmp_path: Path) -> None:
+    run_id = uuid.uuid4().hex
+    lines = _interrupted(tmp_path / "runs.db", run_id, checkpoint=True)
+    assert lines[2].startswith("  interrupted: the run's 5 processes were stopped; logs in ")
+    assert lines[3] == f"  continue it from its last checkpoint: psctl resume {run_id[:8]}"
+
+
+def test_an_interrupted_run_without_a_checkpoint_says_what_resume_needs(tmp_path: Path) -> None:
+    lines = _interrupted(tmp_path / "runs.db", uuid.uuid4().hex, checkpoint=False)
+    assert lines[3] == ("  it saved no checkpoint, so psctl resume cannot continue it; launch "
+                        "with --checkpoint-every SECONDS to be able to")
