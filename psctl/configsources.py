@@ -10,6 +10,7 @@ variable it came from; the merged values are validated once, as a RunConfig, by 
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -146,8 +147,23 @@ def _checked(layer: Layer) -> Layer:
     for key in layer.values:
         parts = key.split(".")
         if not any(".".join(parts[:n]) in known for n in range(1, len(parts) + 1)):
-            raise ConfigError(
-                f"unknown setting {key!r} from {layer.name} {layer.origins[key]}; "
-                f"known settings: {', '.join(sorted(known))}"
-            )
+            raise ConfigError(f"unknown setting {key!r} from {layer.name} "
+                              f"{layer.origins[key]}; {_nearest(key, known)}")
     return layer
+
+
+def _nearest(key: str, known: set[str]) -> str:
+    """What was probably meant: the nearest keys of its section (or, in a misspelt section,
+    of all), else the keys of its section, else the sections. A typo answered with all ~120
+    settings hides the one that matters."""
+    section, _, leaf = key.rpartition(".")
+    own = sorted(k[len(section) + 1:] for k in known if section and k.startswith(section + "."))
+    near = ([f"{section}.{k}" for k in difflib.get_close_matches(leaf[:200], own, n=2)]
+            if own else difflib.get_close_matches(key[:200], sorted(known), n=2, cutoff=0.75))
+    if near:
+        return "did you mean " + " or ".join(repr(k) for k in near) + "?"
+    if own:
+        return f"[{section}] takes: {', '.join(own)}"
+    sections = sorted({k.rpartition(".")[0] for k in known if "." in k})
+    return (f"the sections are: {', '.join(f'[{s}]' for s in sections)}; and at the top: "
+            f"{', '.join(sorted(k for k in known if '.' not in k))}")
