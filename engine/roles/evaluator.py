@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -120,9 +121,19 @@ def _evaluator(config: RunConfig, welcome: Welcome) -> Build:
                               device=devices.resolve(config.train.device))
     check_layout(model, welcome)
     calibration = calibration_sample(model, dataset.train_x, config.train.seed)
-    return lambda client: Evaluator(model, torch.from_numpy(dataset.test_x),
-                                    torch.from_numpy(dataset.test_y), client,
-                                    welcome.started_at, calibration)
+    test_x, test_y = tensors_of_test_set(dataset.test_x, dataset.test_y)
+    return lambda client: Evaluator(model, test_x, test_y, client, welcome.started_at,
+                                    calibration)
+
+
+def tensors_of_test_set(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The test set as tensors over the data set's own arrays: a role forked from the warm
+    template shares them read-only with the other roles (a copy would cost it its own). torch
+    warns about any tensor over read-only memory; the evaluator only reads these (a filter of
+    this process, as engine.wire.codecs has: catch_warnings is not thread-safe)."""
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                            category=UserWarning)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def _sparse_evaluator(config: RunConfig, welcome: Welcome) -> Build:
