@@ -22,6 +22,14 @@ def fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
+def fmt_loss(value: float | None) -> str:
+    """A loss to four decimals, or to four significant digits once it is large (a diverging
+    model's 4.5e+17, not eighteen digits that push the table off the screen)."""
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+
+
 def rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -171,7 +179,7 @@ def evaluations_table(detail: RunDetail) -> FitTable:
     for point in shown:
         mark = "best" if point.accuracy == best else ""
         rows.append((fmt_seconds(point.elapsed_s), f"{point.epoch:.2f}", str(point.step),
-                     fmt_pct(point.accuracy), f"{point.loss:.4f}", mark))
+                     fmt_pct(point.accuracy), fmt_loss(point.loss), mark))
         styles.append("bold green" if mark else "")
     return FitTable(EVALUATION_COLUMNS, rows, title="test evaluations", notes=notes,
                     row_styles=styles)

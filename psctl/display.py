@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 from rich.text import Text
 
 from engine.analysis.cells import fmt_seconds
@@ -17,6 +14,7 @@ from engine.db.queries import Progress, RunDetail, RunSummary
 from psctl.detail_tables import (
     STALENESS,
     evaluations_table,
+    fmt_loss,
     layers_table,
     memory_line,
     ms,
@@ -25,6 +23,7 @@ from psctl.detail_tables import (
     workers_table,
 )
 from psctl.detail_tables import fmt_pct as fmt_pct  # where the launch summary takes it from
+from psctl.progress_line import Plan, Words, fmt_target, progress_line
 from psctl.tables import Col, FitTable
 
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red",
@@ -36,41 +35,31 @@ def fmt_date(unix_s: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_s))
 
 
-def fmt_target(accuracy: float) -> str:
-    """A target accuracy as every view writes it: in percent, 0.97 as "97 %"."""
-    return f"{100 * accuracy:.4g} %"
-
-
 def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, ""))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What ends the run, from its config: the progress bar's total and its ETA."""
-
-    workers: int
-    servers: int
-    epochs: int
-    max_seconds: float | None = None
-    target_accuracy: float | None = None
 
 
 def progress_view(progress: Progress, plan: Plan) -> Group:
     elapsed = (progress.ended_at or progress.now) - progress.started_at
     latest = progress.latest_evaluation
-    head = Text.assemble(
-        (f"{progress.name}  ", "bold"), status_text(progress.status),
-        f"   {_elapsed(progress, elapsed)}   {progress.iterations_per_s:.1f} it/s   ",
-        f"test accuracy {fmt_pct(latest.accuracy if latest else None)}",
-        f" (best {fmt_pct(progress.best_accuracy)})",
+    head = Words(
+        Text.assemble((f"{progress.name}  ", "bold"), status_text(progress.status)),
+        Text(f"   {_elapsed(progress, elapsed)}"),
+        Text(f"   {progress.iterations_per_s:.1f} it/s"),
+        Text(f"   test accuracy {fmt_pct(latest.accuracy if latest else None)} "
+             f"(best {fmt_pct(progress.best_accuracy)})"),
     )
     table = FitTable(PROGRESS_COLUMNS, [
-        (str(worker.worker), f"{worker.epoch + 1}/{plan.epochs}", str(worker.iteration + 1),
+        (str(worker.worker), _epoch(worker.epoch, plan), str(worker.iteration + 1),
          f"{worker.iterations_per_s:.1f}", str(worker.staleness),
-         "-" if worker.loss is None else f"{worker.loss:.4f}")
+         fmt_loss(worker.loss))
         for worker in progress.workers], boxed=False)
     return Group(head, progress_line(progress, plan, elapsed), table)
+
+
+def _epoch(epoch: int, plan: Plan) -> str:
+    """The worker's epoch of the run's: under a budget, its passes so far (no planned count)."""
+    return str(epoch + 1) if plan.budget is not None else f"{epoch + 1}/{plan.epochs}"
 
 
 PROGRESS_COLUMNS = (Col("worker"), Col("epoch"), Col("iteration"), Col("it/s"),
@@ -87,40 +76,6 @@ def _elapsed(progress: Progress, elapsed: float) -> str:
 def starting_view() -> Text:
     """Before the coordinator has recorded the run."""
     return Text("start-up: starting the coordinator", style="cyan")
-
-
-def progress_line(progress: Progress, plan: Plan, elapsed: float) -> RenderableType:
-    """A bar with the run's total and an ETA once training runs; before, what start-up is
-    waiting for."""
-    start = progress.startup
-    planned = start.planned_iterations if start else None
-    if planned is None:
-        if progress.status != "running" or start is None:
-            return Text("")
-        return Text(f"start-up: {start.servers_listening} of {plan.servers} servers listening, "
-                    f"{start.workers_ready} of {plan.workers} workers loaded their data "
-                    f"({start.processes_joined} of {plan.workers + plan.servers + 1} processes "
-                    "joined)", style="cyan")
-    done = progress.total_iterations
-    fraction, eta, limit = done / planned, None, f"{done:,} of {planned:,} iterations"
-    if progress.iterations_per_s > 0:
-        eta = max(planned - done, 0) / progress.iterations_per_s
-    if plan.max_seconds is not None:
-        left = max(plan.max_seconds - elapsed, 0.0)
-        if eta is None or left < eta:
-            fraction, eta = elapsed / plan.max_seconds, left
-            limit = f"time limit {fmt_seconds(plan.max_seconds)} ({done:,} of {planned:,} " \
-                    "iterations)"
-    fraction = min(max(fraction, 0.0), 1.0)
-    parts = [f" {100 * fraction:5.1f}%  {limit}"]
-    if progress.status == "running" and eta is not None:  # no rate yet: no guess
-        parts.append(f"ETA {fmt_seconds(eta)}")
-    if plan.target_accuracy is not None:
-        parts.append(f"or at {fmt_target(plan.target_accuracy)} test accuracy")
-    bar = ProgressBar(total=1.0, completed=fraction, width=30)
-    line = Table.grid(padding=(0, 1))
-    line.add_row(bar, Text("  ·  ".join(parts)))
-    return line
 
 
 # The runs list's columns; on a narrow screen the start time goes first, then the counts.

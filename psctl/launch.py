@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from engine.analysis.cells import fmt_seconds
 from engine.backends import BACKENDS, THIS_MACHINE, RunHandle
+from engine.budget import budget_of
 from engine.config import RunConfig
 from engine.datasets import describe, locate
 from engine.datasets.sources import is_sparse_source, is_user_source
@@ -160,7 +161,8 @@ def run_launch(config: RunConfig, db: Path, console: Console, *, live: bool,
     engine = open_engine(launcher.db, readonly=True)
     plan = Plan(workers=config.cluster.workers, servers=config.cluster.servers,
                 epochs=config.train.epochs, max_seconds=config.stop.max_seconds,
-                target_accuracy=config.stop.target_accuracy)
+                target_accuracy=config.stop.target_accuracy,
+                budget=budget_of(config.stop.budget), batch_size=config.train.batch_size)
     try:
         with Live(starting_view(), console=console, refresh_per_second=4,
                   transient=False) as view:
