@@ -20,6 +20,8 @@ COLORS = ("blue+", "red+", "green+", "magenta+", "cyan+", "yellow+", "orange+", 
 # Without colour, each run gets its own marker instead.
 MARKERS = ("*", "o", "x", "+", "#", "@", "%", "=", "&", "$")
 Series = tuple[str, list[float], list[float]]
+# Accuracy is drawn in percent, as every table writes it.
+SCALE = {"accuracy": 100.0}
 
 
 def plot(
@@ -46,7 +48,7 @@ def plot(
         label = f"{record.summary.id[:8]} {record.summary.name}"
         if points:
             xs, ys = zip(*points, strict=True)
-            drawn.append((label, list(xs), list(ys)))
+            drawn.append((label, list(xs), [y * SCALE.get(metric, 1) for y in ys]))
         else:
             empty.append(label)
     if logged and not drawn:
@@ -72,21 +74,23 @@ def _chart(drawn: list[Series], metric: str, width: int, height: int, color: boo
             plt.plot(xs, ys, color=COLORS[i % len(COLORS)], marker="braille")
         else:
             plt.plot(xs, ys, marker=MARKERS[i % len(MARKERS)])
-    low, high = y_range([y for _, _, ys in drawn for y in ys])
+    low, high = y_range([y for _, _, ys in drawn for y in ys],
+                        least=0.005 * SCALE.get(metric, 1))
     plt.ylim(low, high)
-    plt.title(f"{metric} against {X_LABEL}" if metric not in EVALUATION_METRICS
-              else f"test {metric} against {X_LABEL}")
+    named = f"{metric} (%)" if metric in SCALE else metric
+    plt.title(f"{named} against {X_LABEL}" if metric not in EVALUATION_METRICS
+              else f"test {named} against {X_LABEL}")
     plt.xlabel(X_LABEL)
-    plt.ylabel(metric)
+    plt.ylabel(named)
     text = str(plt.build())
     return text if color else str(plt.uncolorize(text))
 
 
-def y_range(values: Sequence[float]) -> tuple[float, float]:
-    """The data's own range plus a 5 % margin (at least 0.005), so that runs close together
-    stay apart instead of being flattened against an axis that starts at zero."""
+def y_range(values: Sequence[float], least: float = 0.005) -> tuple[float, float]:
+    """The data's own range plus a 5 % margin (at least ``least``), so that runs close
+    together stay apart instead of being flattened against an axis that starts at zero."""
     low, high = min(values), max(values)
-    margin = max((high - low) * 0.05, 0.005)
+    margin = max((high - low) * 0.05, least)
     return low - margin, high + margin
 
 

@@ -168,7 +168,7 @@ def test_plot_draws_one_line_per_run_with_a_legend(compare_db: Path) -> None:
     result = compare(compare_db, "--plot")
     lines = result.stdout.splitlines()
     # The title and the x-axis say the same; the legend lies below the chart, one marker each.
-    assert "test accuracy against seconds of training" in lines[0]
+    assert "test accuracy (%) against seconds of training" in lines[0]
     axis = max(i for i, line in enumerate(lines) if "seconds of training" in line)
     legend = [line for line in lines[axis + 1:] if line.strip()]
     assert [line.split()[0] for line in legend] == ["*", "o"]
@@ -176,6 +176,17 @@ def test_plot_draws_one_line_per_run_with_a_legend(compare_db: Path) -> None:
     assert "\x1b[" not in result.stdout  # not a terminal: no colour codes
     assert "test loss" in compare(compare_db, "@last", "--plot", "--metric", "loss").stdout
     assert compare(compare_db, "--plot", "--metric", "nope", code=2).exit_code == 2
+
+
+def test_plot_draws_accuracy_in_percent_as_the_tables_write_it(compare_db: Path) -> None:
+    import re
+
+    lines = compare(compare_db, "--plot").stdout.splitlines()
+    assert "test accuracy (%) against seconds of training" in lines[0]
+    ticks = [float(m.group(1)) for line in lines if (m := re.match(r"^\s*([\d.]+)┤", line))]
+    accuracies = [a for (a,) in query(compare_db, "SELECT accuracy FROM evaluations")]
+    assert len(ticks) >= 3 and min(ticks) > 1  # percent, not a fraction
+    assert min(ticks) <= 100 * max(accuracies) <= max(ticks)
 
 
 def test_table_into_a_pipe_is_not_squeezed_to_a_nominal_width(compare_db: Path) -> None:
