@@ -33,6 +33,16 @@ def test_readme_starts_with_install_and_test_commands() -> None:
     assert tests == ".venv/bin/python -m pytest -q"
 
 
+def test_the_readme_gives_no_test_count_and_the_fault_lists_own() -> None:
+    """A count of tests goes stale with the next test, so the README gives none; the number of
+    deliberate faults it names is read from faults.toml here."""
+    import tomllib
+
+    assert not re.search(r"\d[\d,]* (in-process )?tests\b", README), "a test count in the README"
+    faults = len(tomllib.loads((REPO / "tests" / "tooling" / "faults.toml").read_text())["fault"])
+    assert f"each of {faults} deliberate faults" in README
+
+
 def test_the_first_launch_needs_nothing_from_the_dev_extra() -> None:
     """What the first command installs (the project's dependencies) is enough to launch: no
     module of the project imports a package only the dev extra brings."""
