@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from engine.recorder import set_tags
 from tests.conftest import psctl
 from tests.webui.chromium import needs_chromium, screenshot
 from tests.webui.test_compare_api import (
@@ -22,6 +23,7 @@ from tests.webui.test_compare_api import (
     SOLO,
     SOLO_ACCURACY,
     record_resumed,
+    record_run,
     seed_compare_db,
 )
 
@@ -31,6 +33,7 @@ pytestmark = [
     pytest.mark.timeout(180),
 ]
 ALL = ",".join([SOLO, *GROUP])
+SHORT = ["b1" * 16, "b2" * 16]
 RESUMED_START = 1_700_000_000.0
 DEFAULT_METRICS = ["accuracy", "throughput", "loss", "staleness"]
 
@@ -39,6 +42,10 @@ DEFAULT_METRICS = ["accuracy", "throughput", "loss", "staleness"]
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = seed_compare_db(tmp_path_factory.mktemp("compare-page") / "experiments.db")
     record_resumed(path, RESUMED, start=RESUMED_START)
+    for n, run_id in enumerate(SHORT):  # a group of runs evaluated once, at other moments
+        record_run(path, run_id, f"short-{n}", sync="asp", lr=0.05, accuracy=[0.5 + 0.1 * n],
+                   step_s=0.3 + 0.1 * n, start=RESUMED_START + 1000 * (n + 1), seed=n)
+        set_tags(path, run_id, {"group": "short"}, [])
     return path
 
 
@@ -148,6 +155,21 @@ def test_the_metrics_in_the_address_are_drawn(page: Any, base: str) -> None:
     assert page.get_attribute("#compare-charts", "data-metrics") == "loss,bytes_sent"
     assert page.is_checked("#metrics input[value='bytes_sent']")
     assert not page.is_checked("#metrics input[value='accuracy']")
+    # A name that is no metric is said, with the names there are, not dropped without a word.
+    said = page.inner_text("#compare-unknown")
+    assert 'no metric "nosuch"' in said and "accuracy, test_loss" in said
+
+
+def test_a_logged_metric_in_the_address_needs_no_prefix(page: Any, base: str) -> None:
+    _open(page, f"{base}/compare?runs={RESUMED}&metrics=accuracy,grad_norm")
+    assert page.get_attribute("#compare-charts", "data-metrics") == "accuracy,user:grad_norm"
+    assert page.is_checked("#metrics input[value='user:grad_norm']")
+    assert page.is_hidden("#compare-unknown")
+    [logged] = _traces(page, "user:grad_norm")
+    assert len([y for y in logged["y"] if y is not None]) == 60
+    page.uncheck("#metrics input[value='accuracy']")  # the address keeps the plain name
+    page.wait_for_function("location.search.includes('metrics=grad_norm')")
+    assert "user" not in page.url
 
 
 def test_narrow_window_keeps_everything_in_the_box(page: Any, base: str) -> None:
@@ -353,6 +375,20 @@ def test_metric_cells_are_in_view_at_1400_px(page: Any, base: str) -> None:
     settings = page.inner_text(f"#compare-table tr[data-id='{SOLO}'] td.settings")
     assert "optimizer.lr=0.1" in settings and "sync.model=bsp" in settings
     screenshot(page, "compare-table-1400.png", full_page=False)
+
+
+def test_a_group_whose_runs_share_no_stretch_of_time_draws_each_run(page: Any,
+                                                                      base: str) -> None:
+    """`launch --repeat` of short runs (docs/cli.md's example): one evaluation each, at
+    different moments. No mean can be drawn there; each run is, in the group's colour."""
+    _open(page, f"{base}/compare?group=short")
+    accuracy = _traces(page, "accuracy")
+    assert sorted(t["name"] for t in accuracy) == ["short-0", "short-1"]
+    assert page.get_attribute(_chart("accuracy"), "data-empty") == "0"
+    assert "group short: its runs share no x range" in page.inner_text(
+        "#compare-charts [data-metric='accuracy'] .count")
+    # Where they do share one (their iterations), the group is its band as before.
+    assert [t for t in _traces(page, "throughput") if t["meta"] == "band"]
 
 
 def test_group_page_shows_every_run_of_the_group(page: Any, base: str) -> None:

@@ -23,7 +23,8 @@
     lr_scale: ["Applied learning-rate scale (max)", "lr_max", 1, "factor", false],
   };
   const DEFAULT_METRICS = ["accuracy", "throughput", "loss", "staleness"];
-  // A metric the runs' own code logged (psctl.log) is "user:NAME" here.
+  // A metric the runs' own code logged (psctl.log) is "user:NAME" here; in the address it is
+  // its own name, "user:NAME" only where that is also one of the page's metrics.
   const USER = "user:";
   const X_TITLE = {
     train: "training time (s, from the first iteration)",
@@ -67,9 +68,21 @@
     picks.appendChild(label);
   }
   Object.keys(METRICS).forEach(addPick);
+  const toAddress = (m) => isUser(m) && !(m.slice(USER.length) in METRICS) ? m.slice(USER.length) : m;
+  const fromAddress = (m) => !(m in METRICS) && !isUser(m) && userNames.has(m) ? USER + m : m;
+  // The address's metrics once the logged names are known: each read as the page's or a
+  // logged one, and any that is neither said, not dropped without a word.
+  function reconcile() {
+    selected = selected.map(fromAddress);
+    const unknown = selected.filter((m) => !known(m)), box = $("compare-unknown");
+    box.hidden = !unknown.length;
+    box.textContent = unknown.length ? `Not drawn: no metric ${unknown.map((m) => `"${m}"`).join(", ")} ` +
+      `(metrics= in the address). The page's are ${Object.keys(METRICS).join(", ")}` +
+      (userNames.size ? `; these runs logged ${[...userNames].sort().join(", ")}.` : "; these runs logged none of their own.") : "";
+  }
   function remember() {
     const q = new URLSearchParams(location.search);
-    q.set("metrics", selected.join(","));
+    q.set("metrics", selected.map(toAddress).join(","));
     if (xSel.value !== "train") q.set("x", xSel.value); else q.delete("x");
     history.replaceState(null, "", "?" + q.toString().replace(/%2C/gi, ",").replace(/%3A/gi, ":"));
   }
@@ -115,9 +128,10 @@
     userData = new Map(RUNS.map((r, i) => [r, bodies[i]]));
     const names = new Set();
     bodies.forEach((b) => (b && Array.isArray(b.metrics) ? b.metrics : []).forEach((m) => names.add(m.name)));
-    [...names].sort().forEach((name) => {
-      if (userNames.has(name)) return;
-      userNames.add(name);
+    const fresh = [...names].sort().filter((name) => !userNames.has(name));
+    fresh.forEach((name) => userNames.add(name));
+    reconcile();  // before the picks are made: one named in the address starts checked
+    fresh.forEach((name) => {
       addPick(USER + name);
       tableMetric.appendChild(PS.el("option", { value: name }, name));
     });
@@ -293,8 +307,12 @@
       if (hidden.has(l.key)) return;
       if (l.group) {
         const b = band(l.ids.map((id) => byRun.get(id)));
-        if (b === null) { notes.push(`group ${l.name}: its runs share no x range`); return; }
-        traces.push(...groupTraces(l.name, l.ids, b, l.color, metric, mode, smoothing));
+        if (b !== null) { traces.push(...groupTraces(l.name, l.ids, b, l.color, metric, mode, smoothing)); return; }
+        // No stretch of x that all its runs cover (a short run's few points): no mean to
+        // draw, so each run's own line, in the group's colour.
+        notes.push(`group ${l.name}: its runs share no x range, so each is drawn alone`);
+        l.ids.forEach((id) => traces.push(...runTraces(byId.get(id) || { id, name: id.slice(0, 8) },
+          byRun.get(id), l.color, metric, mode, smoothing)));
       } else {
         traces.push(...runTraces(byId.get(l.ids[0]) || { id: l.ids[0], name: l.name }, byRun.get(l.ids[0]), l.color, metric, mode, smoothing));
       }
