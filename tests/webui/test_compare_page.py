@@ -44,7 +44,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     record_resumed(path, RESUMED, start=RESUMED_START)
     for n, run_id in enumerate(SHORT):  # a group of runs evaluated once, at other moments
         record_run(path, run_id, f"short-{n}", sync="asp", lr=0.05, accuracy=[0.5 + 0.1 * n],
-                   step_s=0.3 + 0.1 * n, start=RESUMED_START + 1000 * (n + 1), seed=n)
+                   step_s=0.002 * (n + 1), start=RESUMED_START + 1000 * (n + 1), seed=n)
         set_tags(path, run_id, {"group": "short"}, [])
     return path
 
@@ -387,8 +387,11 @@ def test_a_group_whose_runs_share_no_stretch_of_time_draws_each_run(page: Any,
     assert page.get_attribute(_chart("accuracy"), "data-empty") == "0"
     assert "group short: its runs share no x range" in page.inner_text(
         "#compare-charts [data-metric='accuracy'] .count")
-    # Where they do share one (their iterations), the group is its band as before.
-    assert [t for t in _traces(page, "throughput") if t["meta"] == "band"]
+    # Each run's iterations fell in one bucket: a point, drawn with its marker.
+    throughput = _traces(page, "throughput")
+    assert sorted(t["name"] for t in throughput) == ["short-0", "short-1"]
+    for trace in throughput:
+        assert trace["mode"] == "lines+markers" and _points(trace), trace
 
 
 def test_group_page_shows_every_run_of_the_group(page: Any, base: str) -> None:

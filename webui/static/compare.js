@@ -224,8 +224,10 @@
   // values stay drawn, faint for dense iteration metrics, as markers for evaluations.
   function runTraces(run, pts, color, metric, mode, weight) {
     const x = toX(mode, pts.map((p) => p[0])), y = pts.map((p) => p[1]), ev = isEval(metric);
+    // A line needs two points: a short run's one bucket would otherwise not be seen at all.
+    const marked = ev || y.filter((v) => v !== null).length < 3;
     const raw = { type: "scatter", name: run.name, x, y, legendgroup: run.id, showlegend: false,
-      mode: ev ? "lines+markers" : "lines", marker: { size: 6, color }, line: { color, width: 1.5 } };
+      mode: marked ? "lines+markers" : "lines", marker: { size: 6, color }, line: { color, width: 1.5 } };
     if (!(weight > 0)) return [raw];
     if (!ev) Object.assign(raw, { opacity: 0.35, line: { color, width: 1 } });
     return [raw, { type: "scatter", mode: "lines", name: `${run.name} (EMA ${weight})`, x, y: T.smooth(y, weight),
