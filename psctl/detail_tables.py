@@ -22,6 +22,11 @@ def fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
+def fmt_target(accuracy: float) -> str:
+    """A target accuracy as every view writes it: in percent, 0.97 as "97 %"."""
+    return f"{100 * accuracy:.4g} %"
+
+
 def fmt_loss(value: float | None) -> str:
     """A loss to four decimals, or to four significant digits once it is large (a diverging
     model's 4.5e+17, not eighteen digits that push the table off the screen)."""
@@ -51,7 +56,9 @@ def memory_line(peak: MemoryPeak) -> str:
     """The run's summed PSS at its peak, beside the RSS the same processes summed to then."""
     per_role = ", ".join(f"per {role} {fmt_bytes(peak.pss_by_role[role])}"
                          for role in ("worker", "server") if role in peak.pss_by_role)
-    return (f"memory at the peak ({fmt_seconds(peak.at)} after the start): "
+    when = (f"at {fmt_seconds(peak.at)} of training" if peak.at >= 0
+            else f"in start-up, {-peak.at:.1f} s before the first iteration")
+    return (f"memory at the peak ({when}): "
             f"{fmt_bytes(peak.peak_pss_bytes)} proportional (PSS) over {peak.processes} "
             f"process{'' if peak.processes == 1 else 'es'} (RSS summed "
             f"{fmt_bytes(peak.rss_bytes)}, counting shared pages in each)"
@@ -162,8 +169,9 @@ def shown_evaluations(points: Sequence[EvaluationPoint], limit: int = EVALUATION
     return [points[i] for i in sorted(keep)]
 
 
-EVALUATION_COLUMNS = (Col("elapsed"), Col("epoch"), Col("step"), Col("accuracy"), Col("loss"),
-                      Col(""))
+TRAINING_NOTE = "training: time from the first iteration, downtime left out"
+EVALUATION_COLUMNS = (Col("training", note=TRAINING_NOTE), Col("epoch"), Col("step"),
+                      Col("accuracy"), Col("loss"), Col(""))
 
 
 def evaluations_table(detail: RunDetail) -> FitTable:
@@ -178,7 +186,7 @@ def evaluations_table(detail: RunDetail) -> FitTable:
     styles = []
     for point in shown:
         mark = "best" if point.accuracy == best else ""
-        rows.append((fmt_seconds(point.elapsed_s), f"{point.epoch:.2f}", str(point.step),
+        rows.append((fmt_seconds(point.training_s), f"{point.epoch:.2f}", str(point.step),
                      fmt_pct(point.accuracy), fmt_loss(point.loss), mark))
         styles.append("bold green" if mark else "")
     return FitTable(EVALUATION_COLUMNS, rows, title="test evaluations", notes=notes,

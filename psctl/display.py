@@ -23,7 +23,9 @@ from psctl.detail_tables import (
     workers_table,
 )
 from psctl.detail_tables import fmt_pct as fmt_pct  # where the launch summary takes it from
-from psctl.progress_line import Plan, Words, fmt_target, progress_line
+from psctl.detail_tables import fmt_target as fmt_target  # and compare
+from psctl.progress_line import Plan as Plan  # and the launch's live view
+from psctl.progress_line import Words, progress_line
 from psctl.tables import Col, FitTable
 
 STATUS_STYLE = {"running": "cyan", "finished": "green", "failed": "red",
@@ -70,7 +72,7 @@ def _elapsed(progress: Progress, elapsed: float) -> str:
     """The run's time so far, and how much of it was start-up (not training)."""
     if progress.startup_s is None:
         return f"elapsed {fmt_seconds(elapsed)}"
-    return f"elapsed {fmt_seconds(elapsed)} (start-up {fmt_seconds(progress.startup_s)})"
+    return f"elapsed {fmt_seconds(elapsed)} (start-up {fmt_startup(progress.startup_s)})"
 
 
 def starting_view() -> Text:
@@ -119,12 +121,7 @@ def _head(detail: RunDetail) -> list[RenderableType]:
 
 def detail_view(detail: RunDetail) -> Group:
     run = detail.summary
-    lines = _head(detail)
-    if detail.totals.startup_s is not None:  # training times count from the first iteration
-        lines.append(Text(f"start-up {fmt_seconds(detail.totals.startup_s)} before the first "
-                          f"iteration, then {fmt_seconds(detail.totals.wall_s)} of training"))
-    if detail.start_up is not None:
-        lines.append(Text(detail.start_up.describe()))
+    lines = [*_head(detail), *_clock_lines(detail)]
     if detail.memory is not None:  # runs recorded before schema 8 read no PSS
         lines.append(Text(memory_line(detail.memory)))
     if detail.stored is not None and detail.stored.sparse:
@@ -141,7 +138,8 @@ def detail_view(detail: RunDetail) -> Group:
         lines.append(Text("nodes: " + "; ".join(f"{node}: {', '.join(names)}"
                                                 for node, names in detail.nodes)))
     if detail.faults:
-        lines.append(Text("faults and recovery:", style="bold"))
+        lines.append(Text("faults and recovery (seconds of training; before 0: start-up):",
+                          style="bold"))
         lines.extend(Text(f"  {at:8.2f} s  {kind}: {what}") for at, kind, what in detail.faults)
     lines.append(workers_table(detail))
     if detail.syncs is not None:
@@ -156,6 +154,28 @@ def detail_view(detail: RunDetail) -> Group:
     if detail.evaluations:
         lines.append(evaluations_table(detail))
     return Group(*lines)
+
+
+def _clock_lines(detail: RunDetail) -> list[Text]:
+    """The run's one time base (engine/db/clock.py): start-up as one number, then its training;
+    where start-up went; and a resumed run's downtime, said as such. Every time below counts
+    seconds of training from the first iteration."""
+    totals, lines = detail.totals, []
+    if totals.startup_s is not None:
+        since = "the command's start" if detail.start_up is not None else "the run's start"
+        lines.append(Text(f"start-up {fmt_startup(totals.startup_s)} (from {since} to the first "
+                          f"iteration), then {fmt_seconds(totals.wall_s)} of training"))
+    if detail.start_up is not None:
+        lines.append(Text(detail.start_up.describe()))
+    lines.extend(Text(f"down {fmt_seconds(span['seconds'])} after {fmt_seconds(span['training_s'])}"
+                      " of training (to psctl resume and its first iteration): left out of "
+                      "every training time", style="yellow") for span in detail.downtime)
+    return lines
+
+
+def fmt_startup(seconds: float) -> str:
+    """Start-up, in seconds (it is seconds long): the runs table and compare write it alike."""
+    return f"{seconds:.1f} s"
 
 
 def _iterations(count: float | None) -> str:

@@ -15,6 +15,7 @@ from rich.text import Text
 from engine.analysis.cells import fmt_seconds
 from engine.budget import Budget
 from engine.db.queries import Progress
+from psctl.detail_tables import fmt_target
 
 BAR_WIDTH = 30
 MIN_BAR_WIDTH = 10
@@ -33,11 +34,6 @@ class Plan:
     target_accuracy: float | None = None
     budget: Budget | None = None
     batch_size: int = 0  # samples an iteration of a worker takes: a budget in samples
-
-
-def fmt_target(accuracy: float) -> str:
-    """A target accuracy as every view writes it: in percent, 0.97 as "97 %"."""
-    return f"{100 * accuracy:.4g} %"
 
 
 @dataclass(frozen=True)

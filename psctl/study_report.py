@@ -84,11 +84,10 @@ def mark_accuracy(budget_text: str | None, detail: RunDetail) -> dict[str, float
     evals, workers = detail.evaluations, detail.workers
     if budget is None or budget.unit != "s" or not evals or not workers:
         return {}
-    first = min(w.first_started_at for w in workers)
     found: dict[str, float | None] = {}
     for fraction in MARKS:
         mark = fraction * budget.amount
-        nearest = min(evals, key=lambda e: abs(e.at - first - mark))
+        nearest = min(evals, key=lambda e: abs((e.training_s or 0.0) - mark))
         found[f"{fraction:.0%}"] = nearest.accuracy
     found["100%"] = evals[-1].accuracy
     return found

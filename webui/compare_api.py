@@ -5,9 +5,9 @@ the page can never disagree with ``psctl compare --json`` for the same arguments
 repeated runs included). Each cell also comes formatted by the terminal table's own rules,
 so the page does not re-implement them in JavaScript.
 
-Each run also comes with its clock: when its first iteration started and the spans a resumed run
-was down (:mod:`engine.db.downtime`), so that the page's charts count training time from the
-first iteration, start-up apart, as ``psctl compare`` and ``psctl plot`` do.
+Each run also comes with its clock (:mod:`engine.db.clock`): when its first iteration started,
+its start-up and the spans a resumed run was down, so that the page's charts count training time
+from the first iteration, start-up apart, as ``psctl compare`` and ``psctl plot`` do.
 """
 
 from __future__ import annotations
@@ -16,17 +16,16 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from engine.analysis.cells import cell, json_rows, shown_columns
 from engine.analysis.compare import best_values, comparison_for
 from engine.analysis.groups import GROUP_TAG
 from engine.analysis.selection import UsageError, select_runs
-from engine.analysis.table import Comparison
-from engine.db.downtime import run_downtime
+from engine.db.clock import training_clock
 from engine.db.metrics import RunRecord
 from engine.db.queries import quoted
-from engine.db.schema import iterations, translate_errors
+from engine.db.schema import translate_errors
 from engine.errors import AmbiguousRun, PsctlError, RunNotFound, StoreError
 from psctl import settings
 from webui.api import store
@@ -83,7 +82,7 @@ def compare_runs(
                                sort_by=sort_by, top=top, per_run=per_run,
                                crash_after_s=settings.crash_after_s(), metric=metric)
         records = select_runs(engine, selectors, where, crash_after_s=settings.crash_after_s())
-        clocks = _clocks(engine, records, table)
+        clocks = _clocks(engine, records)
     except UsageError as exc:
         raise HTTPException(400, str(exc)) from None
     except AmbiguousRun as exc:  # the caller's to fix, as with an unknown key
@@ -118,33 +117,12 @@ def backend(record: RunRecord) -> str:
     return value if isinstance(value, str) else "local"
 
 
-def _clocks(engine: Engine, records: list[RunRecord], table: Comparison) -> \
-        dict[str, dict[str, Any]]:
-    """run id -> when its first iteration started (None without one), its start-up seconds and
-    a resumed run's downtime spans. The table's per-run rows already measured start-up (a scan
-    of the run's iterations); only the runs it folded into a group's row are read again."""
-    measured = {str(row["id"]): row.get("startup_s") for row in table.rows
-                if "runs" not in row or row.get("runs") == 1}
-    clocks: dict[str, dict[str, Any]] = {}
+def _clocks(engine: Engine, records: list[RunRecord]) -> dict[str, dict[str, Any]]:
+    """run id -> its clock (engine/db/clock.py): when its first iteration started (None
+    without one), its start-up seconds and a resumed run's downtime spans; index lookups only."""
     with translate_errors("reading the runs' clocks"), engine.connect() as conn:
-        missing = [r.summary.id for r in records if r.summary.id not in measured]
-        it = iterations.c
-        firsts: dict[str, float | None] = {}
-        if missing:
-            firsts = {str(run_id): first for run_id, first in conn.execute(
-                select(it.run_id, func.min(it.started_at)).where(it.run_id.in_(missing))
-                .group_by(it.run_id))}
-        for record in records:
-            run = record.summary
-            if run.id in measured:
-                startup = measured[run.id]
-                first = None if startup is None else run.started_at + float(startup)
-            else:
-                first = firsts.get(run.id)
-                startup = None if first is None else max(0.0, first - run.started_at)
-            clocks[run.id] = {"first_iteration_at": first, "startup_s": startup,
-                              "downtime": run_downtime(conn, run.id).to_list()}
-    return clocks
+        return {r.summary.id: training_clock(conn, r.summary.id, r.summary.started_at).to_dict()
+                for r in records}
 
 
 def _selectors(runs: str) -> list[str]:

@@ -27,12 +27,14 @@ def user_metrics(
     engine = store(request)
     try:
         run_id = resolve_run(engine, selector)
-        started_at, status = run_clock(engine, run_id)
+        clock, status = run_clock(engine, run_id)
         found = metric_series(engine, run_id, points)
     except RunNotFound as exc:
         raise HTTPException(404, str(exc)) from None
     except StoreError as exc:  # an ambiguous selector is the caller's to fix
         raise HTTPException(400, str(exc)) from None
-    return {"run_id": run_id, "started_at": started_at, "status": status, "points": points,
+    # The clock the page's time axis reads (PS.trainingS), as the run page's own charts do.
+    return {"run_id": run_id, "started_at": clock.started_at, "clock": clock.to_dict(),
+            "status": status, "points": points,
             "metrics": [{"name": name, "series": [s.to_dict() for s in series]}
                         for name, series in found.items()]}

@@ -66,13 +66,14 @@ DESCRIPTIONS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 
 def fault_timeline(conn: Connection, run_id: str,
-                   started_at: float) -> list[tuple[float, str, str]]:
-    """(seconds since the run started, kind, description) of its fault-tolerance events."""
+                   seconds: Callable[[float], float]) -> list[tuple[float, str, str]]:
+    """(when, kind, description) of its fault-tolerance events, each time ``seconds`` of its
+    moment: the run's seconds of training (engine.db.clock.TrainingClock.seconds)."""
     rows = conn.execute(
         select(events.c.at, events.c.kind, events.c.detail)
         .where(events.c.run_id == run_id, events.c.kind.in_(tuple(DESCRIPTIONS)))
         .order_by(events.c.at, events.c.id).limit(MAX_SHOWN)).all()
-    return [(row.at - started_at, row.kind, DESCRIPTIONS[row.kind](parse_json(row.detail)))
+    return [(seconds(row.at), row.kind, DESCRIPTIONS[row.kind](parse_json(row.detail)))
             for row in rows]
 
 

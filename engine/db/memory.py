@@ -19,12 +19,12 @@ bench/startup.py reads every process at once, from outside, for comparison.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, select
 
-from engine.db.schema import process_samples, runs
+from engine.db.schema import process_samples
 
 # A process alive at the peak was sampled within a second or two of it; its RSS then is its
 # latest row in this window (bounding the read to the index's last seconds of the run).
@@ -38,7 +38,7 @@ class MemoryPeak:
     """The run's summed PSS at its peak, and what made it up."""
 
     peak_pss_bytes: int
-    at: float  # seconds from the run's start
+    at: float  # seconds of training (engine/db/clock.py; negative: during start-up)
     processes: int  # the processes counted in the sum
     rss_bytes: int  # the same processes' RSS summed then: shared pages counted in each
     # Mean PSS per process of each role counted ("worker", "server", ...), in bytes.
@@ -55,20 +55,21 @@ class _Reading:
     pss: int
 
 
-def memory_peak(conn: Connection, run_id: str) -> MemoryPeak | None:
-    """The run's PSS peak; None for a run with no PSS reading (recorded before schema 8, or
-    where PSS could not be read)."""
+def memory_peak(conn: Connection, run_id: str,
+                seconds: Callable[[float], float]) -> MemoryPeak | None:
+    """The run's PSS peak, its moment as ``seconds`` tells it (the run's seconds of training,
+    engine.db.clock.TrainingClock.seconds); None for a run with no PSS reading (recorded before
+    schema 8, or where PSS could not be read)."""
     readings = _pss_readings(conn, run_id)
     if not readings:
         return None
     at, current = _peak(readings, _last_samples(conn, run_id))
-    started_at = conn.execute(select(runs.c.started_at).where(runs.c.id == run_id)).scalar()
     by_role: dict[str, list[int]] = defaultdict(list)
     for (role, _rank, _pid), pss in current.items():
         by_role[role].append(pss)
     return MemoryPeak(
         peak_pss_bytes=sum(current.values()),
-        at=at - float(started_at if started_at is not None else readings[0].at),
+        at=seconds(at),
         processes=len(current),
         rss_bytes=sum(_rss_at(conn, run_id, at, current).values()),
         pss_by_role={role: round(sum(v) / len(v)) for role, v in sorted(by_role.items())},

@@ -3,9 +3,11 @@
 Each metric is ``None`` where it is undefined (no iterations yet, no evaluation reached the
 target), never a misleading zero. Definitions (docs/cli.md repeats them for users):
 
-- ``time_to_target_s``: ``elapsed_s`` of the first evaluation (by time) with accuracy >= target.
+- ``time_to_target_s``: seconds of training (:mod:`engine.db.clock`: from the first iteration,
+  less a resumed run's downtime) to the first evaluation (by time) with accuracy >= target.
 - ``samples_per_s``: samples / training wall time (first iteration start to last iteration end,
   less a resumed run's downtime: :mod:`engine.db.downtime`).
+- ``startup_s``: the run's start-up, one number (:mod:`engine.db.clock`).
 - ``staleness_mean`` / ``staleness_p95``: over every iteration; p95 by nearest rank.
 - ``idle_fraction``: sum(wait_s) / sum(ended_at - started_at) over every iteration.
 - ``bytes_per_sample``: (bytes_sent + bytes_received) / samples.
@@ -21,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
-from engine.db.downtime import Downtime, run_downtime
+from engine.db.clock import TrainingClock, training_clock
 from engine.db.queries import (
     CRASH_AFTER_S,
     Dictable,
@@ -58,8 +60,8 @@ class RunMetrics(Dictable):
     # Dense float32 push bytes / push bytes sent: what the push filter saved (1.0 without one;
     # None for runs recorded before schema 5).
     push_reduction: float | None = None
-    # From the run's start to its first iteration: process start-up and joining, which the
-    # times above leave out (they count from the first iteration).
+    # From the command's start (else the run's recorded start) to its first iteration, which the
+    # times above leave out (they count from the first iteration): engine/db/clock.py.
     startup_s: float | None = None
 
 
@@ -88,14 +90,12 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
     with translate_errors(f"measuring run {run_id}"), engine.connect() as conn:
         totals = _iteration_totals(conn, run_id)
         p95 = _staleness_p95(conn, run_id, totals["n"])
-        down = run_downtime(conn, run_id)
+        clock = training_clock(conn, run_id)
         reached = (None if target is None or totals["first_start"] is None
-                   else _time_to_target(conn, run_id, target, totals["first_start"], down))
-        started = conn.execute(select(runs.c.started_at).where(runs.c.id == run_id)).scalar()
+                   else _time_to_target(conn, run_id, target, clock))
         crowded = oversubscription_note(conn, run_id)
     samples = int(totals["samples"] or 0)
-    wall = (None if totals["n"] == 0
-            else down.training_s(totals["first_start"], totals["last_end"]))
+    wall = None if totals["n"] == 0 else clock.seconds(totals["last_end"])
     traffic = (totals["bytes_sent"] or 0) + (totals["bytes_received"] or 0)
     return RunMetrics(
         run_id=run_id,
@@ -109,8 +109,7 @@ def run_metrics(engine: Engine, run_id: str, *, target: float | None = None) -> 
         bytes_per_sample=_ratio(traffic, samples) if totals["n"] else None,
         oversubscribed=crowded,
         push_reduction=_ratio(totals["push_bytes_dense"] or 0, totals["push_bytes"] or 0),
-        startup_s=(None if started is None or totals["first_start"] is None
-                   else max(0.0, totals["first_start"] - started)),
+        startup_s=clock.startup_s,
     )
 
 
@@ -124,15 +123,12 @@ def evaluation_series(
         raise ValueError(f"unknown metric {metric!r}; expected one of {EVALUATION_METRICS}")
     ev = evaluations.c
     stmt = (
-        select(ev.at, ev.elapsed_s, ev[metric]).where(ev.run_id == run_id)
+        select(ev.at, ev[metric]).where(ev.run_id == run_id)
         .order_by(ev.at, ev.id)
     )
     with translate_errors(f"reading evaluations of run {run_id}"), engine.connect() as conn:
-        first = conn.execute(select(func.min(iterations.c.started_at))
-                             .where(iterations.c.run_id == run_id)).scalar()
-        down = run_downtime(conn, run_id)
-        return [(float(elapsed if first is None else down.training_s(first, at)), float(y))
-                for at, elapsed, y in conn.execute(stmt)]
+        clock = training_clock(conn, run_id)
+        return [(clock.seconds(at), float(y)) for at, y in conn.execute(stmt)]
 
 
 def _iteration_totals(conn: Connection, run_id: str) -> dict[str, Any]:
@@ -175,7 +171,7 @@ def _staleness_p95(conn: Connection, run_id: str, count: int) -> int | None:
 
 
 def _time_to_target(conn: Connection, run_id: str, target: float,
-                    first_start: float, down: Downtime) -> float | None:
+                    clock: TrainingClock) -> float | None:
     """Seconds of training, from the first iteration, to the first evaluation at or above
     ``target``: start-up is not counted (it is ``startup_s``), nor a resumed run's downtime."""
     ev = evaluations.c
@@ -186,7 +182,7 @@ def _time_to_target(conn: Connection, run_id: str, target: float,
         .limit(1)
     )
     value = conn.execute(stmt).scalar()
-    return None if value is None else down.training_s(first_start, float(value))
+    return None if value is None else max(0.0, clock.seconds(float(value)))
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -30,7 +30,7 @@ from sqlalchemy import (
     select,
 )
 
-from engine.db.downtime import Downtime, run_downtime
+from engine.db.clock import TrainingClock, distinct_workers, training_clock
 from engine.db.faults import fault_timeline
 from engine.db.memory import MemoryPeak, memory_peak
 from engine.db.nodes import role_nodes
@@ -154,19 +154,24 @@ class RunTotals(Dictable):
     wait_s: float
     bytes_sent: int
     bytes_received: int
-    # From the run's start to its first iteration (process start-up, joining); None without
-    # iterations. Training times (time to target, plots) count from the first iteration.
+    # From the command's start (else the run's recorded start) to its first iteration: one
+    # number, engine/db/clock.py; None without iterations. Training times (time to target, the
+    # evaluations, plots) count from the first iteration.
     startup_s: float | None = None
+    first_iteration_at: float | None = None
 
 
 @dataclass(frozen=True)
 class EvaluationPoint(Dictable):
     at: float
-    elapsed_s: float
+    elapsed_s: float  # as recorded: since the run's start (the coordinator's clock)
     step: int
     epoch: float
     accuracy: float
     loss: float
+    # Seconds of training from the first iteration (engine/db/clock.py), as every view counts;
+    # None where no clock was read (the live progress).
+    training_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -206,9 +211,10 @@ class RunDetail(Dictable):
     layers: tuple[LayerStats, ...] = ()  # the scheduled worker loop's, per layer
     # A run of the simulated cluster (its times are virtual): what its models were.
     simulated: str | None = None
-    # Its faults and recovery: (seconds since the start, event kind, what happened).
+    # Its faults and recovery: (seconds of training, event kind, what happened).
     faults: tuple[tuple[float, str, str], ...] = ()
-    # A resumed run's downtime: {start, end, seconds} per resume (unix times).
+    # A resumed run's downtime: {start, end, seconds} per resume (unix times), and the seconds
+    # of training it came at (training_s).
     downtime: tuple[dict[str, float], ...] = ()
     # Where its roles ran: (node address, roles on it), from the events they joined with.
     nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -261,7 +267,7 @@ class Progress(Dictable):
     startup: Startup | None = None
     # When its (latest) training started: the end of start-up; None until then.
     training_started_at: float | None = None
-    startup_s: float | None = None  # from the run's start to its first training
+    startup_s: float | None = None  # start-up, one number (engine/db/clock.py)
 
 
 @dataclass(frozen=True)
@@ -518,8 +524,8 @@ def run_detail(
     now = time.time() if now is None else now
     with reading(engine, f"reading run {run_id}") as conn:
         row = fetch_run(conn, run_id)
-        down = run_downtime(conn, run_id)
-        workers = tuple(_worker_stats(r, down)
+        clock = training_clock(conn, run_id, row.started_at)
+        workers = tuple(_worker_stats(r, clock)
                         for r in conn.execute(_worker_stats_select(run_id)))
         counts = conn.execute(_event_counts_select(run_id)).all()
         return RunDetail(
@@ -527,8 +533,8 @@ def run_detail(
             reason=row.reason,
             config=parse_json(row.config_json),
             workers=workers,
-            totals=_totals(workers, down, row.started_at),
-            evaluations=tuple(_evaluation_points(conn, run_id)),
+            totals=_totals(workers, clock),
+            evaluations=tuple(_evaluation_points(conn, run_id, clock)),
             event_counts={str(kind): int(n) for kind, n in counts},
             recent_events=tuple(_recent_events(conn, run_id)),
             syncs=_sync_summary(conn, run_id),
@@ -536,11 +542,12 @@ def run_detail(
             notes=row.notes,
             layers=tuple(_layer_stats(conn, run_id)),
             simulated=simulation_note(conn, run_id),
-            faults=tuple(fault_timeline(conn, run_id, row.started_at)),
+            faults=tuple(fault_timeline(conn, run_id, clock.seconds)),
             nodes=role_nodes(conn, run_id),
-            downtime=tuple(down.to_list()),
-            memory=memory_peak(conn, run_id),
-            start_up=run_start_up(conn, run_id),
+            downtime=tuple({**span, "training_s": clock.seconds(span["start"])}
+                           for span in clock.downtime.to_list()),
+            memory=memory_peak(conn, run_id, clock.seconds),
+            start_up=run_start_up(conn, run_id, clock),
             stored=stored_keys(conn, run_id),
         )
 
@@ -574,21 +581,20 @@ def tagged_runs(engine: Engine, key: str, value: str) -> dict[str, tuple[str, st
 
 
 def epoch_time_s(conn: Connection, run_id: str) -> float | None:
-    """Seconds from the run's start until its workers together had finished one epoch's worth
-    of iterations (every worker's share of the data once, in any mix): the speed of a pass over
-    the data, which a straggler's tail does not decide under asynchronous models. None before
-    training started or when the run never got that far."""
+    """Seconds of training (from the first iteration) until its workers together had finished
+    one epoch's worth of iterations (every worker's share of the data once, in any mix): the
+    speed of a pass over the data, which a straggler's tail does not decide under asynchronous
+    models. None before training started or when the run never got that far."""
     planned = startup(conn, run_id).planned_iterations
     config = parse_json(fetch_run(conn, run_id).config_json)
     epochs = int(config.get("train", {}).get("epochs", 0) or 0)
     if not planned or epochs < 1:
         return None
-    it, runs_c = iterations.c, runs.c
+    it = iterations.c
     ended = conn.execute(
         select(it.ended_at).where(it.run_id == run_id).order_by(it.ended_at)
         .offset(planned // epochs - 1).limit(1)).scalar()
-    started = conn.execute(select(runs_c.started_at).where(runs_c.id == run_id)).scalar()
-    return None if ended is None or started is None else float(ended) - float(started)
+    return None if ended is None else training_clock(conn, run_id).seconds(float(ended))
 
 
 def oversubscription_note(conn: Connection, run_id: str) -> str | None:
@@ -692,9 +698,9 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def _worker_stats(row: Row[Any], down: Downtime) -> WorkerStats:
+def _worker_stats(row: Row[Any], clock: TrainingClock) -> WorkerStats:
     m = dict(row._mapping)
-    wall = down.training_s(m["first_started_at"], m["last_ended_at"])
+    wall = clock.downtime.training_s(m["first_started_at"], m["last_ended_at"])
     return WorkerStats(
         **m,
         wall_s=wall,
@@ -703,13 +709,10 @@ def _worker_stats(row: Row[Any], down: Downtime) -> WorkerStats:
     )
 
 
-def _totals(workers: Sequence[WorkerStats], down: Downtime,
-            started_at: float | None = None) -> RunTotals:
-    wall, startup = 0.0, None
+def _totals(workers: Sequence[WorkerStats], clock: TrainingClock) -> RunTotals:
+    wall = 0.0
     if workers:
-        first = min(w.first_started_at for w in workers)
-        wall = down.training_s(first, max(w.last_ended_at for w in workers))
-        startup = None if started_at is None else max(0.0, first - started_at)
+        wall = clock.seconds(max(w.last_ended_at for w in workers))
     samples = sum(w.samples for w in workers)
     return RunTotals(
         iterations=sum(w.iterations for w in workers),
@@ -722,11 +725,13 @@ def _totals(workers: Sequence[WorkerStats], down: Downtime,
         wait_s=sum(w.wait_s_total for w in workers),
         bytes_sent=sum(w.bytes_sent for w in workers),
         bytes_received=sum(w.bytes_received for w in workers),
-        startup_s=startup,
+        startup_s=clock.startup_s,
+        first_iteration_at=clock.first_iteration_at,
     )
 
 
-def _evaluation_points(conn: Connection, run_id: str) -> Iterator[EvaluationPoint]:
+def _evaluation_points(conn: Connection, run_id: str,
+                       clock: TrainingClock) -> Iterator[EvaluationPoint]:
     ev = evaluations.c
     stmt = (
         select(ev.at, ev.elapsed_s, ev.step, ev.epoch, ev.accuracy, ev.loss)
@@ -734,7 +739,7 @@ def _evaluation_points(conn: Connection, run_id: str) -> Iterator[EvaluationPoin
         .order_by(ev.at, ev.id)
     )
     for row in conn.execute(stmt):
-        yield EvaluationPoint(**row._mapping)
+        yield EvaluationPoint(**row._mapping, training_s=clock.seconds(row.at))
 
 
 def _event_counts_select(run_id: str) -> Select[Any]:
@@ -803,16 +808,8 @@ def progress(
             best_accuracy=summary.best_accuracy,
             startup=startup(conn, run_id),
             training_started_at=training,
-            startup_s=_startup_s(conn, run_id, summary.started_at),
+            startup_s=training_clock(conn, run_id, summary.started_at).startup_s,
         )
-
-
-def _startup_s(conn: Connection, run_id: str, started_at: float) -> float | None:
-    """From the run's start to its first training (a resume's start-up is downtime)."""
-    ec = events.c
-    at = conn.execute(select(func.min(ec.at)).where(ec.run_id == run_id,
-                                                    ec.kind == "training_started")).scalar()
-    return None if at is None else max(0.0, float(at) - started_at)
 
 
 def _training_started(conn: Connection, run_id: str) -> float | None:
@@ -837,20 +834,6 @@ def _recent_counts(conn: Connection, run_id: str, ref: float, window_s: float) -
         .group_by(it.worker)
     )
     return {int(w): int(n) for w, n in conn.execute(stmt)}
-
-
-def distinct_workers(conn: Connection, run_id: str) -> list[int]:
-    # A skip scan over the primary key: one O(log n) MIN per worker instead of reading every row.
-    it = iterations.c
-    found: list[int] = []
-    last = -1
-    while True:
-        stmt = select(func.min(it.worker)).where(it.run_id == run_id, it.worker > last)
-        nxt = conn.execute(stmt).scalar()
-        if nxt is None:
-            return found
-        found.append(int(nxt))
-        last = int(nxt)
 
 
 def _worker_progress(conn: Connection, run_id: str, worker: int, rate: float) -> WorkerProgress:

@@ -20,9 +20,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
 
-from engine.db.downtime import run_downtime
+from engine.db.clock import training_clock
 from engine.db.queries import CRASH_AFTER_S as _CRASH_AFTER_S
-from engine.db.queries import distinct_workers, fetch_run, reading, run_summary
+from engine.db.queries import fetch_run, reading, run_summary
 from engine.db.schema import (
     ROLLUP_WIDTH_S,
     evaluations,
@@ -352,17 +352,10 @@ def run_clock(engine: Engine, run_id: str) -> dict[str, Any]:
 
 
 def clock(conn: Connection, run_id: str, started_at: float) -> dict[str, Any]:
-    """What a chart's time axis counts from: the first iteration's start (None before it),
-    the start-up before it, and a resumed run's downtime spans. One primary-key lookup per
-    worker, never a scan of the run's rows."""
-    it = iterations.c
-    firsts = [conn.execute(select(it.started_at).where(it.run_id == run_id, it.worker == w)
-                           .order_by(it.iteration).limit(1)).scalar()
-              for w in distinct_workers(conn, run_id)]
-    first = min((float(f) for f in firsts if f is not None), default=None)
-    return {"first_iteration_at": first,
-            "startup_s": None if first is None else max(0.0, first - started_at),
-            "downtime": run_downtime(conn, run_id).to_list()}
+    """What a chart's time axis counts from: the run's clock (engine/db/clock.py), the first
+    iteration's start (None before it), the start-up before it and a resumed run's downtime
+    spans. One primary-key lookup per worker, never a scan of the run's rows."""
+    return training_clock(conn, run_id, started_at).to_dict()
 
 
 # -- full fidelity -------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ start-up counted from the command's start (``engine.launcher.StartUpClock``): th
 (the command line's own start), the template was warm for the coordinator and for every role,
 the coordinator listened, the roles were started, all joined; and the spans the template
 measured (its imports, the data set). Each process's join says how long it took from its own
-start (a fork, or a fresh Python) to its hello. Older runs have neither: None.
+start (a fork, or a fresh Python) to its hello. Older runs have neither: None. The run's first
+``start_up`` is the launch's (a resume's own start-up is part of its downtime); how long the
+whole start-up took is the run's clock's one number (engine/db/clock.py).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, select
 
-from engine.db.schema import events, iterations, parse_json
+from engine.db.clock import TrainingClock
+from engine.db.schema import events, parse_json
 
 # The moments, in the order they happen, and how a person says them.
 _MOMENTS = (
@@ -40,7 +43,7 @@ class StartUp:
     note: str | None
     moments: tuple[tuple[str, float], ...]  # (name, seconds), in time order
     spans: tuple[tuple[str, float], ...]  # (name, seconds)
-    first_iteration_s: float | None
+    first_iteration_s: float | None  # the run's start-up: TrainingClock.startup_s
     joins: int  # processes that said their own start-up
     forked: int  # of which forked from the template
     role_start_median_s: float | None
@@ -54,13 +57,12 @@ class StartUp:
                 "role_start_max_s": self.role_start_max_s}
 
     def describe(self) -> str:
-        """One paragraph for ``psctl runs show``."""
+        """One paragraph for ``psctl runs show``, below the line that says how long start-up
+        took: where it went, each moment from the command's start."""
         how = {"template": "roles forked from the warm template",
                "fresh": "each role a fresh Python", "ray": "roles in Ray actors"}.get(
                    self.mode, self.mode)
-        head = (f"start-up: first iteration {self.first_iteration_s:.2f} s after the command "
-                f"started ({how})" if self.first_iteration_s is not None
-                else f"start-up ({how})")
+        head = f"where start-up went ({how}), from the command's start"
         names = dict(_MOMENTS)
         parts = [f"{names.get(name, name)} {seconds:.2f} s" for name, seconds in self.moments]
         spans = dict(_SPANS)
@@ -77,21 +79,18 @@ class StartUp:
         return text
 
 
-def run_start_up(conn: Connection, run_id: str) -> StartUp | None:
+def run_start_up(conn: Connection, run_id: str, clock: TrainingClock) -> StartUp | None:
     """The run's start-up, or None if its launcher said nothing of it (an older run, the
     simulator, ``psctl role``)."""
     ev = events.c
     detail = conn.execute(select(ev.detail).where(ev.run_id == run_id, ev.kind == "start_up")
-                          .order_by(ev.at.desc()).limit(1)).scalar()
+                          .order_by(ev.at, ev.id).limit(1)).scalar()
     if detail is None:
         return None
     told = parse_json(detail)
-    origin = _number(told.get("origin"))
     at = {str(k): v for k, v in dict(told.get("at") or {}).items() if _number(v) is not None}
     took = {str(k): v for k, v in dict(told.get("took") or {}).items()
             if _number(v) is not None}
-    first = conn.execute(select(func.min(iterations.c.started_at))
-                         .where(iterations.c.run_id == run_id)).scalar()
     starts, forked = _role_starts(conn, run_id)
     order = [name for name, _ in _MOMENTS]
     return StartUp(
@@ -99,7 +98,7 @@ def run_start_up(conn: Connection, run_id: str) -> StartUp | None:
         moments=tuple(sorted(((name, float(at[name])) for name in at if name != "template"),
                              key=lambda m: (m[1], order.index(m[0]) if m[0] in order else 99))),
         spans=tuple((name, float(took[name])) for name, _ in _SPANS if name in took),
-        first_iteration_s=None if first is None or origin is None else float(first) - origin,
+        first_iteration_s=clock.startup_s,
         joins=len(starts), forked=forked,
         role_start_median_s=statistics.median(starts) if starts else None,
         role_start_max_s=max(starts) if starts else None)

@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, select, text
 
-from engine.db.downtime import run_downtime
+from engine.db.clock import TrainingClock, training_clock
 from engine.db.queries import CRASH_AFTER_S, effective_status
-from engine.db.schema import iterations, runs, translate_errors, user_metrics
+from engine.db.schema import runs, translate_errors, user_metrics
 
 # Points per series on the run page: a longer series is averaged over runs of iterations.
 DEFAULT_POINTS = 1000
@@ -45,13 +45,15 @@ class Series:
                 "value": self.value, "rows": self.rows}
 
 
-def run_clock(engine: Engine, run_id: str) -> tuple[float, str]:
-    """The run's start (the run page's time origin) and its status, ``crashed`` derived."""
+def run_clock(engine: Engine, run_id: str) -> tuple[TrainingClock, str]:
+    """The run's clock (what the run page's time axis counts from: engine/db/clock.py) and its
+    status, ``crashed`` derived."""
     with translate_errors(f"reading run {run_id}"), engine.connect() as conn:
         started, stored, beat = conn.execute(
             select(runs.c.started_at, runs.c.status, runs.c.heartbeat_at)
             .where(runs.c.id == run_id)).one()
-    return float(started), effective_status(str(stored), float(beat), time.time(), CRASH_AFTER_S)
+        clock = training_clock(conn, run_id, float(started))
+    return clock, effective_status(str(stored), float(beat), time.time(), CRASH_AFTER_S)
 
 
 def metric_names(engine: Engine, run_id: str) -> list[str]:
@@ -151,15 +153,12 @@ def training_series(engine: Engine, run_id: str, name: str) -> list[tuple[float,
     plot is."""
     um = user_metrics.c
     with translate_errors(f"reading metric {name} of run {run_id}"), engine.connect() as conn:
-        first = conn.execute(select(func.min(iterations.c.started_at))
-                             .where(iterations.c.run_id == run_id)).scalar()
-        down = run_downtime(conn, run_id)
+        clock = training_clock(conn, run_id)
         for role in ("worker", "evaluator"):
             rows = conn.execute(
                 select(func.avg(um.at), func.avg(um.value))
                 .where(um.run_id == run_id, um.name == name, um.role == role)
                 .group_by(um.iteration).order_by(um.iteration)).all()
             if rows:
-                origin = float(first) if first is not None else float(rows[0][0])
-                return [(down.training_s(origin, float(at)), float(value)) for at, value in rows]
+                return [(clock.seconds(float(at)), float(value)) for at, value in rows]
     return []

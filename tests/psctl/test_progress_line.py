@@ -93,6 +93,6 @@ def test_the_head_breaks_between_its_pieces_where_a_line_would_be_cropped() -> N
         live.update(progress_view(progress, PLAN))
     lines = sink.getvalue().splitlines()
     assert all(len(line) <= 80 for line in lines)
-    assert lines[0].rstrip().endswith("elapsed 0:01:30 (start-up 0:00:04)")
+    assert lines[0].rstrip().endswith("elapsed 0:01:30 (start-up 4.0 s)")
     assert lines[1].startswith("12.0 it/s   test accuracy - (best -)")
     assert lines[2].endswith("ETA 0:11:39")

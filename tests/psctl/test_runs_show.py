@@ -165,7 +165,7 @@ def test_memory_at_the_peak_shows_in_runs_show(tmp_path: Path) -> None:
     lines = [line.rstrip() for line in shown.stdout.splitlines()]
     (start,) = [k for k, line in enumerate(lines) if line.startswith("start-up")]
     assert lines[start + 1] == (
-        "memory at the peak (0:00:01 after the start): 264 MiB proportional (PSS) over 5 "
+        "memory at the peak (at 0:00:01 of training): 264 MiB proportional (PSS) over 5 "
         "processes (RSS summed 1.68 GiB, counting shared pages in each); per worker 22.0 MiB, "
         "per server 60.0 MiB")
     memory = json.loads(psctl("runs", "show", run, "--json", db=db).stdout)["memory"]
@@ -174,3 +174,28 @@ def test_memory_at_the_peak_shows_in_runs_show(tmp_path: Path) -> None:
                       "pss_by_role": {"coordinator": 120 * mib, "evaluator": 40 * mib,
                                       "server": 60 * mib, "worker": 22 * mib},
                       "unread": 0}
+
+
+def test_one_time_base_start_up_one_number_and_downtime_said(tmp_path: Path) -> None:
+    """Issue 57, item 8: the start-up line and the start-up paragraph give one number (from
+    the command's start), the evaluations count seconds of training from the first iteration
+    as the dashboard does, and a resumed run's downtime is said as such."""
+    from tests.engine.db.test_clock import RUN, _launched_and_resumed
+
+    db = tmp_path / "experiments.db"
+    _launched_and_resumed(db)
+    lines = [line.rstrip() for line in psctl("runs", "show", RUN, db=db,
+                                             env={"COLUMNS": "300"}).stdout.splitlines()]
+    text = "\n".join(lines)
+    assert ("start-up 5.0 s (from the command's start to the first iteration), then 0:00:20 of "
+            "training") in lines
+    assert "first iteration -" not in text and "after the command started" not in text
+    assert ("down 0:01:28 after 0:00:10 of training (to psctl resume and its first iteration): "
+            "left out of every training time") in lines
+    assert "     8.00 s  worker_lost: worker 0 lost (restart 1 of 3)" in text
+    table = lines[lines.index("test evaluations") + 1:]
+    first, second = [row for row in table if row.startswith("│")][:2]
+    assert first.split("│")[1].strip() == "0:00:07" and second.split("│")[1].strip() == "0:00:15"
+    shown = json.loads(psctl("runs", "show", RUN, "--json", db=db).stdout)
+    assert [e["training_s"] for e in shown["evaluations"]] == [7.0, 15.0]
+    assert shown["totals"]["startup_s"] == shown["start_up"]["first_iteration_s"] == 5.0

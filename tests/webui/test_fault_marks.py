@@ -126,9 +126,28 @@ def _marks(page: Any, chart: str) -> int:
 
 
 def _shapes(page: Any, chart: str) -> list[dict[str, Any]]:
-    """The chart's event lines (not the bands that shade start-up or a resume's downtime)."""
+    """The chart's event lines (not the band that shades start-up nor the line that marks a
+    resume's downtime)."""
     return list(page.evaluate(f"(document.querySelector('#chart-{chart}').layout.shapes || [])"
-                              ".filter((s) => s.name !== 'band')"))
+                              ".filter((s) => s.name !== 'band' && s.name !== 'down')"))
+
+
+def _training_s(db: Path, offsets: list[float]) -> list[float]:
+    """Where the charts put moments of FAULTY: seconds of training from its first iteration,
+    its two resumes' downtime (0.1 s each, from the last iteration before each to the first
+    after) left out (engine/db/clock.py)."""
+    from engine.db import open_engine
+    from engine.db.clock import training_clock
+    from engine.db.queries import reading
+
+    engine = open_engine(db, readonly=True)
+    try:
+        with reading(engine, "the clock") as conn:
+            clock = training_clock(conn, FAULTY)
+    finally:
+        engine.dispose()
+    assert clock.downtime.total_s == pytest.approx(0.2)
+    return [clock.seconds(START + offset) for offset in offsets]
 
 
 def _labels(page: Any, chart: str) -> list[dict[str, Any]]:
@@ -161,14 +180,15 @@ def _hms(offset: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(START + offset))
 
 
-def test_fault_events_are_marked_on_the_time_charts(browser: Any, base: str) -> None:
+def test_fault_events_are_marked_on_the_time_charts(browser: Any, base: str, db: Path) -> None:
     with _page(browser, f"{base}/runs/{FAULTY}") as page:
         for chart in TOP_CHARTS:
             assert _marks(page, chart) == len(MARKED), chart
             shapes = _shapes(page, chart)
             assert len(shapes) == len(MARKED)
-            # Where each happened, in seconds since the start (the x-axis's default).
-            assert [s["x0"] for s in shapes] == pytest.approx([e[0] for e in MARKED])
+            # Where each happened, in seconds of training (the x-axis's default).
+            assert [s["x0"] for s in shapes] == pytest.approx(
+                _training_s(db, [e[0] for e in MARKED]))
             assert all(s["line"]["dash"] == "dash" for s in shapes)
             labels = _labels(page, chart)
             assert [a["text"] for a in labels] == LABELS
@@ -193,7 +213,8 @@ def test_fault_events_are_marked_on_the_time_charts(browser: Any, base: str) -> 
         in_window = [e for e in MARKED if e[0] >= TIMELINE_FROM_S]
         assert _marks(page, "timeline") == len(in_window) == 4
         timeline = [s for s in _shapes(page, "timeline") if s["line"]["dash"] == "dash"]
-        assert [s["x0"] for s in timeline] == pytest.approx([e[0] for e in in_window])
+        assert [s["x0"] for s in timeline] == pytest.approx(
+            _training_s(db, [e[0] for e in in_window]))
         assert int(page.get_attribute("#chart-timeline", "data-barriers") or -1) == 0
         screenshot(page, "run-page-faults.png")
         # Wall time: the same marks, at dates.
@@ -240,7 +261,9 @@ def test_resumed_and_faults_banners(browser: Any, base: str) -> None:
         resumed = page.locator("#resumed")
         assert resumed.is_visible()
         assert resumed.inner_text() == (f"Resumed from checkpoint 4 at {_hms(82)}; "
-                                        f"Resumed from checkpoint 5 at {_hms(95)}")
+                                        f"Resumed from checkpoint 5 at {_hms(95)}; down 0.2 s "
+                                        "(to the first iteration after each), left out of "
+                                        "training time")
         faults = page.locator("#faults")
         assert faults.is_visible()
         # Each spec once, in the order they took effect; a skipped fault is not listed.

@@ -302,16 +302,23 @@ def test_a_simulated_run_says_its_time_is_virtual(browser: Any, base: str) -> No
             "Simulated cluster, virtual time: every time on this page is the simulation's clock")
         assert page.inner_text("#run-summary").startswith("simulated · ")
         assert page.evaluate("document.querySelector('#chart-thr').layout.xaxis.title.text") \
-            == "virtual time from the first iteration (s)"
+            == "virtual training time (s, from the first iteration)"
 
 
 def test_a_resumed_run_is_one_time_axis_from_its_first_iteration_with_a_gap(
         browser: Any, base: str) -> None:
     """5 s of start-up, 30 s of training, down from 30 s to 98 s (the first iteration after the
-    resume started at start + 103), 30 s more: x counts from the first iteration, the lines
-    break across the downtime, and bands mark it and the start-up."""
+    resume started at start + 103), 30 s more: x counts seconds of training from the first
+    iteration (one time base: the compare page's), the lines break where it was down, a line
+    labelled with the downtime marks it, and a band the start-up."""
     with checked_page(browser) as page:
         _open(page, f"{base}/runs/{RESUMED}")
+        # What its model logged (psctl.log) on the same clock, not shifted by the start-up:
+        # iteration i logged at the end of the iteration, i + 1 s into training (before the kill).
+        page.wait_for_function("document.body.dataset.userMetrics === '1'", timeout=30_000)
+        logged = page.evaluate("""() => document.querySelector(
+            '#user-metrics [data-metric="grad_norm"]').data[0].x""")
+        assert logged[:3] == pytest.approx([1.0, 2.0, 3.0]) and max(logged) <= 60.0 + 1e-6
         got = page.evaluate("""() => {
             const d = document.querySelector('#chart-thr');
             const t = d.data.find((t) => Array.isArray(t.y) && t.y.includes(null));
@@ -322,10 +329,11 @@ def test_a_resumed_run_is_one_time_axis_from_its_first_iteration_with_a_gap(
                        .map((s) => [s.label.text, s.x0, s.x1]),
                      title: d.layout.xaxis.title.text };
         }""")
-    assert got["title"].endswith("time from the first iteration (s)")
-    assert got["around"] is not None  # a line broken across the downtime
+    assert got["title"].endswith("training time (s, from the first iteration)")
+    assert got["around"] is not None  # a line broken where it was down
     before, after = got["around"]
-    assert before <= 30.0 and after >= 98.0
-    assert min(got["xs"]) >= 0.0 and max(got["xs"]) <= 128.0 + 1e-6
-    assert ["down", 30.0, 98.0] in [[n, round(a, 6), round(b, 6)] for n, a, b in got["bands"]]
+    assert before <= 30.0 <= after <= 32.0
+    assert min(got["xs"]) >= 0.0 and max(got["xs"]) <= 60.0 + 1e-6
+    assert ["down 0:01:08", 30.0, 30.0] in [[n, round(a, 6), round(b, 6)]
+                                            for n, a, b in got["bands"]]
     assert ["start-up", -5.0, 0.0] in [[n, round(a, 6), round(b, 6)] for n, a, b in got["bands"]]

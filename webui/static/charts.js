@@ -4,10 +4,21 @@ const PS = {};
 PS.palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
   "#7f7f7f", "#bcbd22", "#17becf"];
 PS.color = (i) => PS.palette[((i % PS.palette.length) + PS.palette.length) % PS.palette.length];
-PS.xTitle = { elapsed: "time from the first iteration (s)", wall: "wall time", iteration: "iteration" };
-// x value of a point: wall time as a Date, relative seconds, or iteration number.
-PS.x = (mode, t, origin, it) => mode === "wall" ? new Date(t * 1000)
-  : mode === "iteration" ? it : t - origin;
+PS.xTitle = { elapsed: "training time (s, from the first iteration)", wall: "wall time", iteration: "iteration" };
+// The one time base of every view (engine/db/clock.py): seconds of training from the run's
+// first iteration, a resumed run's downtime left out (a moment inside it reads as where
+// training stopped); before the first iteration, in start-up, the seconds still to go,
+// negative. `clock` is the server's {first_iteration_at, startup_s, downtime: [{start, end}]};
+// `origin` (the run's start) stands in for the first iteration until there is one.
+PS.trainingS = (clock, t, origin) => {
+  const first = clock && clock.first_iteration_at != null ? clock.first_iteration_at : origin;
+  if (t < first) return t - first;
+  const spans = (clock && clock.downtime) || [];
+  return t - first - spans.reduce((s, d) => s + Math.max(0, Math.min(t, d.end) - Math.max(first, d.start)), 0);
+};
+// x value of a point: wall time as a Date, seconds of training, or iteration number.
+PS.x = (mode, t, clock, it, origin) => mode === "wall" ? new Date(t * 1000)
+  : mode === "iteration" ? it : PS.trainingS(clock, t, origin);
 PS.layout = (title, xMode, yTitle, extra) => Object.assign({
   title: { text: title, font: { size: 14 }, x: 0.02 },
   margin: { l: 58, r: 12, t: 34, b: 48 },

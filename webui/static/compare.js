@@ -140,18 +140,17 @@
 
   // -- each run's clock ------------------------------------------------------------------------
   // Training time: seconds from the run's first iteration, less the downtime of a resumed run
-  // before that moment (the server's spans, engine/db/downtime.py), as psctl compare and plot
-  // count time to target. A run without iterations counts from its start.
-  function downWithin(run, a, b) {
-    return (run.downtime || []).reduce((s, d) => s + Math.max(0, Math.min(b, d.end) - Math.max(a, d.start)), 0);
-  }
+  // before that moment (PS.trainingS, the clock every view reads: engine/db/clock.py), as
+  // psctl compare and plot count time to target; start-up is off the axis (listed above it).
+  // Time since start counts from the command's start: start-up, one number, included.
   function xOf(mode, run, t, it) {
     if (mode === "wall") return t * 1000;
     if (mode === "iteration") return it;
-    if (mode === "elapsed") return t - run.started_at;
-    const first = run.first_iteration_at ?? run.started_at;
-    return Math.max(0, t - first - downWithin(run, first, t));
+    if (mode === "elapsed") return t - commandStart(run);
+    return Math.max(0, PS.trainingS(run, t, run.started_at));
   }
+  const commandStart = (run) => run.first_iteration_at != null && run.startup_s != null
+    ? run.first_iteration_at - run.startup_s : run.started_at;
 
   // Groups of at least two of the compared runs (launch --repeat tags each with its group).
   function groups() {

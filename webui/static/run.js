@@ -92,14 +92,16 @@
     cards[id].div.dataset.xKind = xKind;
     if (plotly === "ready") linked.add(cards[id].div);
   }
-  // Time axes count from the first iteration (start-up is before 0), and continue across a
-  // resumed run's downtime, which is a gap: lines break there and a band marks it.
-  const X0 = () => (S.clock && S.clock.first_iteration_at != null) ? S.clock.first_iteration_at : S.origin;
+  // Time axes count seconds of training from the first iteration (start-up is before 0;
+  // PS.trainingS, the clock every view reads), and a resumed run's downtime is left out: its
+  // lines break there, a labelled line marks it (on wall time, a band spans it).
+  const TS = (t) => PS.trainingS(S.clock, t, S.origin);
+  const X = (mode, t, it) => PS.x(mode, t, S.clock, it, S.origin);
   const timeKinds = new Set(["elapsed", "wall"]);
   const asSeconds = (v) => v instanceof Date ? v.getTime() / 1000 : v;
+  const downSpans = () => (S.clock && S.clock.downtime) || [];
   function spansIn(xKind) {
-    const shift = xKind === "wall" ? 0 : X0();
-    return ((S.clock && S.clock.downtime) || []).map((d) => [d.start - shift, d.end - shift]);
+    return downSpans().map((d) => xKind === "wall" ? [d.start, d.end] : [TS(d.start), TS(d.start)]);
   }
   function withGaps(traces, xKind) {
     const spans = timeKinds.has(xKind) ? spansIn(xKind) : [];
@@ -121,7 +123,10 @@
     const band = (a, b, color, text) => ({ type: "rect", name: "band", xref: "x", yref: "paper", x0: at(a), x1: at(b),
       y0: 0, y1: 1, fillcolor: color, opacity: 0.12, line: { width: 0 }, layer: "below",
       label: { text, font: { size: 10, color: "#555" }, textposition: "top center" } });
-    const shapes = spansIn(xKind).map(([a, b]) => band(a, b, "#888", "down"));
+    const shapes = xKind === "wall" ? spansIn(xKind).map(([a, b]) => band(a, b, "#888", "down"))
+      : downSpans().map((d) => ({ type: "line", name: "down", xref: "x", yref: "paper", x0: TS(d.start), x1: TS(d.start),
+        y0: 0, y1: 1, line: { color: "#888", width: 2 }, layer: "below",
+        label: { text: `down ${PS.fmtS(d.end - d.start)}`, font: { size: 10, color: "#555" }, textposition: "end" } }));
     if (S.clock.startup_s && xKind === "elapsed") shapes.push(band(-S.clock.startup_s, 0, "#4a90d9", "start-up"));
     if (!shapes.length) return layout;
     return Object.assign({}, layout, { shapes: [...(layout.shapes || []), ...shapes] });
@@ -333,7 +338,7 @@
     return new Map([...groups.entries()].sort((a, b) => a[0] - b[0]));
   }
   const label = (w) => w < 0 ? "all workers" : `worker ${w}`;
-  const xOf = (mode, r) => PS.x(mode, r[S.f.t], X0(), r[S.f.it]);
+  const xOf = (mode, r) => X(mode, r[S.f.t], r[S.f.it]);
   // While the run is live its newest bucket is still filling: its rate would dip at the edge.
   function lineTraces(groups, mode, col, opts) {
     const out = []; let n = 0;
@@ -354,7 +359,7 @@
       const x = [], y = [];
       rows.forEach((r) => { if (r[S.f[lo]] === null) return; const xv = xOf(mode, r); x.push(xv, xv); y.push(r[S.f[lo]], r[S.f[hi]]); });
       const last = S.last.find((p) => p.worker === w);
-      if (last && last[lastKey] !== null) { x.push(PS.x(mode, last.ended_at, X0(), last.iteration)); y.push(last[lastKey]); }
+      if (last && last[lastKey] !== null) { x.push(X(mode, last.ended_at, last.iteration)); y.push(last[lastKey]); }
       out.push({ type: "scatter", mode: "lines", name: label(w), line: { color: PS.color(w), width: 1 }, x, y, meta: { envelope: true } });
       n += x.length;
     }
@@ -384,10 +389,10 @@
       if (card.div.dataset.preview) { card.div.replaceChildren(); delete card.div.dataset.preview; }
       drawSeries(id, traces, layout, mode);
     };
-    const ex = (e) => PS.x(mode, e.at, X0(), e.step);
+    const ex = (e) => X(mode, e.at, e.step);
     // Events have a time, not an iteration: on the iteration axis they are not marked.
     const marks = (id, traces) => mode === "iteration" ? { shapes: [], annotations: [] }
-      : eventMarks(cards[id].div, (at) => PS.x(mode, at, X0(), null), -Infinity, traces);
+      : eventMarks(cards[id].div, (at) => X(mode, at, null), -Infinity, traces);
     chart("acc", ["evals", "events"], () => {
       const traces = [{ type: "scatter", mode: "lines+markers", name: "test accuracy", x: S.evals.map(ex), y: S.evals.map((e) => 100 * e.accuracy) }];
       const m = marks("acc", traces);
@@ -574,7 +579,7 @@
 
   function renderTimeline() {
     const rows = S.timeline, wall = xSel.value === "wall";
-    const t = (v) => wall ? new Date(v * 1000) : v - X0();
+    const t = (v) => wall ? new Date(v * 1000) : TS(v);
     const bar = (name, color, base, len) => ({ type: "bar", orientation: "h", name, marker: { color },
       y: rows.map((r) => label(r.worker)), base: rows.map((r) => t(base(r))), x: rows.map((r) => wall ? len(r) * 1000 : len(r)),
       customdata: rows.map((r) => r.iteration), hovertemplate: `${name} · iteration %{customdata}<extra>%{y}</extra>` });
@@ -631,7 +636,7 @@
   function renderProcesses(xMode) {
     const procs = processList();
     const trace = (p, i, ys) => ({ type: "scatter", mode: "lines", name: procLabel(p.role, p.rank), line: { color: PS.color(i), width: 1.3 },
-      x: p.at.map((t) => PS.x(xMode, t, X0(), null)), y: ys });
+      x: p.at.map((t) => X(xMode, t, null)), y: ys });
     const n = procs.reduce((a, p) => a + p.at.length, 0);
     const every = S.procThinned ? ", averaged over time" : S.procWidth > 0 ? `, averaged over ${S.procWidth} s` : "";
     drawSeries("cpu", procs.map((p, i) => trace(p, i, p.cpu)),
@@ -656,7 +661,7 @@
       // Markers too: a process read once (a large run's newcomer) is a point, not a line.
       const pss = { type: "scatter", mode: "lines+markers", name: `${name} PSS`, legendgroup: name,
         line: { color: PS.color(i), width: 1.3, dash: "dot" }, marker: { color: PS.color(i), size: 3 },
-        x: read.map((k) => PS.x(xMode, p.at[k], X0(), null)), y: read.map((k) => mb(p.pss[k])) };
+        x: read.map((k) => X(xMode, p.at[k], null)), y: read.map((k) => mb(p.pss[k])) };
       return [rss, pss];
     });
     const title = `Memory per process: RSS solid, PSS (shared pages split) dotted${most ? ` (${most.slice(2)})` : ""}`;
@@ -760,7 +765,9 @@
     const resumes = S.events.filter((e) => e.kind === "resumed");
     const banner = document.getElementById("resumed");
     banner.hidden = !resumes.length;
-    banner.textContent = resumes.map((e) => `Resumed from checkpoint ${(e.detail || {}).checkpoint} at ${PS.date(e.at).slice(11)}`).join("; ");
+    const down = downSpans().reduce((a, d) => a + d.end - d.start, 0);
+    banner.textContent = resumes.map((e) => `Resumed from checkpoint ${(e.detail || {}).checkpoint} at ${PS.date(e.at).slice(11)}`).join("; ") +
+      (down > 0 ? `; down ${down < 60 ? down.toFixed(1) + " s" : PS.fmtS(down)} (to the first iteration after ${resumes.length > 1 ? "each" : "it"}), left out of training time` : "");
   }
 
   function renderFaults() {
@@ -819,7 +826,7 @@
     if (body.childElementCount === S.events.length && !body.querySelector(".empty")) return;
     body.replaceChildren(...S.events.slice(-300).map((e) => {
       const tr = document.createElement("tr");
-      tr.append(PS.el("td", {}, (e.at - X0()).toFixed(2)), PS.el("td", {}, e.kind),
+      tr.append(PS.el("td", {}, TS(e.at).toFixed(2)), PS.el("td", {}, e.kind),
         PS.el("td", { class: "detail", title: JSON.stringify(e.detail) }, words(e.detail)));
       return tr;
     }));

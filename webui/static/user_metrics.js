@@ -65,7 +65,7 @@
         return { type: "scatter", mode: evaluator ? "lines+markers" : "lines",
           name: evaluator ? "evaluator (per evaluation)" : `worker ${s.rank}`,
           line: { color: PS.color(evaluator ? 9 : s.rank), width: evaluator ? 2 : 1.3 },
-          x: s.at.map((t, i) => PS.x(mode, t, data.started_at, s.iteration[i])), y: s.value };
+          x: s.at.map((t, i) => PS.x(mode, t, data.clock, s.iteration[i], data.started_at)), y: s.value };
       });
       const downsampled = rows > shown ? " (mean per run of iterations)" : "";
       const layout = PS.layout(`${name}: logged by the model${downsampled}`, mode, name);

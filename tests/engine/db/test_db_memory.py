@@ -62,8 +62,10 @@ def reader(tmp_path: Path) -> Iterator[Engine]:
 
 
 def _peak(engine: Engine) -> MemoryPeak | None:
+    """The peak, its moment in seconds from T0: without iterations, the run's clock counts
+    from the run's start (engine/db/clock.py)."""
     with reading(engine, "reading the peak") as conn:
-        return memory_peak(conn, RUN)
+        return memory_peak(conn, RUN, lambda t: t - T0)
 
 
 def test_the_peak_sums_each_live_processs_latest_reading(reader: Engine) -> None:

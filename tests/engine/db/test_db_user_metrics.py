@@ -97,5 +97,6 @@ def test_the_curve_counts_seconds_of_training_from_the_first_iteration(engine: E
     assert training_series(engine, RUN, "nope") == []
 
 
-def test_the_clock_is_the_runs_start_and_status(engine: Engine) -> None:
-    assert run_clock(engine, RUN) == (T0, "finished")
+def test_the_clock_is_the_runs_training_clock_and_status(engine: Engine) -> None:
+    clock, status = run_clock(engine, RUN)
+    assert (clock.started_at, clock.first_iteration_at, status) == (T0, T0 + 10, "finished")

@@ -73,7 +73,11 @@ def test_rates_and_time_to_target_leave_the_downtime_out(tmp_path: Path) -> None
     assert detail.totals.wall_s == pytest.approx(20.0)
     assert detail.totals.samples_per_s == pytest.approx(10.0)
     assert detail.workers[0].samples_per_s == pytest.approx(10.0)
-    assert detail.downtime == ({"start": T0 + 15, "end": T0 + 103, "seconds": 88.0},)
+    assert detail.downtime == ({"start": T0 + 15, "end": T0 + 103, "seconds": 88.0,
+                                "training_s": 10.0},)  # it came after 10 s of training
+    # runs show's evaluations count the same seconds of training as the plot
+    assert [e.training_s for e in detail.evaluations] == [pytest.approx(10.0),
+                                                          pytest.approx(15.0)]
 
 
 def test_a_run_never_resumed_has_no_downtime(tmp_path: Path) -> None:
