@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -38,8 +39,14 @@ def launch_in_background(db: Path, *extra: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1")
     command = [sys.executable, "-m", "psctl", "launch", "--dataset", "digits", "--workers", "2",
                "--servers", "1", "--epochs", "500", "--no-live", *extra]
+    # SIGHUP at its default, as a terminal's command has it, even where the tests run under
+    # nohup (ignored, psctl rightly keeps it ignored).
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_hangup)
+
+
+def _default_hangup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def query(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

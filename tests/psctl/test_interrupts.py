@@ -14,6 +14,16 @@ from psctl.interrupts import stopping_signals
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_stopping_signal_is_a_keyboard_interrupt_and_sets_the_exit_code(
         sig: signal.Signals, code: int) -> None:
+    # Under nohup (or a CI runner that ignores SIGHUP) the signal arrives ignored, and
+    # stopping_signals rightly leaves it so: this test starts from the default.
+    inherited = signal.signal(sig, signal.SIG_DFL)
+    try:
+        _signal_interrupts(sig, code)
+    finally:
+        signal.signal(sig, inherited)
+
+
+def _signal_interrupts(sig: signal.Signals, code: int) -> None:
     before = signal.getsignal(sig)
     with stopping_signals() as interruption:
         assert interruption.exit_code == 130  # nothing came: Ctrl-C's
