@@ -33,6 +33,7 @@ from engine.keys import KeyRange, split_by_shard, split_keys_by_shard
 from engine.transport.base import Transport
 from engine.wire.codecs import CODECS, Codec, narrow, widen_into
 from engine.wire.protocol import (
+    ANY_CLOCK,
     FLAG_COMMIT,
     FLAG_FINAL,
     HEADER_BYTES,
@@ -241,17 +242,22 @@ class ParameterClient:
                                      **header)
         return Handle(self._submit(MsgType.PUSH, parts, base_versions), PushResult)
 
-    def pull(self, keys: Keys, out: np.ndarray, *, clock: int) -> PullHandle:
-        """Fill ``out`` (float32, one value per key) with the servers' values; see ``wait``."""
+    def pull(self, keys: Keys, out: np.ndarray, *, clock: int,
+             span: KeyRange | None = None) -> PullHandle:
+        """Fill ``out`` (float32, one value per key) with the servers' values; see ``wait``.
+
+        A key list pulled for a clock (not ``ANY_CLOCK``) asks every shard of ``span`` (default:
+        the whole key space), with an empty frame where it has no key: the pull is also the
+        wait for its clock, and the push it gates commits on every shard of that span, each of
+        which refuses a clock past its own window."""
         count = len(keys)
         if out.shape != (count,) or out.dtype != np.float32:
             raise ProtocolError(f"pull buffer must be float32 of shape ({count},)")
         if isinstance(keys, KeyRange):
             parts = self._range_parts(MsgType.PULL, keys, out, clock=clock, base={})
         else:
-            # No keys (a batch of samples without features) still asks every shard, empty:
-            # the pull is also the wait for its clock.
-            parts = self._list_parts(MsgType.PULL, keys, out, None, empty_ok=not count,
+            parts = self._list_parts(MsgType.PULL, keys, out, span,
+                                     empty_ok=not count or clock != ANY_CLOCK,
                                      clock=clock, base={})
         return Handle(self._submit(MsgType.PULL, parts, {}), PullResult)
 

@@ -90,7 +90,7 @@ class SparseLoop(PlainLoop):
         keys = self.sparse.working_set(batch)
         values = np.empty(len(keys), dtype=np.float32)
         return _Pull(keys, values, self.client.pull(
-            keys, values, clock=ANY_CLOCK if self.newest else clock))
+            keys, values, clock=ANY_CLOCK if self.newest else clock, span=self.worker.keys))
 
     def _task(self, batch: SparseSplit, following: SparseSplit | None, epoch: int,
               clock: int) -> _Task:
