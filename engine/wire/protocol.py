@@ -110,9 +110,10 @@ _TAKES_KEY_LIST = {MsgType.PUSH, MsgType.PULL, MsgType.VALUES}
 # Keys index a flat array, so the key space ends where a signed 64-bit length does.
 MAX_KEY = 2**63 - 1
 # The most keys one key-list PUSH or PULL may name: a server refuses more (2 million keys of one
-# push held its event loop 2-7 s; 65,536 take it 1-8 ms), and a client sends a longer list as
+# push held its event loop 2-7 s; 16,384 new keys held it at most 52 ms, key map merges
+# included, up to 16.8 million keys stored: bench/keyrows.py), and a client sends a longer list as
 # frames of at most this many, which a push commits only with its last.
-MAX_LIST_KEYS = 1 << 16
+MAX_LIST_KEYS = 1 << 14
 ANY_CLOCK = -1  # a PULL with this clock is served at once, whatever the consistency model says
 FLAG_FINAL = 1  # on a PUSH: the worker's last iteration; it pushes nothing after this one
 FLAG_COMMIT = 2  # on a PUSH: the worker is done with this clock on every clock range of the span

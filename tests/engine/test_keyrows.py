@@ -13,13 +13,28 @@ from engine.errors import ShardFull
 from engine.keyrows import KeyRows, RowBudget
 
 
-def test_rows_agree_with_a_dict_through_batches_and_merges(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sparse_keys, "MIN_DELTA", 8)  # merge often
+@pytest.fixture
+def small_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs and merge slices of a few keys: merges start, and span many calls, often."""
+    monkeypatch.setattr(sparse_keys, "SMALL_RUN", 8)
+    monkeypatch.setattr(sparse_keys, "MERGE_SLICE", 4)
+    monkeypatch.setattr(sparse_keys, "MAX_SLICE", 4)
+    monkeypatch.setattr(sparse_keys, "WORK_PER_KEY", 1)
+
+
+@pytest.mark.parametrize("order", ["random", "ascending", "descending"])
+@pytest.mark.usefixtures("small_runs")
+def test_rows_agree_with_a_dict_through_batches_and_merges(order: str) -> None:
     rows, reference = KeyRows(100_000), {}
     rng = np.random.default_rng(0)
-    for _ in range(300):
-        keys = np.unique(rng.integers(0, 1 << 62, size=rng.integers(1, 50)))
+    merging = 0
+    for step in range(300):
+        if order == "random":
+            keys = np.unique(rng.integers(0, 1 << 62, size=rng.integers(1, 50)))
+        else:  # keys that arrive in order crowd one end of every merge
+            keys = np.arange(step * 50, step * 50 + rng.integers(1, 50)) * (
+                1 if order == "ascending" else -1)
+            keys = np.unique(keys)
         if rng.random() < 0.5 and reference:  # some keys seen before
             keys = np.unique(np.concatenate([keys, rng.choice(list(reference), size=5)]))
         got, new = rows.assign(keys)
@@ -27,11 +42,30 @@ def test_rows_agree_with_a_dict_through_batches_and_merges(
             assert fresh == (key not in reference)
             assert reference.setdefault(key, len(reference) if fresh else -1) == row
         assert rows.used == len(reference)
+        merging += bool(rows.merging)
+    assert merging > 50  # lookups and adds met merges half done
     probe = np.array([*list(reference)[:100], -5, 1 << 62], dtype=np.int64)
     expected = [reference.get(k, -1) for k in probe.tolist()]
     assert rows.find(probe).tolist() == expected
     by_row = rows.keys()
     assert all(by_row[row] == key for key, row in reference.items())
+
+
+def test_no_add_copies_more_than_its_share_of_a_merge() -> None:
+    """Issue 57: merging the map's two runs copied every key in one call (1.5 s of a server's
+    loop at 16.8 million keys). Each add now does a bounded slice of the pending merges."""
+    rows = KeyRows(1 << 30)
+    rng = np.random.default_rng(1)
+    batch, worst, most_runs = 1 << 14, 0, 0
+    while rows.used < 3_000_000:
+        rows.assign(np.unique(rng.integers(0, 1 << 40, size=batch)))
+        worst, most_runs = max(worst, rows.last_work), max(most_runs, rows.runs)
+    bound = max(sparse_keys.MERGE_SLICE, sparse_keys.WORK_PER_KEY * most_runs * batch)
+    # a slice may end a bit past the budget: at most one more slice of each input
+    assert worst <= bound + 2 * sparse_keys.MAX_SLICE
+    assert worst < 3_000_000 // 4 and most_runs <= 8  # not the whole map in one call
+    probe = rng.integers(0, 1 << 40, size=1000)
+    assert ((rows.find(probe) >= 0) == np.isin(probe, rows.keys())).all()
 
 
 def test_load_puts_keys_in_the_given_rows_and_forgets_the_rest() -> None:

@@ -380,8 +380,8 @@ def test_a_key_list_of_more_keys_than_a_frame_may_name_is_refused_and_changes_no
                                         payload=values)))
             code, message = (await reply(one)).error()
             assert code == "FrameTooLarge"
-            assert message == (f"a {kind.name} of 65,537 keys; a frame names at most 65,536 "
-                               "(a client sends a longer list in several)")
+            assert message == (f"a {kind.name} of {MAX_LIST_KEYS + 1:,} keys; a frame names at "
+                               f"most {MAX_LIST_KEYS:,} (a client sends a longer list in several)")
         assert server.state.params.tobytes() == before
         assert server.state.clocks.next[0].tolist() == [0]  # its clock was not consumed
         at_most = over[:-1]
