@@ -42,10 +42,10 @@ def launch_in_background(db: Path, *extra: str) -> subprocess.Popen[str]:
     # SIGHUP at its default, as a terminal's command has it, even where the tests run under
     # nohup (ignored, psctl rightly keeps it ignored).
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=_default_hangup)
+                            text=True, preexec_fn=default_hangup)
 
 
-def _default_hangup() -> None:
+def default_hangup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from engine.launcher import Launcher
+from engine.roles.membership import read_control_credential
 from engine.stopping import run_processes
+from engine.transport.attach import Attachment
+from engine.wire.messages import Scale, ScaleAnswer
 from engine.wire.records import RunStatus
 from tests.integration.support import config, processes_with, query, wait_for
 
@@ -360,3 +363,34 @@ def test_servers_join_and_leave_a_running_job_taking_whole_ranges(
 def _events_of(db: Path, kind: str) -> list[dict[str, object]]:
     return [json.loads(d) for (d,) in query(db, "SELECT detail FROM events WHERE kind = ? "
                                                 "ORDER BY id", kind)]
+
+
+def test_a_flood_of_refused_scale_requests_over_the_wire_records_a_hundred(
+        tmp_path: Path) -> None:
+    """Issue 57's red team: 20,000 refused ``psctl scale`` requests wrote 19,927 event rows.
+    Over the real control channel, 300 refused requests (servers past the key ranges) are each
+    answered; the run records the first 100, each with the count so far, and finishes."""
+    db = tmp_path / "experiments.db"
+    launch, env = _job(db, "--key-ranges", "2", "--epochs", "30")
+    try:
+        wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 20,
+                 120, "training")
+        run_id, = query(db, "SELECT id FROM runs")[0]
+        listening = _events_of(db, "coordinator_listening")[0]
+        link = Attachment.open(str(listening["address"]), "scale", timeout=15,
+                               token=read_control_credential(Path(str(listening["folder"]))))
+        try:
+            for _ in range(300):
+                link.send(Scale(role="servers", count=5))
+                answer = link.next(15)
+                assert isinstance(answer, ScaleAnswer), answer
+                assert answer.kind == "scale_refused"
+        finally:
+            link.close()
+        _finish(launch)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert query(db, "SELECT status FROM runs WHERE id = ?", run_id)[0][0] == "finished"
+    recorded = _events_of(db, "scale_refused")
+    assert [r["refused"] for r in recorded] == list(range(1, 101))

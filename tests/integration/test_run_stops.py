@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.support import (
+    default_hangup,
     descendants,
     launch_in_background,
     query,
     running,
+    wait_for,
     wait_until_training,
 )
 
@@ -133,6 +135,36 @@ def test_sigterm_or_sighup_to_the_launcher_stops_the_run_as_ctrl_c_does(
     said = " ".join(err.split())
     assert "interrupted: the run's 5 processes were stopped;" in said
     assert f"continue it from its last checkpoint: psctl resume {run_id[:8]}" in said
+
+
+def test_sigterm_to_psctl_resume_interrupts_the_resumed_run_again(
+        tmp_path: Path, launch: subprocess.Popen[str]) -> None:
+    """Issue 57: a resumed run stops on SIGTERM as a launched one does: 143, interrupted, every
+    process ended, the way to go on named."""
+    db, run_id, pids = the_run(tmp_path, launch)
+    launch.send_signal(signal.SIGTERM)
+    _await_ended(pids, time.monotonic())
+    launch.communicate(timeout=30)
+    [(before,)] = query(db, "SELECT iteration_count FROM runs")
+    resume = subprocess.Popen(
+        [sys.executable, "-m", "psctl", "resume", run_id[:8], "--no-live"],
+        env=dict(os.environ, PSCTL_DB=str(db), NO_COLOR="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, preexec_fn=default_hangup)
+    try:
+        wait_for(lambda: query(db, "SELECT status, iteration_count FROM runs")[0][0] == "running"
+                 and query(db, "SELECT iteration_count FROM runs")[0][0] > before + 5, 90,
+                 "the resumed run to train")
+        began, pids = time.monotonic(), [resume.pid, *descendants(resume.pid)]
+        resume.send_signal(signal.SIGTERM)
+        ended = _await_ended(pids, began)
+        _, err = resume.communicate(timeout=30)
+    finally:
+        if resume.poll() is None:
+            resume.kill()
+    assert ended < 10
+    assert resume.returncode == 143, err
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
+    assert f"psctl resume {run_id[:8]}" in " ".join(err.split())
 
 
 def test_a_run_that_completed_no_iteration_failed(tmp_path: Path) -> None:
