@@ -371,7 +371,7 @@ def test_a_flood_of_refused_scale_requests_over_the_wire_records_a_hundred(
     Over the real control channel, 300 refused requests (servers past the key ranges) are each
     answered; the run records the first 100, each with the count so far, and finishes."""
     db = tmp_path / "experiments.db"
-    launch, env = _job(db, "--key-ranges", "2", "--epochs", "30")
+    launch, _ = _job(db, "--key-ranges", "2", "--epochs", "30")
     try:
         wait_for(lambda: db.exists() and query(db, "SELECT count(*) FROM iterations")[0][0] > 20,
                  120, "training")
