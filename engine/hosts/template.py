@@ -306,7 +306,10 @@ class TemplateProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # never a pid reused after it ended
-            os.kill(self.pid, sig)
+            # The template may have reaped it since it last told us: it ended meanwhile (a
+            # second Ctrl-C's kill of every role once raised here on a busy machine).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

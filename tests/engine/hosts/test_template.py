@@ -206,3 +206,19 @@ def test_roles_restarted_after_the_template_died_start_as_fresh_processes(
         again.wait(60)
     finally:
         hosts.close()
+
+
+def test_a_role_reaped_before_its_end_is_heard_is_killed_without_an_error() -> None:
+    """The template reaps a role and then tells its exit code: a kill in between (a second
+    Ctrl-C stopping every role at once) found no process and raised ProcessLookupError on a
+    busy machine, which ended psctl launch with a traceback and exit 1 instead of 130."""
+
+    class Unheard:
+        def exit_code(self, pid: int, timeout: float | None = None) -> int | None:
+            return None  # not yet told
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(10)  # reaped: its pid names no process now
+    role = TemplateProcess(Unheard(), ended.pid, Path("/dev/null"), "127.0.0.1")  # type: ignore[arg-type]
+    role.kill()
+    role.send_signal(signal.SIGTERM)
